@@ -1,0 +1,260 @@
+"""Client partitions of a labeled training pool: IID, the paper's non-IID, Dirichlet.
+
+Step 2 of the data path (dataset -> **partition** -> U sets -> surrogate dataset -> train).
+A partition is a list of index arrays, one per client, into the training pool. Labels are
+used here only to *simulate* clients; in FedUL no client ever sees them.
+
+- ``iid``: a seeded shuffle, then Flower Datasets' :class:`IidPartitioner` (equal shards).
+- ``dirichlet``: Flower Datasets' :class:`DirichletPartitioner` (per-class proportions
+  ~ Dir(alpha) over clients; Hsu et al., 2019).
+- ``noniid``: the class-prior shift of Lu et al. (ICLR 2022), Sec. 4.1 and App. D,
+  Table D.5: every client holds ``majority`` majority classes (almost all samples of those
+  classes) and a small ``minority_fraction`` of every other class. Unlike the authors'
+  code, minority shares are reserved *before* majority shares are dealt, so no client runs
+  out of a class (their split leaves the last clients with zero samples of some classes
+  and a rank-deficient prior matrix).
+
+Everything is deterministic from ``seed``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+PARTITIONS = ("iid", "noniid", "dirichlet")
+
+log = logging.getLogger(__name__)
+
+
+def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset
+    from datasets import Dataset  # imported lazily: pulls in pyarrow
+
+    return Dataset.from_dict(
+        {"idx": np.arange(len(labels), dtype=np.int64), "label": np.asarray(labels, dtype=np.int64)}
+    )
+
+
+def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np.ndarray]:
+    """Split the pool uniformly at random into ``num_partitions`` equal shards.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        int [N] class labels of the pool (only their count matters here).
+    num_partitions : int
+        Number of clients C >= 1.
+    seed : int
+        Seed of the shuffle.
+
+    Returns
+    -------
+    list[np.ndarray]
+        C int64 index arrays into the pool, disjoint, sizes differing by at most one.
+    """
+    from flwr_datasets.partitioner import IidPartitioner
+
+    _check_num_partitions(num_partitions, len(labels))
+    partitioner = IidPartitioner(num_partitions=num_partitions)
+    partitioner.dataset = _label_dataset(labels).shuffle(seed=seed)
+    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]
+
+
+def dirichlet_partition(
+    labels: np.ndarray, num_partitions: int, alpha: float, seed: int, min_partition_size: int = 10
+) -> list[np.ndarray]:
+    """Dirichlet label skew through Flower Datasets' ``DirichletPartitioner``.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        int [N] class labels of the pool.
+    num_partitions : int
+        Number of clients C.
+    alpha : float
+        Concentration > 0; small alpha = strong skew (clients may lack whole classes).
+    seed : int
+        Seed of the partitioner.
+    min_partition_size : int
+        Resample until every client holds at least this many samples.
+
+    Returns
+    -------
+    list[np.ndarray]
+        C disjoint int64 index arrays into the pool.
+
+    Raises
+    ------
+    ValueError
+        If ``alpha <= 0`` or C is out of range.
+    """
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    _check_num_partitions(num_partitions, len(labels))
+    if not alpha > 0:
+        raise ValueError(f"dirichlet-alpha must be > 0, got {alpha!r}")
+    partitioner = DirichletPartitioner(
+        num_partitions=num_partitions,
+        partition_by="label",
+        alpha=float(alpha),
+        min_partition_size=min_partition_size,
+        seed=seed,
+    )
+    partitioner.dataset = _label_dataset(labels)
+    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]
+
+
+def majority_classes_of(client: int, num_classes: int, majority: int) -> list[int]:
+    """Majority classes of ``client`` in the paper's non-IID split: ``majority`` consecutive
+    classes starting at ``client * majority`` (mod K). With C=5, K=10, majority=2 this is
+    Table D.5: client 0 -> {0,1}, client 1 -> {2,3}, ..."""
+    return [(client * majority + j) % num_classes for j in range(majority)]
+
+
+def noniid_partition(
+    labels: np.ndarray,
+    num_partitions: int,
+    num_classes: int,
+    seed: int,
+    majority: int = 2,
+    minority_fraction: float = 0.012,
+) -> list[np.ndarray]:
+    """The paper's non-IID split (Sec. 4.1, App. D, Table D.5), without class exhaustion.
+
+    For each class k with n_k samples: every client for which k is a *minority* class gets
+    ``round(minority_fraction * n_k)`` samples of k (at least 1); the rest of class k is split
+    equally among the clients for which k is a *majority* class. With C=5, K=10,
+    majority=2 and ``minority_fraction=0.012`` on MNIST this gives ~4.6k samples of each
+    majority class and ~57 of each minority class per client, as in Table D.5.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        int [N] class labels of the pool.
+    num_partitions : int
+        Number of clients C.
+    num_classes : int
+        Number of classes K.
+    seed : int
+        Seed of the per-class shuffles.
+    majority : int
+        Majority classes per client (paper: 2).
+    minority_fraction : float
+        Fraction of a class's samples that each minority client receives, in (0, 1).
+
+    Returns
+    -------
+    list[np.ndarray]
+        C disjoint int64 index arrays into the pool.
+
+    Raises
+    ------
+    ValueError
+        If the fractions cannot be honoured (minority shares would exhaust a class) or
+        the arguments are out of range.
+    """
+    _check_num_partitions(num_partitions, len(labels))
+    if not 1 <= majority <= num_classes:
+        raise ValueError(f"noniid-majority-classes must be in [1, {num_classes}], got {majority}")
+    if not 0.0 < minority_fraction < 1.0:
+        raise ValueError(f"noniid-minority-fraction must be in (0, 1), got {minority_fraction}")
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    owners: dict[int, list[int]] = {k: [] for k in range(num_classes)}
+    for c in range(num_partitions):
+        for k in majority_classes_of(c, num_classes, majority):
+            owners[k].append(c)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
+    for k in range(num_classes):
+        idx = rng.permutation(np.flatnonzero(labels == k))
+        minority_clients = [c for c in range(num_partitions) if c not in owners[k]]
+        n_minor = max(1, int(round(minority_fraction * len(idx))))
+        if owners[k]:
+            need = n_minor * len(minority_clients) + len(owners[k])
+        else:  # nobody owns k (C * majority < K): share k equally
+            n_minor, minority_clients = len(idx) // num_partitions, list(range(num_partitions))
+            need = n_minor * num_partitions
+        if need > len(idx) or n_minor == 0:
+            raise ValueError(
+                f"class {k} has {len(idx)} samples, too few for {len(minority_clients)} minority "
+                f"clients x {n_minor} + {len(owners[k])} majority clients; lower "
+                f"noniid-minority-fraction={minority_fraction} or the number of clients"
+            )
+        start = 0
+        for c in minority_clients:
+            parts[c].append(idx[start : start + n_minor])
+            start += n_minor
+        for c, chunk in zip(owners[k], np.array_split(idx[start:], max(1, len(owners[k])))):
+            parts[c].append(chunk)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+def partition_pool(
+    labels: np.ndarray,
+    num_partitions: int,
+    num_classes: int,
+    scheme: str,
+    seed: int,
+    *,
+    dirichlet_alpha: float = 0.5,
+    noniid_majority: int = 2,
+    noniid_minority_fraction: float = 0.012,
+) -> list[np.ndarray]:
+    """Partition the training pool into ``num_partitions`` clients by ``scheme``.
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        int [N] class labels of the pool.
+    num_partitions, num_classes : int
+        C clients, K classes.
+    scheme : str
+        One of :data:`PARTITIONS`.
+    seed : int
+        Seed; the result is a pure function of the arguments.
+
+    Returns
+    -------
+    list[np.ndarray]
+        C disjoint int64 index arrays into the pool.
+
+    Raises
+    ------
+    ValueError
+        On an unknown scheme (names the valid ones) or invalid scheme parameters.
+    """
+    if scheme == "iid":
+        parts = iid_partition(labels, num_partitions, seed)
+    elif scheme == "dirichlet":
+        parts = dirichlet_partition(labels, num_partitions, dirichlet_alpha, seed)
+    elif scheme == "noniid":
+        parts = noniid_partition(
+            labels, num_partitions, num_classes, seed, noniid_majority, noniid_minority_fraction
+        )
+    else:
+        raise ValueError(f"partition={scheme!r} is not one of {PARTITIONS}")
+    return parts
+
+
+def _check_num_partitions(num_partitions: int, pool_size: int) -> None:
+    if not 1 <= num_partitions <= pool_size:
+        raise ValueError(f"number of partitions must be in [1, {pool_size}], got {num_partitions}")
+
+
+def holdout_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Class-stratified random hold-out of ``fraction`` of the pool (the paper's 20%
+    validation split, App. D.2). Returns (kept, held_out) sorted int64 index arrays; with
+    ``fraction == 0`` everything is kept. The held-out part is *labeled*: using it for model
+    selection uses labels."""
+    labels = np.asarray(labels)
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"val-fraction must be in [0, 1), got {fraction}")
+    rng = np.random.default_rng([seed, 0x5EED])
+    held = [
+        rng.permutation(np.flatnonzero(labels == k))[: int(round(fraction * np.sum(labels == k)))]
+        for k in np.unique(labels)
+    ]
+    held_out = np.sort(np.concatenate(held)).astype(np.int64) if held else np.zeros(0, np.int64)
+    kept = np.setdiff1d(np.arange(len(labels), dtype=np.int64), held_out)
+    return kept, held_out

@@ -1,0 +1,110 @@
+"""An in-process Flower federation: the real ServerApp logic and the real ClientApp, no
+SuperLink and no Ray.
+
+:class:`InProcessGrid` implements Flower's :class:`~flwr.serverapp.Grid` by calling the
+ClientApp directly, one node after another, each node with its own persistent
+:class:`~flwr.app.Context` (so ``context.state`` survives between rounds as it does in a
+simulation). A ClientApp exception becomes an error reply, as in Flower's runtimes.
+Used by the tests, the reproduction runner and the benchmarks; ``flwr run .`` is the way
+to run the app for real.
+
+Building Flower messages outside a Flower runtime needs the process's task identity set;
+that private detail lives here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import traceback
+import uuid
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.supercore.run import Run
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+CLIENT_EXCEPTION = 1  # error code of a reply whose ClientApp raised
+
+
+class InProcessGrid(Grid):
+    """A Grid whose nodes are ClientApp calls in this process.
+
+    Parameters
+    ----------
+    client_app : ClientApp
+        The app every node runs.
+    num_nodes : int
+        Number of nodes; node i (ids 1..N) gets ``node_config`` ``{"partition-id": i-1,
+        "num-partitions": N}`` unless ``node_configs`` is given.
+    run_config : Mapping[str, Any]
+        The run configuration every node sees (``context.run_config``).
+    node_configs : list[dict] | None
+        Per-node ``node_config`` (deployment-style, e.g. ``{"data-dir": ...}``).
+    """
+
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        run_config: Mapping[str, Any],
+        node_configs: list[dict[str, Any]] | None = None,
+    ) -> None:
+        configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
+        self.client_app = client_app
+        self.run_config = dict(run_config)
+        self.contexts = {
+            node_id: Context(
+                run_id=1, node_id=node_id, node_config=dict(cfg), state=RecordDict(), run_config=self.run_config
+            )
+            for node_id, cfg in enumerate(configs, start=1)
+        }
+        self.down: set[int] = set()  # nodes that are "disconnected" (tests of faults)
+        self._run = Run.create_empty(run_id=1)
+        self._replies: dict[str, Message] = {}
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
+
+    def set_run(self, run: Run) -> None:
+        """Set the run (kept for interface compatibility)."""
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        """The current run."""
+        return self._run
+
+    def create_message(
+        self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str, ttl: float | None = None
+    ) -> Message:
+        """A new instruction message to ``dst_node_id``."""
+        return Message(content=content, message_type=message_type, dst_node_id=dst_node_id, group_id=group_id, ttl=ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Ids of the connected nodes."""
+        return [n for n in self.contexts if n not in self.down]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Run the ClientApp on each message now; keep the replies for :meth:`pull_messages`."""
+        ids = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # the SuperLink's job
+            ids.append(msg.metadata.message_id)
+            if msg.metadata.dst_node_id in self.down:
+                continue
+            context = self.contexts[msg.metadata.dst_node_id]
+            try:
+                reply = self.client_app(msg, context)
+            except Exception as exc:  # noqa: BLE001 -- a failing client becomes an error reply
+                reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+                reply = Message(Error(code=CLIENT_EXCEPTION, reason=reason), reply_to=msg)
+            self._replies[msg.metadata.message_id] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Replies to the given message ids (removed once pulled)."""
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Push, then pull all replies (calls are synchronous, so nothing is pending)."""
+        return self.pull_messages(self.push_messages(messages))

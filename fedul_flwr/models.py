@@ -1,0 +1,127 @@
+"""Classifiers f: a small CPU-friendly CNN, the paper's MNIST CNN and a CIFAR ResNet-18.
+
+FedUL trains f through a fixed transition layer, but what is exchanged, aggregated and
+finally used for prediction is f alone (Lu et al., ICLR 2022, Sec. 3). Every model maps
+images ``[B, C, H, W]`` (float32, normalised) to class logits ``[B, K]``.
+
+- ``small-cnn`` (default): LeNet, the MNIST backbone of the paper's Sec. 4.1 (2 conv layers
+  with 20 and 50 channels, 5x5, + FC 500; ~0.43M parameters); fast on a CPU.
+- ``paper-cnn``: App. D, Table D.2: 3 conv (64, 64, 128 channels, 5x5, BN) + FC
+  6272-2048-512-K with BN (~14.2M parameters on MNIST).
+- ``resnet18``: App. D, Table D.3: torchvision's ResNet-18 with a 3x3 stride-1 stem and no
+  max-pool (the usual CIFAR adaptation), trained from scratch.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+MODELS = ("small-cnn", "paper-cnn", "resnet18")
+
+
+class SmallCNN(nn.Module):
+    """LeNet (LeCun et al., 1998; the Caffe variant), the MNIST backbone named in the paper's
+    Sec. 4.1: Conv(C,20,5)-MaxPool(2)-ReLU-Conv(20,50,5)-MaxPool(2)-ReLU-FC(50*s*s,500)-ReLU-
+    FC(500,K), with s = ((H-4)/2-4)/2 (4 on 28x28 inputs, 5 on 32x32). ~0.43M parameters on
+    MNIST; no batch norm, so FedAvg has no running statistics to average."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        super().__init__()
+        side = ((image_size - 4) // 2 - 4) // 2
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 20, 5),
+            nn.MaxPool2d(2),
+            nn.ReLU(inplace=True),
+            nn.Conv2d(20, 50, 5),
+            nn.MaxPool2d(2),
+            nn.ReLU(inplace=True),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(50 * side * side, 500),
+            nn.ReLU(inplace=True),
+            nn.Linear(500, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` -> logits ``[B, K]``."""
+        return self.classifier(self.features(x))
+
+
+class PaperCNN(nn.Module):
+    """The paper's MNIST network (App. D, Table D.2).
+
+    Conv(C,64,5,1,2)-BN-ReLU-MaxPool(2) -> Conv(64,64,5,1,2)-BN-ReLU-MaxPool(2) ->
+    Conv(64,128,5,1,2)-BN-ReLU -> FC(128*(H/4)^2, 2048)-BN-ReLU -> FC(2048,512)-BN-ReLU ->
+    FC(512,K). On 28x28 inputs 128*7*7 = 6272, as in the table.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        super().__init__()
+        side = image_size // 4
+
+        def conv(cin: int, cout: int, pool: bool) -> list[nn.Module]:
+            layers: list[nn.Module] = [nn.Conv2d(cin, cout, 5, 1, 2), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)]
+            return layers + [nn.MaxPool2d(2, 2)] if pool else layers
+
+        self.features = nn.Sequential(*conv(in_channels, 64, True), *conv(64, 64, True), *conv(64, 128, False))
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(128 * side * side, 2048),
+            nn.BatchNorm1d(2048),
+            nn.ReLU(inplace=True),
+            nn.Linear(2048, 512),
+            nn.BatchNorm1d(512),
+            nn.ReLU(inplace=True),
+            nn.Linear(512, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` -> logits ``[B, K]``."""
+        return self.classifier(self.features(x))
+
+
+def cifar_resnet18(in_channels: int, num_classes: int) -> nn.Module:
+    """torchvision ResNet-18 (random init) with a 3x3/1 stem and no max-pool for 32x32 inputs
+    (App. D, Table D.3)."""
+    from torchvision.models import resnet18
+
+    model = resnet18(weights=None, num_classes=num_classes)
+    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.maxpool = nn.Identity()
+    return model
+
+
+def build_model(name: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+    """Build the classifier f by name.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`MODELS`.
+    in_channels, num_classes, image_size : int
+        C, K and H (= W) of the dataset.
+
+    Returns
+    -------
+    nn.Module
+        Maps ``[B, C, H, W]`` float32 to logits ``[B, K]``.
+
+    Raises
+    ------
+    ValueError
+        On an unknown name (lists the valid ones) or an image size the CNNs cannot take
+        (not divisible by 4).
+    """
+    if name == "paper-cnn" and image_size % 4:
+        raise ValueError(f"model={name!r} needs an image size divisible by 4, got {image_size}")
+    if name == "small-cnn" and image_size < 16:
+        raise ValueError(f"model={name!r} needs images of at least 16x16, got {image_size}")
+    if name == "small-cnn":
+        return SmallCNN(in_channels, num_classes, image_size)
+    if name == "paper-cnn":
+        return PaperCNN(in_channels, num_classes, image_size)
+    if name == "resnet18":
+        return cifar_resnet18(in_channels, num_classes)
+    raise ValueError(f"model={name!r} is not one of {MODELS}")

@@ -1,0 +1,129 @@
+"""What a run writes: one folder per run under an absolute ``output-dir``.
+
+    <output-dir>/<run-name>/
+        config.json     the resolved configuration (every key, after preset and overrides)
+        metrics.json    one record per round: round, train-loss, test-loss, test-accuracy,
+                        test-error, wall-time (s from the start to the round's evaluation)
+        metrics.csv     the same table as CSV
+        model.pt        the final classifier f (``torch.save`` of its state dict; no Q_c)
+        accuracy.png    test accuracy per round
+        summary.txt     the one-line summary printed at the end
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fedul_flwr.config import RunConfig
+
+COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "wall-time")
+
+
+def resolve_output_dir(output_dir: str) -> Path:
+    """``~`` is expanded; a relative path is taken under the home directory (Flower runs the
+    ServerApp from its own working directory, so a relative path would land somewhere
+    surprising). Returns an absolute path."""
+    path = Path(output_dir).expanduser()
+    return path if path.is_absolute() else Path.home() / path
+
+
+@dataclass
+class RunOutputs:
+    """The run folder and the per-round metric table, written as the run goes."""
+
+    path: Path
+    cfg: RunConfig
+    started: float = field(default_factory=time.time)
+    rows: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, cfg: RunConfig) -> RunOutputs:
+        """Make ``<output-dir>/<run-name>`` (default name: UTC time, method, dataset,
+        partition, sets) and write ``config.json``.
+
+        Raises
+        ------
+        OSError
+            If the folder cannot be created (the message names it).
+        """
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+        sets = "-".join(str(m) for m in cfg.num_sets)
+        name = cfg.run_name or f"{stamp}-{cfg.method}-{cfg.dataset}-{cfg.partition}-M{sets}-s{cfg.seed}"
+        path = resolve_output_dir(cfg.output_dir) / name
+        try:
+            path.mkdir(parents=True, exist_ok=bool(cfg.run_name))
+        except OSError as exc:
+            raise OSError(f"cannot create run folder {path}: {exc}") from exc
+        (path / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, sort_keys=True) + "\n")
+        return cls(path=path, cfg=cfg)
+
+    def record(self, server_round: int, **metrics: float) -> None:
+        """Merge metrics of ``server_round`` into the table and rewrite metrics.json/.csv."""
+        row = self.rows.setdefault(server_round, {"round": server_round})
+        row.update({k: float(v) for k, v in metrics.items()})
+        row.setdefault("wall-time", time.time() - self.started)
+        self._write_tables()
+
+    def _write_tables(self) -> None:
+        rows = [self.rows[r] for r in sorted(self.rows)]
+        (self.path / "metrics.json").write_text(json.dumps(rows, indent=1) + "\n")
+        with (self.path / "metrics.csv").open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def save_model(self, state_dict: dict[str, torch.Tensor]) -> Path:
+        """Write f's state dict to ``model.pt``; returns the path."""
+        out = self.path / "model.pt"
+        torch.save(state_dict, out)
+        return out
+
+    def plot(self) -> Path:
+        """Write ``accuracy.png``: test accuracy (%) per round."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        rows = [self.rows[r] for r in sorted(self.rows) if "test-accuracy" in self.rows[r]]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot([r["round"] for r in rows], [100 * r["test-accuracy"] for r in rows], marker="o", ms=3)
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(f"{self.cfg.method} on {self.cfg.dataset} ({self.cfg.partition}, M={','.join(map(str, self.cfg.num_sets))})")
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        out = self.path / "accuracy.png"
+        fig.savefig(out, dpi=120)
+        plt.close(fig)
+        return out
+
+    def summary(self, num_clients: int) -> str:
+        """One line: method, dataset, clients, sets, rounds, final and best test accuracy,
+        wall time. Also written to ``summary.txt``."""
+        acc = {r: row["test-accuracy"] for r, row in self.rows.items() if "test-accuracy" in row}
+        last = max(acc) if acc else 0
+        best = max(acc, key=lambda r: acc[r]) if acc else 0
+        line = (
+            f"fedul-flwr: method={self.cfg.method} dataset={self.cfg.dataset} partition={self.cfg.partition} "
+            f"clients={num_clients} sets={','.join(map(str, self.cfg.num_sets))} rounds={last} "
+            f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
+            f"best-test-accuracy={100 * acc.get(best, math.nan):.2f}% (round {best}) "
+            f"wall-time={time.time() - self.started:.1f}s run-dir={self.path}"
+        )
+        (self.path / "summary.txt").write_text(line + "\n")
+        return line
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Load ``metrics.json`` of a finished run folder."""
+    return json.loads((Path(run_dir) / "metrics.json").read_text())
