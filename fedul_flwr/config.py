@@ -33,11 +33,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "dataset": ("mnist-sample", "mnist", "fashion-mnist", "cifar10"),
     "partition": ("iid", "noniid", "dirichlet"),
     "prior-scheme": ("dominant", "uniform"),
-    "method": ("fedul",),
+    "method": ("fedul", "fedpl", "fedllp", "fedllp-vat", "supervised"),
+    "llp-batches": ("stratified", "single-set", "whole-set"),
     "loss": ("nll", "ce-prob"),
     "model": ("small-cnn", "paper-cnn", "resnet18"),
     "aggregation-weights": ("num-examples", "uniform"),
     "device": ("auto", "cpu", "cuda"),
+    "strategy": ("fedavg", "fedprox", "scaffold", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad"),
+    "local-optimizer": ("adam", "sgd"),
+    "scaffold-option": ("I", "II"),
 }
 
 
@@ -65,9 +69,20 @@ class RunConfig:
     prior_scheme: str
     dominant_factor: float
     test_prior: str
+    class_names: str
     method: str
     loss: str
     model: str
+    label_fraction: float
+    prior_noise: float
+    samples_per_client: int
+    fedpl_threshold: float
+    fedpl_mixup_alpha: float
+    fedpl_mix_weight: float
+    llp_batches: str
+    vat_weight: float
+    vat_epsilon: float
+    vat_xi: float
     num_rounds: int
     local_epochs: int
     batch_size: int
@@ -76,14 +91,32 @@ class RunConfig:
     aggregation_weights: str
     fraction_train: float
     min_available_nodes: int
+    strategy: str
+    min_train_nodes: int
+    local_optimizer: str
+    local_epochs_per_client: str
+    proximal_mu: float
+    server_lr: float
+    server_momentum: float
+    beta_1: float
+    beta_2: float
+    tau: float
+    scaffold_option: str
     output_dir: str
     run_name: str
+    resume: bool
     eval_batch_size: int
     device: str
 
     def num_sets_of(self, partition_id: int) -> int:
         """M_c of client ``partition_id`` (``num-sets`` cycles over clients)."""
         return self.num_sets[partition_id % len(self.num_sets)]
+
+    def local_epochs_of(self, partition_id: int) -> int:
+        """Local epochs E_c of client ``partition_id``: ``local-epochs`` unless
+        ``local-epochs-per-client`` (a comma list, cycled over partition ids) is set."""
+        epochs = _parse_positive_ints("local-epochs-per-client", self.local_epochs_per_client, allow_empty=True)
+        return epochs[partition_id % len(epochs)] if epochs else self.local_epochs
 
     def as_dict(self) -> dict[str, Any]:
         """Dashed-key dict (the form of ``--run-config``), ``num-sets`` as a comma string."""
@@ -160,13 +193,19 @@ def compose_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _parse_num_sets(value: Any) -> tuple[int, ...]:
+    return _parse_positive_ints("num-sets", value)
+
+
+def _parse_positive_ints(key: str, value: Any, allow_empty: bool = False) -> tuple[int, ...]:
+    """``"1,2,5"`` -> ``(1, 2, 5)``; raises :class:`ConfigError` naming ``key`` otherwise."""
+    text = str(value).replace(" ", "")
     try:
-        sets = tuple(int(v) for v in str(value).replace(" ", "").split(",") if v)
+        values = tuple(int(v) for v in text.split(",") if v)
     except ValueError:
-        sets = ()
-    if not sets or min(sets) < 1:
-        raise ConfigError(f"num-sets={value!r}: expected a positive int or a comma list such as '10,20,30'")
-    return sets
+        values = (0,)
+    if (values and min(values) < 1) or (not values and not (allow_empty and not text)):
+        raise ConfigError(f"{key}={value!r}: expected a positive int or a comma list such as '1,2,5'")
+    return values
 
 
 def resolve_config(run_config: Mapping[str, Any]) -> RunConfig:
@@ -228,6 +267,30 @@ def _validate(cfg: RunConfig) -> None:
     for key in ("val-fraction", "client-test-fraction"):
         if not 0.0 <= d[key] < 1.0:
             raise ConfigError(f"{key}={d[key]} must be in [0, 1)")
+    cfg.local_epochs_of(0)  # raises on a malformed local-epochs-per-client
+    if cfg.min_train_nodes < 1 or cfg.min_train_nodes > cfg.min_available_nodes:
+        raise ConfigError(
+            f"min-train-nodes={cfg.min_train_nodes} must be in [1, min-available-nodes={cfg.min_available_nodes}] "
+            "(Flower would wait forever for nodes that never connect)"
+        )
+    for key in ("proximal-mu", "server-lr", "server-momentum", "beta-1", "beta-2"):
+        if d[key] < 0:
+            raise ConfigError(f"{key}={d[key]} must be >= 0")
+    for key in ("server-momentum", "beta-1", "beta-2"):
+        if d[key] >= 1:
+            raise ConfigError(f"{key}={d[key]} must be < 1")
+    if not cfg.tau > 0:
+        raise ConfigError(f"tau={cfg.tau} must be > 0")
+    if not 0.0 < cfg.label_fraction <= 1.0:
+        raise ConfigError(f"label-fraction={cfg.label_fraction} must be in (0, 1]")
+    if not 0.0 <= cfg.fedpl_threshold <= 1.0:
+        raise ConfigError(f"fedpl-threshold={cfg.fedpl_threshold} must be in [0, 1]")
+    for key in ("prior-noise", "samples-per-client", "fedpl-mix-weight", "vat-weight", "vat-epsilon"):
+        if d[key] < 0:
+            raise ConfigError(f"{key}={d[key]} must be >= 0")
+    for key in ("fedpl-mixup-alpha", "vat-xi"):
+        if not d[key] > 0:
+            raise ConfigError(f"{key}={d[key]} must be > 0")
     if not 0.0 < cfg.fraction_train <= 1.0:
         raise ConfigError(f"fraction-train={cfg.fraction_train} must be in (0, 1]")
     for key in ("lr", "dominant-factor"):
@@ -235,6 +298,16 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError(f"{key}={d[key]} must be > 0")
     if cfg.l1_weight < 0:
         raise ConfigError(f"l1-weight={cfg.l1_weight} must be >= 0")
+    if cfg.resume:
+        from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
+
+        if not cfg.run_name:
+            raise ConfigError("resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")
+        if cfg.strategy not in RESUMABLE_STRATEGIES:
+            raise ConfigError(
+                f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep no state across rounds "
+                "besides the model, so only they can be resumed exactly"
+            )
     if cfg.dataset != "mnist-sample" and not cfg.data_dir:
         raise ConfigError(f"dataset={cfg.dataset!r} needs data-dir=/absolute/path (a torchvision root)")
     if cfg.data_dir and not os.path.isabs(os.path.expanduser(cfg.data_dir)):

@@ -3,7 +3,9 @@
     <output-dir>/<run-name>/
         config.json     the resolved configuration (every key, after preset and overrides)
         metrics.json    one record per round: round, train-loss, test-loss, test-accuracy,
-                        test-error, wall-time (s from the start to the round's evaluation)
+                        test-error, wall-time (s from the start to the round's evaluation);
+                        val-accuracy, val-error on the labeled validation split when
+                        val-fraction > 0
         metrics.csv     the same table as CSV
         model.pt        the final classifier f (``torch.save`` of its state dict; no Q_c)
         accuracy.png    test accuracy per round
@@ -25,7 +27,7 @@ import torch
 
 from fedul_flwr.config import RunConfig
 
-COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "wall-time")
+COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "val-accuracy", "val-error", "wall-time")
 
 
 def resolve_output_dir(output_dir: str) -> Path:

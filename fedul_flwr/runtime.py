@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -20,6 +23,7 @@ def configure_threads() -> int:
     share = os.environ.get("OMP_NUM_THREADS")
     if share and share.isdigit() and int(share) > 0:
         torch.set_num_threads(int(share))
+    log.info("torch uses %d thread(s) in this process (OMP_NUM_THREADS=%s)", torch.get_num_threads(), share)
     return torch.get_num_threads()
 
 

@@ -2,7 +2,8 @@
 
 Local update of Eq. (3) in Lu et al. (ICLR 2022): E local epochs of Adam (lr, batch B) on
 the method's loss, plus an optional L1 penalty ``l1_weight * sum_p |p|_1`` (App. D.2,
-Table D.4). The optimiser is created afresh every round, as in the paper's code.
+Table D.4). The optimiser is created afresh every round, as in the paper's code; plain
+SGD (``local-optimizer = "sgd"``) is the alternative SCAFFOLD's and FedNova's rules assume.
 
 Strategies that change the client update (FedProx's proximal term, SCAFFOLD's control
 variates, FedNova's step counts) plug in through :class:`StepHook` instead of copying the
@@ -58,6 +59,7 @@ def train_local(
     seed: int = 0,
     device: torch.device | str = "cpu",
     hooks: tuple[StepHook, ...] = (),
+    optimizer: str = "adam",
 ) -> TrainResult:
     """Train ``model`` in place on ``task`` for ``epochs`` epochs.
 
@@ -70,7 +72,7 @@ def train_local(
     epochs, batch_size : int
         E >= 1 and B >= 1.
     lr : float
-        Adam learning rate.
+        Learning rate of the local optimiser.
     l1_weight : float
         Weight of the L1 penalty on all parameters (0 disables it).
     seed : int
@@ -79,6 +81,9 @@ def train_local(
         Where batches are moved (non-blocking from pinned memory on CUDA).
     hooks : tuple[StepHook, ...]
         Gradient editors called after ``backward`` and before ``step``.
+    optimizer : str
+        ``"adam"`` (the paper's local optimiser) or ``"sgd"`` (plain SGD, the form in which
+        SCAFFOLD's and FedNova's update rules are derived).
 
     Returns
     -------
@@ -87,14 +92,18 @@ def train_local(
     Raises
     ------
     ValueError
-        If the task has no rows or the loss becomes NaN/inf (names the step).
+        If the task has no rows, the optimiser is unknown, or the loss becomes NaN/inf
+        (names the step).
     """
     n = task.num_examples
     if n == 0:
         raise ValueError("local task has no training examples")
     device = torch.device(device)
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    optimizers = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+    if optimizer not in optimizers:
+        raise ValueError(f"optimizer={optimizer!r} is not one of {sorted(optimizers)}")
+    opt = optimizers[optimizer](model.parameters(), lr=lr)
     params = [p for p in model.parameters() if p.requires_grad]
     inputs, targets = task.inputs, task.targets
     if device.type == "cuda":
@@ -102,18 +111,21 @@ def train_local(
     model.train()
     total, steps = 0.0, 0
     for _ in range(epochs):
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
+        if task.batches is not None:
+            epoch_batches = task.batches(generator)
+        else:
+            order = torch.randperm(n, generator=generator)
+            epoch_batches = (order[start : start + batch_size] for start in range(0, n, batch_size))
+        for idx in epoch_batches:
             xb = inputs[idx].to(device, non_blocking=True)
             yb = targets[idx].to(device, non_blocking=True)
             loss = task.loss(model, xb, yb)
             objective = loss + l1_weight * sum(p.abs().sum() for p in params) if l1_weight else loss
-            optimizer.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
             objective.backward()
             for hook in hooks:
                 hook.after_backward(model)
-            optimizer.step()
+            opt.step()
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise ValueError(f"training loss became {value} at step {steps}")

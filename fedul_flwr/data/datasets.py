@@ -48,6 +48,8 @@ import torch
 __all__ = [
     "DATASETS",
     "DatasetError",
+    "DatasetInfo",
+    "dataset_info",
     "ImageDataset",
     "embedded_sample_path",
     "load_dataset",
@@ -566,3 +568,57 @@ def load_dataset(name: str, data_dir: str = "", download: bool = False) -> Image
         return _load_cached(name, "", False)
     root = str(Path(data_dir).expanduser().resolve()) if str(data_dir).strip() else ""
     return _load_cached(name, root, bool(download))
+
+
+_CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a node must agree on with the run's dataset, known without loading any image.
+
+    A deployed SuperNode holds its own images, not the dataset: it needs the class names,
+    the image shape and the normalisation constants of the run's dataset to turn its
+    images into the tensors f expects.
+
+    Attributes
+    ----------
+    name : str
+        Dataset name, one of :data:`DATASETS`.
+    class_names : tuple of str
+        The K class names, indexed by label.
+    channels : int
+        Image channels C.
+    image_size : int
+        Image height = width, in pixels.
+    mean, std : tuple of float
+        Per-channel normalisation constants (``len == channels``), as for :func:`normalize`.
+    """
+
+    name: str
+    class_names: tuple[str, ...]
+    channels: int
+    image_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+
+def dataset_info(name: str) -> DatasetInfo:
+    """The :class:`DatasetInfo` of dataset ``name``, without reading any data file.
+
+    Raises
+    ------
+    DatasetError
+        On an unknown name.
+    """
+    if name in ("mnist-sample", "mnist"):
+        return DatasetInfo(name, _MNIST_CLASSES, 1, 28, _MNIST_MEAN, _MNIST_STD)
+    if name == "fashion-mnist":
+        import torchvision.datasets as tvd
+
+        spec = _spec(name)
+        return DatasetInfo(name, tuple(tvd.FashionMNIST.classes), 1, 28, spec.mean, spec.std)
+    if name == "cifar10":
+        spec = _spec(name)
+        return DatasetInfo(name, _CIFAR10_CLASSES, 3, 32, spec.mean, spec.std)
+    raise DatasetError(f"Unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")

@@ -4,7 +4,8 @@ Step 2 of the data path (dataset -> **partition** -> U sets -> surrogate dataset
 A partition is a list of index arrays, one per client, into the training pool. Labels are
 used here only to *simulate* clients; in FedUL no client ever sees them.
 
-- ``iid``: a seeded shuffle, then Flower Datasets' :class:`IidPartitioner` (equal shards).
+- ``iid``: a seeded shuffle cut into equal shards (the same shards as Flower Datasets'
+  :class:`IidPartitioner`, computed in numpy).
 - ``dirichlet``: Flower Datasets' :class:`DirichletPartitioner` (per-class proportions
   ~ Dir(alpha) over clients; Hsu et al., 2019).
 - ``noniid``: the class-prior shift of Lu et al. (ICLR 2022), Sec. 4.1 and App. D,
@@ -53,12 +54,16 @@ def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np
     list[np.ndarray]
         C int64 index arrays into the pool, disjoint, sizes differing by at most one.
     """
-    from flwr_datasets.partitioner import IidPartitioner
-
     _check_num_partitions(num_partitions, len(labels))
-    partitioner = IidPartitioner(num_partitions=num_partitions)
-    partitioner.dataset = _label_dataset(labels).shuffle(seed=seed)
-    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]
+    # The shards of Flower Datasets' IidPartitioner on the pool shuffled with
+    # ``datasets.Dataset.shuffle(seed)`` (= np.random.default_rng(seed).permutation), cut
+    # like ``Dataset.shard(contiguous=True)``: identical indices (tests/test_performance.py),
+    # computed in numpy -- the Arrow round trip cost 5-50 s and ~150 MB per Ray actor at
+    # 1000 clients (docs/performance.md).
+    order = np.random.default_rng(seed).permutation(len(labels)).astype(np.int64)
+    size, extra = divmod(len(labels), num_partitions)
+    starts = [size * i + min(i, extra) for i in range(num_partitions + 1)]
+    return [order[starts[i] : starts[i + 1]].copy() for i in range(num_partitions)]
 
 
 def dirichlet_partition(

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from fedul_flwr.methods.base import LocalTask, Method
+from fedul_flwr.methods.fedllp import FedLLP
+from fedul_flwr.methods.fedllp_vat import FedLLPVAT
+from fedul_flwr.methods.fedpl import FedPL
 from fedul_flwr.methods.fedul import FedUL
+from fedul_flwr.methods.supervised import Supervised
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedUL,)}
+METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedUL, FedPL, FedLLP, FedLLPVAT, Supervised)}
 
 
 def get_method(name: str) -> type[Method]:
@@ -22,4 +26,4 @@ def get_method(name: str) -> type[Method]:
         raise ValueError(f"method={name!r} is not one of {sorted(METHODS)}") from None
 
 
-__all__ = ["METHODS", "FedUL", "LocalTask", "Method", "get_method"]
+__all__ = ["METHODS", "FedLLP", "FedLLPVAT", "FedPL", "FedUL", "Supervised", "LocalTask", "Method", "get_method"]

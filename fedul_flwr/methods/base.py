@@ -16,7 +16,7 @@ never copy it.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -43,6 +43,10 @@ class LocalTask:
         Fixed or auxiliary modules the loss uses (moved to the training device).
     state : dict[str, torch.Tensor]
         Extra per-client tensors the method keeps between rounds.
+    batches : Callable[[torch.Generator], Iterable[torch.Tensor]] | None
+        Optional batch order of one epoch: ``batches(generator)`` yields int64 row-index
+        tensors into ``inputs`` (e.g. set-stratified batches for label-proportion losses).
+        ``None`` (default): a uniform random permutation cut into batches of ``batch_size``.
     """
 
     inputs: torch.Tensor
@@ -50,6 +54,7 @@ class LocalTask:
     loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
     modules: dict[str, nn.Module] = field(default_factory=dict)
     state: dict[str, torch.Tensor] = field(default_factory=dict)
+    batches: Callable[[torch.Generator], Iterable[torch.Tensor]] | None = None
 
     @property
     def num_examples(self) -> int:
@@ -58,9 +63,15 @@ class LocalTask:
 
 
 class Method(ABC):
-    """Base class of learning methods; subclasses register a ``name``."""
+    """Base class of learning methods; subclasses register a ``name``.
+
+    ``needs_labels``: a method that trains on true labels (the supervised reference) sets it
+    to True; only then does :func:`~fedul_flwr.data.client_data.load_client` fill
+    ``ClientData.labels``. FedUL and the weakly supervised baselines never see labels.
+    """
 
     name: ClassVar[str]
+    needs_labels: ClassVar[bool] = False
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

@@ -9,62 +9,139 @@ are added to every strategy here:
 - ``aggregation-weights``: ``num-examples`` (FedAvg, McMahan et al. 2017) weighs clients
   by n_c; ``uniform`` (the FedUL authors' code) gives each client 1/C. Clients report both
   weights; the strategy aggregates by the key the setting names.
+
+``strategy`` picks the server algorithm: Flower's FedAvg, FedProx (Li et al., MLSys 2020),
+FedAvgM (Hsu et al., 2019), FedAdam / FedYogi / FedAdagrad (Reddi et al., ICLR 2021), or
+ours, :class:`~fedul_flwr.strategies.scaffold.Scaffold` (Karimireddy et al., ICML 2020)
+and :class:`~fedul_flwr.strategies.fednova.FedNova` (Wang et al., NeurIPS 2020). Their
+client-side work (prox term, control variates) is in :mod:`fedul_flwr.client_update`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
+from logging import WARNING
+from typing import Any
 
 from flwr.app import ArrayRecord, Message, MetricRecord
-from flwr.serverapp.strategy import FedAvg
+from flwr.common.logger import log
+from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
 
 from fedul_flwr.config import RunConfig
+from fedul_flwr.strategies.fednova import FedNova
+from fedul_flwr.strategies.scaffold import Scaffold
 
 WEIGHT_KEYS = {"num-examples": "num-examples", "uniform": "uniform-weight"}
 
 
 class NoSuccessfulReplyError(RuntimeError):
-    """A training round got no usable client reply; the message lists each node's error."""
+    """A training round got fewer successful replies than ``min-train-nodes`` (or none);
+    the message lists each failing node's error."""
 
 
 class RequireReplies:
     """Mixin for Flower strategies: raise :class:`NoSuccessfulReplyError` when a training
-    round yields nothing to aggregate, instead of silently keeping the old model."""
+    round yields fewer successful replies than the strategy's ``min_train_nodes`` (at least
+    one), instead of silently aggregating too few clients or keeping the old model. Failing
+    nodes are logged by Flower; the round goes on while enough nodes succeed."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
+        ok = sum(not m.has_error() for m in replies)
+        needed = max(1, int(getattr(self, "min_train_nodes", 1)))
+        arrays, metrics = super().aggregate_train(server_round, replies) if ok >= needed else (None, None)  # type: ignore[misc]
         if arrays is None:
             errors = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in replies if m.has_error()]
             raise NoSuccessfulReplyError(
-                f"round {server_round}: no successful training reply out of {len(replies)} "
+                f"round {server_round}: {ok} successful training repl{'y' if ok == 1 else 'ies'} out of "
+                f"{len(replies)}, {needed} needed (min-train-nodes); "
                 + ("; ".join(errors) if errors else "(no node replied in time)")
             )
         return arrays, metrics
 
 
-class StrictFedAvg(RequireReplies, FedAvg):
-    """Flower's FedAvg that fails loudly on an empty round (see :class:`RequireReplies`)."""
+@functools.cache
+def strict(strategy_class: type[FedAvg]) -> type[FedAvg]:
+    """``strategy_class`` with :class:`RequireReplies` mixed in (one class per strategy).
+
+    Parameters
+    ----------
+    strategy_class : type[FedAvg]
+        Flower's FedAvg or a subclass of it.
+
+    Returns
+    -------
+    type[FedAvg]
+        ``Strict<Name>``, a subclass of both.
+    """
+    return type(
+        f"Strict{strategy_class.__name__}",
+        (RequireReplies, strategy_class),
+        {"__module__": __name__, "__doc__": f"{strategy_class.__name__} that fails loudly on an empty round."},
+    )
+
+
+StrictFedAvg = strict(FedAvg)
+
+# Server step size when ``server-lr = 0`` ("the strategy's default"): Flower's defaults,
+# and eta_g = 1 for SCAFFOLD (Karimireddy et al. 2020).
+DEFAULT_SERVER_LR = {"fedavgm": 1.0, "fedadam": 0.1, "fedyogi": 0.01, "fedadagrad": 0.1, "scaffold": 1.0}
+
+
+def _specific(cfg: RunConfig) -> tuple[type[FedAvg], dict[str, Any]]:
+    """Strategy class and its own constructor arguments for ``cfg.strategy``."""
+    lr = cfg.server_lr or DEFAULT_SERVER_LR.get(cfg.strategy, 1.0)
+    fedopt = {"eta": lr, "eta_l": cfg.lr, "tau": cfg.tau}
+    table: dict[str, Callable[[], tuple[type[FedAvg], dict[str, Any]]]] = {
+        "fedavg": lambda: (FedAvg, {}),
+        "fedprox": lambda: (FedProx, {"proximal_mu": cfg.proximal_mu}),
+        "fedavgm": lambda: (FedAvgM, {"server_learning_rate": lr, "server_momentum": cfg.server_momentum}),
+        "fedadam": lambda: (FedAdam, {**fedopt, "beta_1": cfg.beta_1, "beta_2": cfg.beta_2}),
+        "fedyogi": lambda: (FedYogi, {**fedopt, "beta_1": cfg.beta_1, "beta_2": cfg.beta_2}),
+        "fedadagrad": lambda: (FedAdagrad, fedopt),
+        "scaffold": lambda: (Scaffold, {"global_learning_rate": lr, "option": cfg.scaffold_option}),
+        "fednova": lambda: (FedNova, {}),
+    }
+    return table[cfg.strategy]()
 
 
 def build_strategy(cfg: RunConfig) -> FedAvg:
-    """The server strategy of the run.
+    """The server strategy of the run, strict about empty rounds.
 
     Parameters
     ----------
     cfg : RunConfig
-        Uses ``aggregation-weights``, ``fraction-train``, ``min-available-nodes`` and
+        Uses ``strategy`` and its knobs (``proximal-mu``, ``server-lr``,
+        ``server-momentum``, ``beta-1``, ``beta-2``, ``tau``, ``scaffold-option``; ``lr``
+        as FedOpt's logged ``eta_l``), the sampling settings ``fraction-train``,
+        ``min-train-nodes`` and ``min-available-nodes``, ``aggregation-weights``, and
         ``client-test-fraction`` (client-side evaluation runs only when clients hold a
         labeled local test split).
+
+    Returns
+    -------
+    FedAvg
+        An instance of ``strict(<strategy class>)``.
     """
     evaluate = 1.0 if cfg.client_test_fraction > 0 else 0.0
-    return StrictFedAvg(
+    if cfg.strategy == "scaffold" and cfg.scaffold_option == "II" and cfg.local_optimizer != "sgd":
+        log(
+            WARNING,
+            "SCAFFOLD option II estimates c_i from (x - y_i) / (K * lr), which assumes local SGD; "
+            "with local-optimizer=%r it is in the units of the optimiser's steps, not of gradients. "
+            "Prefer scaffold-option='I' or local-optimizer='sgd' (docs/strategies.md).",
+            cfg.local_optimizer,
+        )
+    strategy_class, specific = _specific(cfg)
+    return strict(strategy_class)(
         fraction_train=cfg.fraction_train,
         fraction_evaluate=evaluate,
-        min_train_nodes=1,
+        min_train_nodes=cfg.min_train_nodes,
         min_evaluate_nodes=1 if evaluate else 0,
         min_available_nodes=cfg.min_available_nodes,
         weighted_by_key=WEIGHT_KEYS[cfg.aggregation_weights],
+        **specific,
     )

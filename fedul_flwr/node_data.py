@@ -1,0 +1,143 @@
+"""Command line for deployed nodes' data folders (``fedul-node-data`` / ``python -m fedul_flwr.node_data``).
+
+``write``
+    Simulate N organisations: split the run's dataset exactly as a simulation would
+    (``dataset``, ``partition``, ``num-sets``, ``prior-scheme``, ``seed``,
+    ``client-test-fraction`` ... of ``--run-config``) and write one node folder per
+    partition, ``<out>/node-<i>`` (layout: :mod:`fedul_flwr.data.node_dir`). Start
+    SuperNode i with ``--node-config "data-dir=<out>/node-<i>"``.
+``validate``
+    Check node folders against the run's dataset facts (class names, image shape) and print
+    a summary: sets, sizes, condition number of the prior matrix. Exit code 1 and the error
+    (naming the file, CSV line or value) on the first problem; nothing is modified.
+
+Examples::
+
+    fedul-node-data write --out /tmp/nodes --num-nodes 3 --max-set-size 20 \\
+        --run-config 'num-sets=10 seed=1'
+    fedul-node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedul_flwr.config import ConfigError, RunConfig, resolve_config
+from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
+
+__all__ = ["main", "write_nodes"]
+
+
+def write_nodes(
+    cfg: RunConfig,
+    out: str | Path,
+    num_nodes: int,
+    *,
+    image_format: str = "npy",
+    max_set_size: int | None = None,
+) -> list[Path]:
+    """Write ``num_nodes`` node folders ``<out>/node-<i>`` from the run's simulated partitions.
+
+    Node i holds exactly the U sets (and local test split, when ``client-test-fraction``
+    > 0) that simulated client ``partition-id=i`` of ``num-partitions=num_nodes`` would
+    build (:func:`fedul_flwr.data.client_data.client_usets`), optionally cut to
+    ``max_set_size`` images per set.
+
+    Returns
+    -------
+    list[Path]
+        The folders written.
+
+    Raises
+    ------
+    NodeDataError
+        If a target folder exists and is not empty.
+    ValueError
+        From partitioning / U-set construction.
+    """
+    from fedul_flwr.data.client_data import client_usets, load_run_dataset, run_dataset_info
+
+    data = load_run_dataset(cfg)
+    info = run_dataset_info(cfg)
+    paths = []
+    for i in range(num_nodes):
+        usets, local_test = client_usets(cfg, i, num_nodes)
+        test = (data.train_x[local_test], data.train_y[local_test]) if len(local_test) else None
+        paths.append(
+            write_node_dir(
+                Path(out) / f"node-{i}",
+                data.train_x,
+                usets,
+                info.class_names,
+                image_format=image_format,
+                max_set_size=max_set_size,
+                test=test,
+                meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
+                rng=np.random.default_rng([cfg.seed, i]),
+            )
+        )
+    return paths
+
+
+def _run_config(text: list[str] | None, dataset: str | None) -> RunConfig:
+    from flwr.common.config import parse_config_args
+
+    values = parse_config_args(text) if text else {}
+    if dataset:
+        values["dataset"] = dataset
+    return resolve_config(values)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fedul-node-data", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_config_help = "run settings as for `flwr run --run-config`, e.g. 'num-sets=10 seed=1 partition=\"noniid\"'"
+
+    w = sub.add_parser("write", help="write simulated node folders from the run's dataset")
+    w.add_argument("--out", required=True, help="parent folder; node i goes to <out>/node-<i>")
+    w.add_argument("--num-nodes", type=int, required=True, help="number of nodes (= num-partitions)")
+    w.add_argument("--dataset", help="shortcut for --run-config dataset=...")
+    w.add_argument("--run-config", action="append", help=run_config_help)
+    w.add_argument("--format", choices=("npy", "png"), default="npy", help="images.npy per set, or PNG files")
+    w.add_argument("--max-set-size", type=int, default=None, help="keep at most this many random images per set")
+
+    v = sub.add_parser("validate", help="check node folders and print a summary")
+    v.add_argument("dirs", nargs="+", help="node folder(s)")
+    v.add_argument("--dataset", help="the run's dataset (class names, image shape); shortcut for dataset=...")
+    v.add_argument("--run-config", action="append", help=run_config_help + " (class-names=... for custom names)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (0 ok, 1 invalid data or settings, 2 usage)."""
+    args = _parser().parse_args(argv)
+    try:
+        cfg = _run_config(args.run_config, args.dataset)
+        if args.command == "write":
+            if args.num_nodes < 1:
+                raise ValueError(f"--num-nodes must be >= 1, got {args.num_nodes}")
+            for path in write_nodes(cfg, args.out, args.num_nodes, image_format=args.format, max_set_size=args.max_set_size):
+                print(validate_node_dir(path, *_facts(cfg)).summary())
+            return 0
+        for path in args.dirs:
+            print(validate_node_dir(path, *_facts(cfg)).summary())
+        return 0
+    except (NodeDataError, ConfigError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _facts(cfg: RunConfig) -> tuple[tuple[str, ...], int, int]:
+    from fedul_flwr.data.client_data import run_dataset_info
+
+    info = run_dataset_info(cfg)
+    return info.class_names, info.image_size, info.channels
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,824 @@
+"""Benchmarks of simulation overhead (issue #6): Q_c, Flower + Ray, scale, GPU.
+
+Every section runs in this one process on this machine and prints medians over
+``--repeats`` repeats and the ratios; ``--out`` writes everything as JSON.
+
+Sections (``--only qc,flower,scale,gpu``; default: all):
+
+``qc``
+    FedUL vs supervised FedAvg (``method='supervised' label-fraction=1.0``): the same
+    model, initial weights, client tensors (the very same ``ClientData.x``), batch order
+    and seeds; only the loss differs (FedUL: -log Q_c(softmax f(x))[ybar]; supervised:
+    cross-entropy of f). One *round* = every client's local training (``train_local``) +
+    FedAvg averaging, sequentially in this process; no central evaluation (it is identical
+    for both). Repeats are interleaved A B B A A B ... so that drift of the machine's load
+    hits both methods alike.
+``flower``
+    The whole ``flwr run .`` simulation (a real SuperLink started by
+    ``tests/flower_harness.py``, Ray backend, ``client-resources-num-cpus`` CPUs per
+    client) vs the bare PyTorch loop doing the identical work sequentially in this process
+    (same clients from :func:`~fedul_flwr.data.client_data.load_client`, the method's
+    ``local_task``, ``train_local`` with the ClientApp's per-round seeds, FedAvg averaging
+    by hand, central evaluation on the test set after every round). Per-round times of the
+    Flower run come from its ``metrics.json`` ``wall-time`` column (differences between
+    consecutive rounds; each includes the round's central evaluation); the *fixed
+    start-up cost* (submission -> end of the round-0 evaluation: CLI, SuperLink run start,
+    Ray start, ServerApp imports and dataset load) and the *first round* (Ray actor start,
+    torch import, data and partitions per actor) are reported separately. Steady state =
+    median over rounds 2..R. Thread budget: both sides get ``--threads`` (the Ray actor
+    through ``client-resources-num-cpus``, this process through ``torch.set_num_threads``).
+``scale``
+    ``flwr run .`` with ``num-supernodes`` = 10, 100, 1000 on the same total data (full
+    MNIST from ``--data-dir``, 60k images; 6000 / 600 / 60 per client, M = 10 sets each),
+    with partial participation for the large federations (``fraction-train``), and
+    ``min-available-nodes`` = N so every round samples from the whole federation. Reports
+    per-round time, the images trained per round, time per 1k images, time per sampled
+    client and the peak memory of the whole process tree (SuperLink, ServerApp, Ray and its
+    actors) sampled every 0.5 s: sum of RSS (double counts shared pages) and sum of PSS
+    (proportional set size, shared pages split among processes).
+``gpu``
+    Only with CUDA: ``paper-cnn`` and ``resnet18`` trained by several clients sharing one GPU
+    (``client-resources-num-gpus`` = 1 / clients), per-round time and images/s. Otherwise
+    prints ``skipped: no CUDA device``.
+
+Examples::
+
+    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --out /tmp/bench.json
+    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only qc --repeats 5
+    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only scale --scale 10:1.0,100:0.1,1000:0.02
+    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --quick        # smoke test, ~2 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parent.parent
+if str(PROJECT) not in sys.path:
+    sys.path.insert(0, str(PROJECT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from fedul_flwr.config import RunConfig, resolve_config  # noqa: E402
+from fedul_flwr.data.client_data import ClientData, load_client, load_run_dataset  # noqa: E402
+from fedul_flwr.data.datasets import normalize  # noqa: E402
+from fedul_flwr.methods import get_method  # noqa: E402
+from fedul_flwr.models import build_model  # noqa: E402
+from fedul_flwr.training import evaluate, train_local  # noqa: E402
+
+SECTIONS = ("qc", "client", "flower", "scale", "gpu")
+State = dict[str, torch.Tensor]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def median(values: Sequence[float]) -> float:
+    """Median of ``values`` (NaN for an empty sequence)."""
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def say(text: str) -> None:
+    """Print a progress line with the UTC time (flushed: sections take minutes)."""
+    print(f"[{datetime.now(timezone.utc).strftime('%H:%M:%S')}] {text}", flush=True)
+
+
+def machine_info() -> dict[str, Any]:
+    """Hardware and software facts recorded next to the numbers."""
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = float("nan")
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gb = int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    import flwr
+
+    return {
+        "date-utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cpu-count": os.cpu_count(),
+        "memory-gb": round(mem_gb, 1),
+        "load-average-1-5-15": list(os.getloadavg()),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "flwr": flwr.__version__,
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and all its descendants (from /proc, no psutil needed)."""
+    children = _children_map()
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return out
+
+
+def _kb_field(path: str, name: str) -> int:
+    try:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith(name):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def _process_name(pid: int) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+    words = [w for w in cmd.split() if not w.startswith("-")][:2]
+    return " ".join(Path(w).name for w in words)[:60] or "?"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (s; 0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_memory(root: int) -> list[tuple[str, float, float]]:
+    """(name, RSS MB, PSS MB) of every process in ``root``'s tree."""
+    out = []
+    for pid in process_tree(root):
+        rss = _kb_field(f"/proc/{pid}/status", "VmRSS:") / 1024
+        pss = _kb_field(f"/proc/{pid}/smaps_rollup", "Pss:") / 1024
+        if rss:
+            out.append((_process_name(pid), rss, pss))
+    return out
+
+
+def tree_memory_mb(root: int) -> tuple[float, float, int]:
+    """(sum of RSS, sum of PSS, number of processes) of ``root``'s process tree, in MB."""
+    procs = tree_memory(root)
+    return sum(p[1] for p in procs), sum(p[2] for p in procs), len(procs)
+
+
+class PeakMemory:
+    """Sample the memory of a process tree every ``interval`` s in a background thread.
+
+    Attributes
+    ----------
+    peak_rss_mb, peak_pss_mb : float
+        Highest sums seen (MB).
+    peak_processes : int
+        Most processes seen in the tree.
+    at_peak : list[tuple[str, int, int]]
+        (process, RSS MB, PSS MB) of each process at the PSS peak.
+    cpu : dict[int, tuple[str, float]]
+        pid -> (process, CPU seconds used, as last seen).
+    """
+
+    def cpu_by_process(self, top: int = 6) -> list[tuple[str, float]]:
+        """The ``top`` processes by CPU seconds used during the measurement."""
+        return [(name, round(sec, 1)) for name, sec in sorted(self.cpu.values(), key=lambda v: -v[1])[:top]]
+
+    def __init__(self, root: int, interval: float = 0.5) -> None:
+        self.root, self.interval = root, interval
+        self.peak_rss_mb = self.peak_pss_mb = 0.0
+        self.peak_processes = 0
+        self.at_peak: list[tuple[str, int, int]] = []
+        self.cpu: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            procs = tree_memory(self.root)
+            for pid in process_tree(self.root):
+                cpu = cpu_seconds(pid)
+                if cpu:
+                    known = self.cpu.get(pid, ("?", 0.0))[0]
+                    self.cpu[pid] = (known if known != "?" else _process_name(pid), cpu)
+            rss, pss = sum(p[1] for p in procs), sum(p[2] for p in procs)
+            if pss > self.peak_pss_mb:  # the processes at the PSS peak, largest first
+                self.at_peak = [(name, round(r), round(q)) for name, r, q in sorted(procs, key=lambda p: -p[2])]
+            self.peak_rss_mb = max(self.peak_rss_mb, rss)
+            self.peak_pss_mb = max(self.peak_pss_mb, pss)
+            self.peak_processes = max(self.peak_processes, len(procs))
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+# --------------------------------------------------------------------------- bare loop
+
+
+@dataclass
+class Federation:
+    """What the bare loop needs, built once (as a Ray actor builds it once)."""
+
+    cfg: RunConfig
+    clients: list[ClientData]
+    model: torch.nn.Module
+    initial: State
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    device: torch.device
+
+
+def build_federation(cfg: RunConfig, num_clients: int, device: torch.device, with_labels: bool) -> Federation:
+    """Clients, f (seeded as the ServerApp seeds it) and the normalised test set.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Run configuration (dataset, model, seed, ...).
+    num_clients : int
+        C; client i is partition i of C.
+    with_labels : bool
+        Load the clients with true labels (the supervised reference needs them; FedUL
+        ignores them, so both methods can share the very same tensors).
+    """
+    clients = [load_client(cfg, i, num_clients, with_labels=with_labels) for i in range(num_clients)]
+    data = load_run_dataset(cfg)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size).to(device)
+    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    test_x = normalize(data.test_x, data.mean, data.std)
+    return Federation(cfg, clients, model, initial, test_x, data.test_y, device)
+
+
+def client_seed(cfg: RunConfig, server_round: int, partition_id: int) -> int:
+    """The ClientApp's batch-order seed of (round, client) (see ``client_app.train``)."""
+    return int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
+
+
+def fedavg(states: Sequence[State], weights: Sequence[float]) -> State:
+    """Weighted average of state dicts (Flower's FedAvg; integer buffers cast back)."""
+    total = float(sum(weights))
+    out: State = {}
+    for key, ref in states[0].items():
+        acc = sum(s[key].double() * (w / total) for s, w in zip(states, weights, strict=True))
+        out[key] = acc.to(ref.dtype)
+    return out
+
+
+def bare_round(fed: Federation, method_name: str, cfg: RunConfig, global_state: State, server_round: int) -> tuple[State, int]:
+    """One FedAvg round of ``method_name`` over all clients, sequentially, in this process.
+
+    Returns
+    -------
+    (State, int)
+        The new global state and the number of images trained (sum of n_c over clients x E).
+    """
+    method = get_method(method_name)(cfg)
+    states, weights, samples = [], [], 0
+    for pid, client in enumerate(fed.clients):
+        fed.model.load_state_dict(global_state)
+        task = method.local_task(client, fed.device)
+        epochs = cfg.local_epochs_of(pid)
+        result = train_local(
+            fed.model,
+            task,
+            epochs=epochs,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            l1_weight=cfg.l1_weight,
+            seed=client_seed(cfg, server_round, pid),
+            device=fed.device,
+            optimizer=cfg.local_optimizer,
+        )
+        states.append({k: v.detach().clone() for k, v in method.exchanged_state(fed.model).items()})
+        weights.append(result.num_examples if cfg.aggregation_weights == "num-examples" else 1.0)
+        samples += result.num_examples * epochs
+    return fedavg(states, weights), samples
+
+
+def central_eval(fed: Federation, state: State, server_round: int, run_dir: Path | None = None) -> dict[str, float]:
+    """The ServerApp's per-round work: checkpoint f (rounds >= 1, if ``run_dir``) and
+    evaluate it on the test set."""
+    fed.model.load_state_dict(state)
+    if run_dir is not None and server_round > 0:
+        try:
+            from fedul_flwr.checkpoint import save_checkpoint
+        except ImportError:  # a version of the app without checkpoints
+            pass
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            save_checkpoint(run_dir, server_round, fed.model.state_dict(), fed.cfg.as_dict())
+    return evaluate(fed.model, fed.test_x, fed.test_y, batch_size=fed.cfg.eval_batch_size, device=fed.device)
+
+
+def server_step_s(cfg: RunConfig, repeats: int, run_dir: Path) -> float:
+    """Median time (s) of the ServerApp's per-round work (checkpoint + central evaluation of
+    f on the test set) in this process: what a round of ``flwr run`` spends besides training."""
+    data = load_run_dataset(cfg)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size)
+    fed = Federation(cfg, [], model, model.state_dict(), normalize(data.test_x, data.mean, data.std), data.test_y, torch.device("cpu"))
+    times = []
+    for rep in range(repeats):
+        start = time.perf_counter()
+        central_eval(fed, fed.initial, rep + 1, run_dir)
+        times.append(time.perf_counter() - start)
+    return median(times)
+
+
+# --------------------------------------------------------------------------- qc
+
+
+def section_qc(args: argparse.Namespace) -> dict[str, Any]:
+    """FedUL vs supervised FedAvg, same model, data, batches; interleaved repeats."""
+    base = {
+        "dataset": args.dataset,
+        "data-dir": args.data_dir,
+        "model": args.model,
+        "num-sets": args.num_sets,
+        "samples-per-client": args.samples_per_client,
+    }
+    cfgs = {
+        "fedul": resolve_config({**base, "method": "fedul"}),
+        "supervised": resolve_config({**base, "method": "supervised", "label-fraction": 1.0}),
+    }
+    device = torch.device("cpu")
+    fed = build_federation(cfgs["supervised"], args.qc_clients, device, with_labels=True)
+    times: dict[str, list[float]] = {"fedul": [], "supervised": []}
+    samples = 0
+    for name, cfg in cfgs.items():  # warm-up round, untimed
+        bare_round(fed, name, cfg, fed.initial, 1)
+    for rep in range(args.repeats):
+        order = ("fedul", "supervised") if rep % 2 == 0 else ("supervised", "fedul")
+        for name in order:
+            start = time.perf_counter()
+            _, samples = bare_round(fed, name, cfgs[name], fed.initial, 1)
+            times[name].append(time.perf_counter() - start)
+        say(f"qc repeat {rep + 1}/{args.repeats}: fedul {times['fedul'][-1]:.2f}s supervised {times['supervised'][-1]:.2f}s")
+    out: dict[str, Any] = {
+        "setting": {
+            "clients": args.qc_clients,
+            "images-per-round": samples,
+            "model": args.model,
+            "dataset": args.dataset,
+            "num-sets": args.num_sets,
+            "batch-size": cfgs["fedul"].batch_size,
+            "threads": torch.get_num_threads(),
+            "repeats": args.repeats,
+        },
+        "round-s": times,
+    }
+    for name in times:
+        out[f"{name}-median-round-s"] = median(times[name])
+        out[f"{name}-images-per-s"] = samples / median(times[name])
+    out["ratio-fedul-over-supervised"] = out["fedul-median-round-s"] / out["supervised-median-round-s"]
+    paired = [a / b for a, b in zip(times["fedul"], times["supervised"], strict=True)]
+    out["ratio-median-of-paired"] = median(paired)
+    say(
+        f"qc: fedul {out['fedul-median-round-s']:.3f}s/round ({out['fedul-images-per-s']:.0f} img/s), supervised "
+        f"{out['supervised-median-round-s']:.3f}s/round ({out['supervised-images-per-s']:.0f} img/s), "
+        f"ratio {out['ratio-fedul-over-supervised']:.3f} (median of paired ratios {out['ratio-median-of-paired']:.3f})"
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- client
+
+
+def _clear_client_caches(client_module: Any) -> None:
+    """Empty the ClientApp's per-process caches of the model module and the resolved config
+    (if this version of the ClientApp has them): the cost of a message without them."""
+    for name in ("_module", "_resolve_items"):
+        cache = getattr(client_module, name, None)
+        if cache is not None and hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+
+
+def section_client(args: argparse.Namespace) -> dict[str, Any]:
+    """Per-message cost of the ClientApp around the training loop, per model.
+
+    Calls the real ClientApp's ``train`` through :class:`~fedul_flwr.inprocess.InProcessGrid`
+    (no Ray) on a client of ``--client-images`` images (one or two batches), timing the
+    whole call and, inside it, ``train_local``; overhead = call - train_local (config
+    resolution, data look-up, model construction / weight loading, Q_c, reply arrays).
+    With and without a preset (``preset`` makes every resolution compose with Hydra).
+    Calls alternate between the ClientApp as it runs (per-process caches warm) and with its
+    caches emptied before the call (= building the model and resolving the config for
+    every message, as before issue #6).
+    """
+    import fedul_flwr.client_app as client_module
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+    from fedul_flwr.inprocess import InProcessGrid
+
+    inner: list[float] = []
+    original = client_module.train_local
+
+    def timed_train_local(*a: Any, **kw: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*a, **kw)
+        finally:
+            inner.append(time.perf_counter() - start)
+
+    out: dict[str, Any] = {"setting": {"images": args.client_images, "calls": args.client_calls}, "runs": []}
+    client_module.train_local = timed_train_local  # type: ignore[assignment]
+    try:
+        for model_name in args.client_models.split(","):
+            for preset in ("", "authors-code"):
+                run_config = resolve_config(
+                    {
+                        "dataset": args.dataset,
+                        "data-dir": args.data_dir,
+                        "model": model_name,
+                        "num-sets": args.num_sets,
+                        "samples-per-client": args.client_images,
+                        "preset": preset,
+                    }
+                ).as_dict()
+                run_config["preset"] = preset
+                cfg = resolve_config(run_config)
+                data = load_run_dataset(cfg)
+                torch.manual_seed(cfg.seed)
+                state = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size).state_dict()
+                grid = InProcessGrid(client_module.app, 2, run_config)
+                calls: dict[bool, list[float]] = {True: [], False: []}
+                overhead: dict[bool, list[float]] = {True: [], False: []}
+                for call in range(2 * args.client_calls + 1):  # the first call builds the client: dropped
+                    cached = call % 2 == 1  # interleaved: per-process caches kept / emptied before the call
+                    if not cached:
+                        _clear_client_caches(client_module)
+                    content = RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord({"server-round": call + 1})})
+                    msg = grid.create_message(content, "train", 1, "bench")
+                    inner.clear()
+                    start = time.perf_counter()
+                    (reply,) = grid.send_and_receive([msg])
+                    elapsed = time.perf_counter() - start
+                    if reply.has_error():
+                        raise RuntimeError(reply.error.reason)
+                    if call:
+                        calls[cached].append(elapsed)
+                        overhead[cached].append(elapsed - inner[0])
+                entry = {
+                    "model": model_name,
+                    "preset": preset,
+                    "call-ms": 1000 * median(calls[True]),
+                    "overhead-ms": 1000 * median(overhead[True]),
+                    "uncached-call-ms": 1000 * median(calls[False]),
+                    "uncached-overhead-ms": 1000 * median(overhead[False]),
+                }
+                out["runs"].append(entry)
+                say(
+                    f"client {model_name} preset={preset or '-'}: per-message overhead {entry['overhead-ms']:.1f}ms "
+                    f"(rebuilding model + config every message: {entry['uncached-overhead-ms']:.1f}ms); "
+                    f"call {entry['call-ms']:.1f}ms"
+                )
+    finally:
+        client_module.train_local = original  # type: ignore[assignment]
+    return out
+
+
+# --------------------------------------------------------------------------- flwr run
+
+
+def flwr_run(
+    run_config: Mapping[str, Any], federation_config: str, workdir: Path, timeout: float = 1800
+) -> dict[str, Any]:
+    """Run ``flwr run .`` on a fresh SuperLink (tests/flower_harness.py); time it.
+
+    Returns
+    -------
+    dict
+        ``status``, ``rounds`` (metrics.json rows), ``round-s`` (per-round wall times,
+        rounds 1..R), ``startup-s`` (submission -> end of the round-0 evaluation),
+        ``total-s``, ``peak-rss-mb``, ``peak-pss-mb``, ``peak-processes``.
+    """
+    from tests.flower_harness import superlink
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    out_dir = workdir / "runs"
+    run_name = f"bench-{time.time_ns()}"
+    values = {**run_config, "output-dir": str(out_dir), "run-name": run_name}
+    text = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())
+    with superlink(workdir / run_name) as link, PeakMemory(link.process.pid) as mem:
+        submitted = time.time()
+        record, log = link.run_app(text, federation_config, timeout)
+        total = time.time() - submitted
+    status = str(record.get("status", "unknown"))
+    run_dir = out_dir / run_name
+    rows = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else []
+    result: dict[str, Any] = {
+        "status": status,
+        "total-s": total,
+        "peak-rss-mb": mem.peak_rss_mb,
+        "peak-pss-mb": mem.peak_pss_mb,
+        "peak-processes": mem.peak_processes,
+        "processes-at-peak": mem.at_peak,
+        "cpu-s-by-process": mem.cpu_by_process(),
+        "rounds": rows,
+    }
+    if not status.endswith("completed") or not rows:
+        result["log-tail"] = log[-3000:]
+        say(f"flwr run {status}: {log[-1500:]}")
+        return result
+    wall = [r["wall-time"] for r in sorted(rows, key=lambda r: r["round"])]
+    started = (run_dir / "config.json").stat().st_mtime  # RunOutputs.create wrote it at its start
+    result["round-s"] = [b - a for a, b in zip(wall, wall[1:])]
+    result["eval0-s"] = wall[0]
+    result["startup-s"] = started + wall[0] - submitted
+    result["final-test-accuracy"] = rows[-1].get("test-accuracy")
+    return result
+
+
+def _federation_config(num_supernodes: int, cpus: float, gpus: float = 0.0) -> str:
+    return f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} client-resources-num-gpus={gpus}"
+
+
+def section_flower(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """``flwr run .`` vs the bare loop, same work, interleaved repeats."""
+    run_config = {
+        "dataset": args.dataset,
+        "data-dir": args.data_dir,
+        "model": args.model,
+        "num-sets": args.num_sets,
+        "num-rounds": args.rounds,
+        "min-available-nodes": args.flower_clients,
+        "samples-per-client": args.samples_per_client,
+    }
+    cfg = resolve_config(run_config)
+    torch.set_num_threads(args.threads)
+    device = torch.device("cpu")
+    setup_start = time.perf_counter()
+    fed = build_federation(cfg, args.flower_clients, device, with_labels=False)
+    setup_s = time.perf_counter() - setup_start
+    bare_rounds: list[list[float]] = []
+    bare_acc: list[float] = []
+    flwr_runs: list[dict[str, Any]] = []
+    samples = 0
+    for rep in range(args.repeats):
+        order = ("flwr", "bare") if rep % 2 == 0 else ("bare", "flwr")
+        for which in order:
+            if which == "bare":
+                state, rounds = fed.initial, []
+                central_eval(fed, state, 0)  # round 0
+                for server_round in range(1, args.rounds + 1):
+                    start = time.perf_counter()
+                    state, samples = bare_round(fed, cfg.method, cfg, state, server_round)
+                    metrics = central_eval(fed, state, server_round, workdir / "bare")
+                    rounds.append(time.perf_counter() - start)
+                bare_rounds.append(rounds)
+                bare_acc.append(metrics["test-accuracy"])
+                say(f"flower repeat {rep + 1}: bare rounds {[round(r, 2) for r in rounds]}")
+            else:
+                run = flwr_run(run_config, _federation_config(args.flower_clients, args.threads), workdir / "flower")
+                flwr_runs.append(run)
+                say(
+                    f"flower repeat {rep + 1}: flwr {run['status']} startup {run.get('startup-s', float('nan')):.1f}s "
+                    f"rounds {[round(r, 2) for r in run.get('round-s', [])]}"
+                )
+    ok = [r for r in flwr_runs if "round-s" in r]
+    steady = lambda rounds: median(rounds[1:]) if len(rounds) > 1 else median(rounds)  # noqa: E731
+    out: dict[str, Any] = {
+        "setting": {
+            "clients": args.flower_clients,
+            "rounds": args.rounds,
+            "images-per-round": samples,
+            "model": args.model,
+            "dataset": args.dataset,
+            "num-sets": args.num_sets,
+            "threads": args.threads,
+            "federation-config": _federation_config(args.flower_clients, args.threads),
+            "repeats": args.repeats,
+        },
+        "bare-setup-s": setup_s,
+        "bare-round-s": bare_rounds,
+        "bare-final-test-accuracy": bare_acc,
+        "flwr-runs": [{k: v for k, v in r.items() if k != "rounds"} for r in flwr_runs],
+        "bare-steady-round-s": median([steady(r) for r in bare_rounds]),
+        "bare-first-round-s": median([r[0] for r in bare_rounds]),
+    }
+    if ok:
+        out["flwr-steady-round-s"] = median([steady(r["round-s"]) for r in ok])
+        out["flwr-first-round-s"] = median([r["round-s"][0] for r in ok])
+        out["flwr-startup-s"] = median([r["startup-s"] for r in ok])
+        out["flwr-eval0-s"] = median([r["eval0-s"] for r in ok])
+        out["flwr-total-s"] = median([r["total-s"] for r in ok])
+        out["flwr-peak-rss-mb"] = max(r["peak-rss-mb"] for r in ok)
+        out["flwr-final-test-accuracy"] = [r["final-test-accuracy"] for r in ok]
+        out["ratio-flwr-over-bare-steady"] = out["flwr-steady-round-s"] / out["bare-steady-round-s"]
+        out["flwr-overhead-s-per-round"] = out["flwr-steady-round-s"] - out["bare-steady-round-s"]
+        out["ratio-flwr-over-bare-first-round"] = out["flwr-first-round-s"] / out["bare-first-round-s"]
+        say(
+            f"flower: flwr {out['flwr-steady-round-s']:.2f}s/round (steady) vs bare {out['bare-steady-round-s']:.2f}s/round: "
+            f"ratio {out['ratio-flwr-over-bare-steady']:.3f}; flwr start-up {out['flwr-startup-s']:.1f}s, "
+            f"first round {out['flwr-first-round-s']:.2f}s (bare {out['bare-first-round-s']:.2f}s, bare setup {setup_s:.1f}s)"
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- scale
+
+
+def section_scale(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Per-round time and peak memory at N clients, same total data, partial participation."""
+    points = []
+    for item in args.scale.split(","):
+        n, frac = item.split(":")
+        points.append((int(n), float(frac)))
+    data = load_run_dataset(resolve_config({"dataset": args.scale_dataset, "data-dir": args.data_dir}))
+    total_images = int(data.train_y.shape[0])
+    out: dict[str, Any] = {"setting": {"dataset": args.scale_dataset, "total-images": total_images}, "points": []}
+    for n, frac in points:
+        run_config = {
+            "dataset": args.scale_dataset,
+            "data-dir": args.data_dir,
+            "model": args.model,
+            "num-sets": args.num_sets,
+            "num-rounds": args.scale_rounds,
+            "fraction-train": frac,
+            "min-available-nodes": n,
+            "samples-per-client": args.samples_per_client,
+        }
+        sampled = max(int(n * frac), 2)  # Flower's FedAvg: int(N * fraction), at least min-train-nodes (2)
+        per_client = total_images // n
+        if args.samples_per_client:
+            per_client = min(per_client, args.samples_per_client)
+        say(f"scale: N={n} fraction-train={frac} ({sampled} clients x {per_client} images per round)")
+        server_s = server_step_s(resolve_config(run_config), 3, workdir / "server-step")
+        run = flwr_run(run_config, _federation_config(n, args.threads), workdir / "scale")
+        point: dict[str, Any] = {
+            "clients": n,
+            "fraction-train": frac,
+            "clients-per-round": sampled,
+            "images-per-client": per_client,
+            "images-per-round": sampled * per_client,
+            **{k: v for k, v in run.items() if k != "rounds"},
+        }
+        if "round-s" in run:
+            rounds = run["round-s"]
+            steady = median(rounds[1:]) if len(rounds) > 1 else median(rounds)
+            train = steady - server_s  # minus the server's checkpoint + central evaluation
+            point.update(
+                {
+                    "server-step-s": server_s,
+                    "steady-round-s": steady,
+                    "steady-train-s": train,
+                    "s-per-1k-images": 1000 * train / point["images-per-round"],
+                    "ms-per-client": 1000 * train / sampled,
+                }
+            )
+            say(
+                f"scale N={n}: {steady:.2f}s/round (server step {server_s:.2f}s), {point['s-per-1k-images']:.3f}s per 1k images, "
+                f"{point['ms-per-client']:.0f}ms per client, peak RSS sum {run['peak-rss-mb']:.0f}MB, "
+                f"PSS sum {run['peak-pss-mb']:.0f}MB, start-up {run['startup-s']:.1f}s"
+            )
+        out["points"].append(point)
+    return out
+
+
+# --------------------------------------------------------------------------- gpu
+
+
+def section_gpu(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """paper-cnn and resnet18 with several clients sharing one GPU (CUDA only)."""
+    if not torch.cuda.is_available():
+        say("gpu: skipped: no CUDA device")
+        return {"skipped": "no CUDA device"}
+    out: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "runs": []}
+    cpus = max(1, (os.cpu_count() or 2) // args.gpu_clients)
+    for model in ("paper-cnn", "resnet18"):
+        run_config = {
+            "dataset": args.dataset,
+            "data-dir": args.data_dir,
+            "model": model,
+            "num-sets": args.num_sets,
+            "num-rounds": args.rounds,
+            "min-available-nodes": args.gpu_clients,
+            "device": "cuda",
+        }
+        fed_cfg = _federation_config(args.gpu_clients, cpus, round(1.0 / args.gpu_clients, 4))
+        run = flwr_run(run_config, fed_cfg, workdir / "gpu")
+        cfg = resolve_config(run_config)
+        images = sum(load_client(cfg, i, args.gpu_clients).num_examples for i in range(args.gpu_clients))
+        entry: dict[str, Any] = {"model": model, "federation-config": fed_cfg, "images-per-round": images}
+        entry.update({k: v for k, v in run.items() if k != "rounds"})
+        if "round-s" in run:
+            rounds = run["round-s"]
+            entry["steady-round-s"] = median(rounds[1:]) if len(rounds) > 1 else median(rounds)
+            entry["images-per-s"] = images / entry["steady-round-s"]
+            say(f"gpu {model}: {entry['steady-round-s']:.2f}s/round, {entry['images-per-s']:.0f} img/s ({fed_cfg})")
+        out["runs"].append(entry)
+    return out
+
+
+# --------------------------------------------------------------------------- main
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--only", default=",".join(SECTIONS), help="comma list of sections: " + ",".join(SECTIONS))
+    p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (medians are reported)")
+    p.add_argument("--out", default="", help="write the results as JSON to this file")
+    p.add_argument("--workdir", default="", help="scratch folder (SuperLink homes, run folders); default: a temp dir")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the bare loop = client-resources-num-cpus")
+    p.add_argument("--dataset", default="mnist-sample", help="dataset of the qc, flower and gpu sections")
+    p.add_argument("--data-dir", default="/work/shared/data", help="torchvision root (full MNIST for scale)")
+    p.add_argument("--model", default="small-cnn")
+    p.add_argument("--num-sets", default="10", help="M per client")
+    p.add_argument("--samples-per-client", type=int, default=0, help="cap n_c (run-config samples-per-client; 0 = all)")
+    p.add_argument("--qc-clients", type=int, default=5)
+    p.add_argument("--client-images", type=int, default=32, help="images of the client in the client section")
+    p.add_argument("--client-calls", type=int, default=7, help="timed ClientApp calls per model in the client section")
+    p.add_argument("--client-models", default="small-cnn,paper-cnn,resnet18")
+    p.add_argument("--flower-clients", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=4, help="rounds of the flower and gpu runs (steady = rounds 2..R)")
+    p.add_argument("--scale", default="10:0.5,100:0.1,1000:0.02", help="N:fraction-train points of the scale section")
+    p.add_argument("--scale-dataset", default="mnist")
+    p.add_argument("--scale-rounds", type=int, default=3)
+    p.add_argument("--gpu-clients", type=int, default=4)
+    p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.rounds, args.scale_rounds, args.qc_clients, args.flower_clients = 1, 2, 2, 2, 2
+        args.scale, args.samples_per_client = "10:0.2", 300
+    unknown = set(args.only.split(",")) - set(SECTIONS)
+    if unknown:
+        p.error(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """Run the selected sections; print a summary; write ``--out``."""
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fedul-bench-"))
+    results: dict[str, Any] = {"machine": machine_info(), "args": vars(args)}
+    say(f"benchmark: {results['machine']}")
+    sections: dict[str, Callable[[], dict[str, Any]]] = {
+        "qc": lambda: section_qc(args),
+        "client": lambda: section_client(args),
+        "flower": lambda: section_flower(args, workdir),
+        "scale": lambda: section_scale(args, workdir),
+        "gpu": lambda: section_gpu(args, workdir),
+    }
+    for name in args.only.split(","):
+        start = time.perf_counter()
+        results[name] = sections[name]()
+        results[name]["section-wall-s"] = time.perf_counter() - start
+        if args.out:  # write as we go: a late section failing keeps the earlier numbers
+            Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
+    results["machine"]["load-average-end"] = list(os.getloadavg())
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
+        say(f"wrote {args.out}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,565 @@
+"""Reproduction runner: the paper's comparisons (Lu et al., ICLR 2022, Table 1, App. E) as a
+resumable grid of in-process Flower federations, rendered beside the paper's numbers.
+
+Each run is (grid, dataset, partition, sets, method, seed, extra overrides). It goes through
+the real ServerApp logic and the real ClientApp via :class:`fedul_flwr.inprocess.InProcessGrid`
+(no Ray), writes its Flower run folder under ``<out>/<profile>/runs/<run-id>/`` and one JSON
+record ``<out>/<profile>/records/<run-id>.json`` (run config, resolved config, per-round
+metrics, last-round test error, test error at the best-validation round, wall time). A run
+whose record exists is skipped, so an interrupted grid resumes where it stopped.
+
+Two errors are reported, never mixed:
+
+- ``last``: test error of the final model (no labels used anywhere);
+- ``best-val``: test error at the round with the lowest error on the *labeled* validation
+  split (``val-fraction`` = 20% of the training data, as in the paper, App. D). This
+  model selection uses labels -- the paper's (and the authors' code's) protocol.
+
+Tables: ``<out>/<profile>/results.md``, the paper's layout (rows = dataset x setting,
+columns = methods, cells = M = 10 / 20 / 40), ``ours [paper]`` in % error, mean (std) over
+seeds when there are several; ``FedAvg 100%`` is the supervised reference of Theorem 4 and
+``gap`` = FedUL - FedAvg 100%. Plots: ``<out>/<profile>/plots/<grid>-<row>-<sub>.png``,
+test accuracy per round of every method (mean over seeds).
+
+Profiles (``--profile``):
+
+- ``cpu``: LeNet (``small-cnn``), 8 rounds, Adam lr 1e-3, B = 128, E = 1, one seed, full
+  MNIST. Measured here (single-thread CPU time per optimiser step on a 9.6k-image client:
+  FedUL 76 ms, FedPL 89 ms, FedLLP 68 ms, FedLLP-VAT 219 ms, supervised 77 ms; 22k-image
+  test + validation evaluation ~4.4 s) the MNIST part of Table 1 (6 cells x 4 methods + 2 x
+  FedAvg 10% + 2 x FedAvg 100%) costs ~1,220 CPU-s per round, so 8 rounds with ``--jobs 2``
+  on two idle cores take ~80 min (estimate, not a full run).
+- ``paper``: the paper's CNN (``paper-cnn``, Table D.2; ResNet-18 on CIFAR-10, Table D.3),
+  100 rounds, Adam lr 1e-4, B = 128, E = 1, L1 weight by M from Table D.4 (MNIST 10 -> 1e-5,
+  20 -> 5e-5, 40/30 -> 2e-6; CIFAR-10 2e-5 / 1e-5 / 4e-6), seeds 0, 1, 2; for a GPU
+  (``device=auto``).
+
+Examples::
+
+    python scripts/reproduce.py --grid table1 --profile cpu --data-dir /work/shared/data --jobs 2
+    python scripts/reproduce.py --grid table1 --profile paper --data-dir /data
+    python scripts/reproduce.py --grid smoke --profile cpu          # 2 rounds, embedded sample
+    python scripts/reproduce.py --grid table1 --profile cpu --render-only
+    python scripts/reproduce.py --grid table1 --list                 # the runs, nothing executed
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROJECT = Path(__file__).resolve().parent.parent
+if str(PROJECT) not in sys.path:
+    sys.path.insert(0, str(PROJECT))
+
+from fedul_flwr.config import default_config, load_preset, resolve_config  # noqa: E402
+
+# --------------------------------------------------------------------------- methods
+
+# table column -> run-config overrides; FedAvg columns use true labels (supervised reference)
+METHOD_COLUMNS: dict[str, dict[str, Any]] = {
+    "FedUL": {"method": "fedul"},
+    "FedPL": {"method": "fedpl"},
+    "FedLLP": {"method": "fedllp"},
+    "FedLLP-VAT": {"method": "fedllp-vat"},
+    "FedAvg 10%": {"method": "supervised", "label-fraction": 0.1},
+    "FedAvg 100%": {"method": "supervised", "label-fraction": 1.0},
+}
+METHOD_KEYS = {"fedul": "FedUL", "fedpl": "FedPL", "fedllp": "FedLLP", "fedllp-vat": "FedLLP-VAT",
+               "fedavg-10": "FedAvg 10%", "fedavg-100": "FedAvg 100%"}  # fmt: skip
+SUPERVISED = ("FedAvg 10%", "FedAvg 100%")  # sets do not matter: one run per row
+
+# --------------------------------------------------------------------------- paper numbers
+
+DATASET_LABELS = {"mnist": "MNIST", "fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "mnist-sample": "MNIST-sample"}
+PARTITION_LABELS = {"iid": "IID", "noniid": "non-IID", "dirichlet": "Dirichlet"}
+
+
+def _table(rows: Mapping[str, Mapping[str, Sequence[float]]], subs: Sequence[str]) -> dict[tuple[str, str, str], float]:
+    out = {}
+    for row, cols in rows.items():
+        for col, values in cols.items():
+            for sub, value in zip(subs if len(values) > 1 else ("*",), values):
+                out[(row, col, sub)] = value
+    return out
+
+
+_M = ("10", "20", "40")
+# Table 1 (5 clients) and Table E.13 (10 clients): mean error %, M = 10 / 20 / 40; FedAvg 10%
+# does not depend on M (key "*").
+PAPER: dict[str, dict[tuple[str, str, str], float]] = {
+    "table1": _table({
+        "MNIST IID": {"FedUL": (0.78, 1.12, 1.00), "FedPL": (2.12, 2.98, 3.90), "FedLLP": (19.00, 4.38, 10.11),
+                      "FedLLP-VAT": (20.53, 4.40, 11.96), "FedAvg 10%": (1.79,)},
+        "MNIST non-IID": {"FedUL": (2.98, 1.77, 1.64), "FedPL": (15.54, 7.54, 5.76), "FedLLP": (20.52, 6.63, 5.53),
+                          "FedLLP-VAT": (23.39, 11.76, 7.82), "FedAvg 10%": (3.82,)},
+        "CIFAR-10 IID": {"FedUL": (18.56, 19.66, 20.31), "FedPL": (34.60, 42.06, 46.20),
+                         "FedLLP": (77.01, 78.74, 73.75), "FedLLP-VAT": (77.56, 84.18, 78.65), "FedAvg 10%": (32.85,)},
+        "CIFAR-10 non-IID": {"FedUL": (42.92, 35.24, 31.43), "FedPL": (70.65, 63.53, 53.78),
+                             "FedLLP": (81.12, 65.51, 65.72), "FedLLP-VAT": (81.55, 70.51, 60.23), "FedAvg 10%": (58.62,)},
+    }, _M),
+    "table-e13": _table({
+        "MNIST IID": {"FedUL": (0.74, 1.05, 1.47), "FedPL": (2.19, 2.55, 3.13), "FedLLP": (10.11, 24.23, 32.53),
+                      "FedLLP-VAT": (25.83, 28.40, 34.46), "FedAvg 10%": (1.58,)},
+        "MNIST non-IID": {"FedUL": (1.91, 1.45, 1.27), "FedPL": (12.24, 5.73, 4.16), "FedLLP": (20.81, 17.67, 14.98),
+                          "FedLLP-VAT": (17.26, 18.45, 13.62), "FedAvg 10%": (3.03,)},
+        "CIFAR-10 IID": {"FedUL": (20.40, 21.61, 22.71), "FedPL": (40.47, 46.44, 51.58),
+                         "FedLLP": (76.23, 78.10, 79.10), "FedLLP-VAT": (76.25, 76.26, 80.44), "FedAvg 10%": (33.57,)},
+        "CIFAR-10 non-IID": {"FedUL": (39.20, 34.12, 32.21), "FedPL": (68.53, 61.49, 55.89),
+                             "FedLLP": (84.11, 71.69, 58.21), "FedLLP-VAT": (82.17, 72.34, 59.42), "FedAvg 10%": (52.48,)},
+    }, _M),
+    "table-e12": _table({
+        "MNIST IID": {"FedUL": (1.19,), "FedPL": (3.74,), "FedLLP": (5.22,), "FedLLP-VAT": (2.24,), "FedAvg 10%": (2.21,)},
+        "MNIST non-IID": {"FedUL": (2.31,), "FedPL": (12.03,), "FedLLP": (4.26,), "FedLLP-VAT": (3.88,),
+                          "FedAvg 10%": (3.42,)},
+    }, ("*",)),
+    "table-e9": _table({"MNIST non-IID": {"FedUL": (2.98, 3.02, 3.10, 3.02, 3.49)}}, ("0", "0.2", "0.4", "0.8", "1.6")),
+    "table-e10": _table({"MNIST non-IID": {"FedUL": (3.56, 2.62, 1.97, 1.75, 1.72)}}, ("10", "20", "30", "40", "50")),
+    "table-e11": _table({
+        "E=1": {"FedUL": (7.99, 2.93, 3.69)}, "E=4": {"FedUL": (2.54, 4.16, 2.81)}, "E=16": {"FedUL": (2.92, 3.51, 2.88)},
+    }, ("16", "128", "inf")),
+}  # fmt: skip
+PAPER["table1-uniform"] = PAPER["table1-authors"] = PAPER["table1"]
+PAPER["fashion"] = {}
+PAPER["smoke"] = {}
+
+# --------------------------------------------------------------------------- profiles
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Compute settings shared by every run of a grid (see module doc)."""
+
+    overrides: dict[str, Any]
+    seeds: tuple[int, ...]
+    # dataset ("*": any other) -> number of sets -> L1 weight (App. D, Table D.4)
+    l1_by_sets: dict[str, dict[str, float]] = field(default_factory=dict)
+    # dataset -> extra overrides (e.g. the CIFAR-10 model)
+    by_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+PROFILES = {
+    "cpu": Profile({"model": "small-cnn", "num-rounds": 8, "lr": 0.001, "batch-size": 128, "local-epochs": 1,
+                    "device": "cpu"}, seeds=(0,)),
+    "paper": Profile({"model": "paper-cnn", "num-rounds": 100, "lr": 0.0001, "batch-size": 128, "local-epochs": 1,
+                      "device": "auto"}, seeds=(0, 1, 2),
+                     l1_by_sets={"*": {"10": 1e-5, "20": 5e-5, "30": 2e-6, "40": 2e-6},
+                                 "cifar10": {"10": 2e-5, "20": 1e-5, "30": 4e-6, "40": 4e-6}},
+                     by_dataset={"cifar10": {"model": "resnet18"}}),
+}  # fmt: skip
+
+# --------------------------------------------------------------------------- grids
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of a grid: where it goes in the table and what it overrides."""
+
+    grid: str
+    row: str  # table row, e.g. "MNIST IID"
+    column: str  # table column, e.g. "FedUL"
+    sub: str  # sub-column inside a cell, e.g. the number of sets "10"
+    seed: int
+    clients: int
+    preset: str
+    overrides: dict[str, Any]
+
+    @property
+    def run_id(self) -> str:
+        """File-safe id, unique within a profile."""
+        text = f"{self.grid}__{self.row}__{self.column}__{self.sub}__s{self.seed}"
+        return "".join(c if c.isalnum() or c in "-_." else "-" for c in text.replace("%", "pct"))
+
+
+def _rows(datasets: Iterable[str], partitions: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    return [
+        (f"{DATASET_LABELS.get(d, d)} {PARTITION_LABELS.get(p, p)}", {"dataset": d, "partition": p})
+        for d in datasets
+        for p in partitions
+    ]
+
+
+def table_specs(
+    grid: str,
+    preset: str,
+    rows: list[tuple[str, dict[str, Any]]],
+    sets: Sequence[str],
+    columns: Sequence[str],
+    seeds: Sequence[int],
+    clients: int,
+    extra: Mapping[str, Any] | None = None,
+) -> list[RunSpec]:
+    """Runs of a Table-1-style grid: rows x methods x sets x seeds (supervised columns
+    once per row, with the first ``sets`` value)."""
+    specs = []
+    for row, row_over in rows:
+        for column in columns:
+            for sub in sets if column not in SUPERVISED else ("*",):
+                m = sets[0] if sub == "*" else sub
+                over = {**row_over, "num-sets": m, **METHOD_COLUMNS[column], **(extra or {})}
+                specs.extend(RunSpec(grid, row, column, sub, s, clients, preset, over) for s in seeds)
+    return specs
+
+
+def sweep_specs(
+    grid: str, preset: str, row: str, column: str, values: Sequence[tuple[str, dict[str, Any], int]], seeds: Sequence[int]
+) -> list[RunSpec]:
+    """Runs of a one-method sweep: ``values`` = (sub label, overrides, clients)."""
+    over = METHOD_COLUMNS[column]
+    return [RunSpec(grid, row, column, sub, s, c, preset, {**over, **o}) for sub, o, c in values for s in seeds]
+
+
+def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> list[RunSpec]:
+    """The runs of grid ``name`` (filtered by ``--methods``, ``--datasets``, ``--partitions``,
+    ``--sets`` where they apply).
+
+    Raises
+    ------
+    SystemExit
+        On an unknown grid name.
+    """
+    columns = [METHOD_KEYS[m] for m in args.methods.split(",")]
+    datasets = args.datasets.split(",")
+    partitions = args.partitions.split(",")
+    sets = args.sets.split(",")
+    if name == "table1":
+        return table_specs(name, "table1", _rows(datasets, partitions), sets, columns, seeds, 5)
+    if name == "table1-uniform":
+        return table_specs(name, "table1", _rows(datasets, partitions), sets, columns, seeds, 5,
+                           {"prior-scheme": "uniform"})  # fmt: skip
+    if name == "table1-authors":
+        extra = {k: v for k, v in load_preset("authors-code").items() if v != default_config().get(k)}
+        return table_specs(name, "table1", _rows(datasets, partitions), sets, columns, seeds, 5, extra)
+    if name == "table-e13":
+        return table_specs(name, "table-e13", _rows(datasets, partitions), sets, columns, seeds, 10)
+    if name == "table-e12":
+        return table_specs(name, "table-e12", _rows(datasets, partitions), ["10,20,30,40,50"], columns, seeds, 5)
+    if name == "fashion":
+        return table_specs(name, "table1", _rows(["fashion-mnist"], ["iid"]), ["10"], columns, seeds, 5)
+    if name == "smoke":
+        extra = {"num-rounds": 2, "samples-per-client": 300}
+        return table_specs(name, "", _rows(["mnist-sample"], ["iid"]), ["10"], columns, seeds, 2,
+                           {"val-fraction": 0.2, **extra})  # fmt: skip
+    if name == "table-e9":
+        values = [(e, {"prior-noise": float(e)}, 5) for e in ("0", "0.2", "0.4", "0.8", "1.6")]
+        return sweep_specs(name, "table-e9", "MNIST non-IID", "FedUL", values, seeds)
+    if name == "table-e10":
+        values = [(str(c), {}, c) for c in (10, 20, 30, 40, 50)]
+        return sweep_specs(name, "table-e10", "MNIST non-IID", "FedUL", values, seeds)
+    if name == "table-e11":
+        specs = []
+        for e in (1, 4, 16):
+            values = [(b, {"local-epochs": e, "batch-size": 100_000 if b == "inf" else int(b)}, 5) for b in ("16", "128", "inf")]
+            specs += sweep_specs(name, "table-e11", f"E={e}", "FedUL", values, seeds)
+        return specs
+    raise SystemExit(f"unknown grid {name!r}; choose from {GRIDS}")
+
+
+GRIDS = ("table1", "table1-uniform", "table1-authors", "table-e13", "table-e12", "table-e9", "table-e10",
+         "table-e11", "fashion", "smoke")  # fmt: skip
+
+# --------------------------------------------------------------------------- running
+
+
+def run_config_of(spec: RunSpec, profile: Profile, data_dir: str, out_dir: Path, user: Mapping[str, Any]) -> dict[str, Any]:
+    """The complete dashed-key run config of ``spec``: defaults < preset < profile < spec <
+    ``--set`` values. The preset is expanded here (and ``preset`` left empty) so that a value
+    equal to its default still beats the preset (see :func:`fedul_flwr.config.compose_config`)."""
+    values: dict[str, Any] = {**default_config(), **load_preset(spec.preset), **profile.overrides}
+    dataset = str(spec.overrides.get("dataset", values["dataset"]))
+    values.update(profile.by_dataset.get(dataset, {}))
+    l1 = profile.l1_by_sets.get(dataset, profile.l1_by_sets.get("*", {}))
+    if l1:  # Table D.4 has 10 / 20 / 30 sets; 40 takes the 30 column
+        values["l1-weight"] = l1.get(str(spec.overrides.get("num-sets", values["num-sets"])).split(",")[0], 0.0)
+    values.update(spec.overrides)
+    values.update({"seed": spec.seed, "preset": "", "output-dir": str(out_dir / "runs"), "run-name": spec.run_id})
+    if data_dir:
+        values["data-dir"] = data_dir
+    values.update(user)
+    return values
+
+
+def best_val_round(metrics: Sequence[Mapping[str, float]]) -> int | None:
+    """Round >= 1 with the lowest ``val-error`` (earliest on ties); None without validation."""
+    rows = [r for r in metrics if r["round"] >= 1 and "val-error" in r]
+    return int(min(rows, key=lambda r: (r["val-error"], r["round"]))["round"]) if rows else None
+
+
+def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict[str, Any]:
+    """Run one federation in this process and return its JSON record.
+
+    Parameters
+    ----------
+    spec : RunSpec
+        Where the run goes in the table.
+    run_config : dict
+        Complete run config (:func:`run_config_of`).
+    threads : int
+        torch threads (0: leave as is).
+
+    Returns
+    -------
+    dict
+        The record (see module doc). Deterministic for a given run config on CPU, apart from
+        ``wall-time`` entries.
+    """
+    import torch
+
+    from fedul_flwr.client_app import app
+    from fedul_flwr.data import client_data
+    from fedul_flwr.inprocess import InProcessGrid
+    from fedul_flwr.server_app import run_federation
+
+    if threads:
+        torch.set_num_threads(threads)
+    start = time.time()
+    cfg = resolve_config(run_config)
+    outputs = run_federation(InProcessGrid(app, spec.clients, run_config), cfg)
+    client_data.load_client.cache_clear()  # a grid visits many configs: free the client tensors
+    metrics = [outputs.rows[r] for r in sorted(outputs.rows)]
+    tested = [r for r in metrics if "test-error" in r]
+    best = best_val_round(metrics)
+    by_round = {int(r["round"]): r for r in metrics}
+    return {
+        "run-id": spec.run_id,
+        "spec": asdict(spec),
+        "run-config": run_config,
+        "config": cfg.as_dict(),
+        "metrics": metrics,
+        "last-round": int(tested[-1]["round"]),
+        "last-test-error": tested[-1]["test-error"],
+        "best-val-round": best,
+        "best-val-test-error": by_round[best]["test-error"] if best is not None else None,
+        "wall-time-s": time.time() - start,
+        "run-dir": str(outputs.path),
+    }
+
+
+def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threads: int) -> tuple[str, dict[str, Any]]:
+    record = execute(spec, run_config, threads)
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)  # atomic: a killed run leaves no record, so it is redone on resume
+    return path, record
+
+
+def run_grid(
+    specs: Sequence[RunSpec], profile: Profile, out_dir: Path, data_dir: str, user: Mapping[str, Any],
+    jobs: int = 1, threads: int = 0,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Run every spec whose record is missing (``jobs`` worker processes), print progress,
+    and return all records of ``specs`` (old and new)."""
+    records_dir = out_dir / "records"
+    records_dir.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for spec in specs:
+        path = records_dir / f"{spec.run_id}.json"
+        if path.exists():
+            print(f"skip (record exists) {spec.run_id}", flush=True)
+        else:
+            todo.append((spec, run_config_of(spec, profile, data_dir, out_dir, user), str(path)))
+    print(f"{len(specs) - len(todo)} of {len(specs)} runs done; running {len(todo)} with {jobs} job(s)", flush=True)
+    grid_start = time.time()
+
+    def report(i: int, record: dict[str, Any]) -> None:
+        best = record["best-val-test-error"]
+        print(
+            f"[{i}/{len(todo)}] {record['run-id']}: last {100 * record['last-test-error']:.2f}% "
+            f"best-val {'-' if best is None else f'{100 * best:.2f}%'} in {record['wall-time-s']:.0f}s "
+            f"(grid {time.time() - grid_start:.0f}s)",
+            flush=True,
+        )
+
+    if jobs <= 1:
+        for i, (spec, rc, path) in enumerate(todo, 1):
+            print(f"[{i}/{len(todo)}] start {spec.run_id}", flush=True)
+            report(i, _execute_to_file(spec, rc, path, threads)[1])
+    else:
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            futures = [pool.submit(_execute_to_file, spec, rc, path, threads or 1) for spec, rc, path in todo]
+            for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
+                report(i, fut.result()[1])
+    return load_records(specs, out_dir)
+
+
+def load_records(specs: Sequence[RunSpec], out_dir: Path) -> list[dict[str, Any]]:
+    """Existing records of ``specs``."""
+    paths = [out_dir / "records" / f"{s.run_id}.json" for s in specs]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _fmt(values: Sequence[float]) -> str:
+    if not values:
+        return "-"
+    mean = 100 * statistics.fmean(values)
+    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ({100 * statistics.stdev(values):.2f})"
+
+
+def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], key: str) -> str:
+    """Markdown table of ``key`` (``last-test-error`` / ``best-val-test-error``): rows x
+    methods, cells ``ours [paper]`` per sub-column joined by `` / ``, % error."""
+    paper = PAPER.get(grid, {})
+    rows = list(dict.fromkeys(s.row for s in specs))
+    columns = list(dict.fromkeys(s.column for s in specs))
+    subs = list(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
+    values: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+    for r in records:
+        s = r["spec"]
+        if r.get(key) is not None:
+            values[(s["row"], s["column"], s["sub"])].append(r[key])
+    show_gap = "FedUL" in columns and "FedAvg 100%" in columns
+    head = ["setting", *columns] + (["gap FedUL - FedAvg 100%"] if show_gap else [])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [row]
+        for col in columns:
+            cell_subs = ["*"] if col in SUPERVISED or not subs else subs
+            parts = []
+            for sub in cell_subs:
+                ours = _fmt(values.get((row, col, sub), []))
+                ref = paper.get((row, col, sub), paper.get((row, col, "*")))  # "*": one number per row
+                parts.append(ours if ref is None else f"{ours} [{ref:.2f}]")
+            cells.append(" / ".join(parts))
+        if show_gap:
+            ref = values.get((row, "FedAvg 100%", "*"), [])
+            gaps = []
+            for sub in subs or ["*"]:
+                ul = values.get((row, "FedUL", sub), [])
+                gaps.append(f"{100 * (statistics.fmean(ul) - statistics.fmean(ref)):+.2f}" if ul and ref else "-")
+            cells.append(" / ".join(gaps))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_curves(grid: str, records: Sequence[Mapping[str, Any]], plots_dir: Path) -> list[Path]:
+    """One PNG per (row, sub): test accuracy per round of every method (mean over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups: dict[tuple[str, str], dict[str, list[list[tuple[int, float]]]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        s = r["spec"]
+        curve = [(int(m["round"]), m["test-accuracy"]) for m in r["metrics"] if "test-accuracy" in m]
+        subs = [s["sub"]] if s["sub"] != "*" else sorted({x["spec"]["sub"] for x in records if x["spec"]["row"] == s["row"]} - {"*"}) or ["*"]
+        for sub in subs:  # supervised references appear in every sub-plot of their row
+            groups[(s["row"], sub)][s["column"]].append(curve)
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for (row, sub), methods in sorted(groups.items()):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for column, curves in methods.items():
+            rounds = sorted(set.intersection(*(set(x for x, _ in c) for c in curves)))
+            mean = [100 * statistics.fmean(dict(c)[x] for c in curves) for x in rounds]
+            ax.plot(rounds, mean, marker="o", ms=3, label=column, ls="--" if column in SUPERVISED else "-")
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy (%)")
+        ax.set_title(f"{grid}: {row}" + ("" if sub == "*" else f", {sub}"))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{grid}-{row}-{sub}") + ".png"
+        fig.savefig(plots_dir / name, dpi=110)
+        plt.close(fig)
+        paths.append(plots_dir / name)
+    return paths
+
+
+def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], out_dir: Path) -> Path:
+    """Write ``results-<grid>.md`` (both tables, settings, wall time) and the plots."""
+    done = len(records)
+    wall = sum(r["wall-time-s"] for r in records)
+    sub_name = "sets M" if grid.startswith("table1") or grid in ("table-e13", "fashion", "smoke") else "sweep value"
+    subs = " / ".join(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
+    text = [
+        f"## {grid} ({profile_name} profile)",
+        "",
+        f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test error, ours [paper] "
+        f"for {sub_name} = {subs}; mean (std) over seeds when there are several.",
+        "",
+        "### Last-round test error (no labels used)",
+        "",
+        render_table(grid, specs, records, "last-test-error"),
+        "",
+        "### Test error at the best-validation round (model selection USES LABELS: 20% labeled hold-out)",
+        "",
+        render_table(grid, specs, records, "best-val-test-error"),
+        "",
+    ]
+    plots = plot_curves(grid, records, out_dir / "plots") if records else []
+    text += [f"![{p.stem}](plots/{p.name})" for p in plots]
+    path = out_dir / f"results-{grid}.md"
+    path.write_text("\n".join(text) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected key=value")
+        default = default_config().get(key)
+        if default is None:
+            raise SystemExit(f"--set {item!r}: unknown key; valid: {sorted(default_config())}")
+        out[key] = type(default)(value) if not isinstance(default, bool) else value.lower() == "true"
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (see module doc)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--grid", default="table1", choices=GRIDS)
+    p.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
+    p.add_argument("--methods", default=",".join(METHOD_KEYS), help=f"comma list of {list(METHOD_KEYS)}")
+    p.add_argument("--datasets", default="mnist", help="table rows (table1*, table-e12, table-e13)")
+    p.add_argument("--partitions", default="iid,noniid")
+    p.add_argument("--sets", default="10,20,40", help="M values (table1*, table-e13)")
+    p.add_argument("--seeds", default="", help="comma list; default: the profile's")
+    p.add_argument("--data-dir", default="", help="absolute torchvision root (e.g. /work/shared/data)")
+    p.add_argument("--out", default=str(PROJECT / "outputs" / "reproduce"), help="results root")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra run-config override")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch default; 1 with --jobs>1)")
+    p.add_argument("--list", action="store_true", help="print the runs and exit")
+    p.add_argument("--render-only", action="store_true", help="only render tables/plots of existing records")
+    args = p.parse_args(argv)
+
+    profile = PROFILES[args.profile]
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else profile.seeds
+    specs = build_grid(args.grid, args, seeds)
+    out_dir = Path(args.out).expanduser().resolve() / args.profile
+    user = _parse_set(args.set)
+    if args.list:
+        for spec in specs:
+            print(spec.run_id, spec.clients, "clients", json.dumps(spec.overrides))
+        print(f"{len(specs)} runs")
+        return 0
+    records = load_records(specs, out_dir) if args.render_only else run_grid(
+        specs, profile, out_dir, args.data_dir, user, jobs=args.jobs, threads=args.threads)  # fmt: skip
+    path = render(args.grid, args.profile, specs, records, out_dir)
+    print(path.read_text())
+    print(f"wrote {path}")
+    return 0 if len(records) == len(specs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

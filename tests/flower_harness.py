@@ -1,0 +1,139 @@
+"""Run the app through a real Flower SuperLink from tests (headless, isolated, cleaned up).
+
+Starts ``flower-superlink --simulation`` (the same flags ``flwr run`` uses for its local
+SuperLink) on free loopback ports with its own ``FLWR_HOME``, submits ``flwr run .`` to it,
+waits for the run to finish and reads its status with ``flwr ls`` (``flwr run --stream``
+exits 0 even when a run failed, so the status is the thing to check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flower_env(flwr_home: Path) -> dict[str, str]:
+    """Environment for Flower CLIs: own FLWR_HOME, no telemetry, no update check, no
+    runtime dependency installation (offline), the venv's bin first on PATH."""
+    env = dict(os.environ)
+    env.update(
+        FLWR_HOME=str(flwr_home),
+        FLWR_TELEMETRY_ENABLED="0",
+        FLWR_DISABLE_UPDATE_CHECK="1",
+        FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+        PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+    )
+    return env
+
+
+@dataclass
+class SuperLink:
+    """A running SuperLink and the connection name ``flwr`` knows it by."""
+
+    process: subprocess.Popen
+    connection: str
+    env: dict[str, str]
+    log_file: Path
+
+    def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run ``flwr <args>`` from the repo root against this SuperLink's FLWR_HOME."""
+        return subprocess.run(
+            [str(BIN / "flwr"), *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def run_app(self, run_config: str, federation_config: str, timeout: float = 600) -> tuple[dict, str]:
+        """Submit ``flwr run .`` and wait for it to finish.
+
+        Returns
+        -------
+        (dict, str)
+            The run's ``flwr ls`` record and its log.
+        """
+        args = ["run", ".", self.connection, "--format", "json", "--run-config", run_config]
+        args += ["--federation-config", federation_config]
+        submitted = self.flwr(*args)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        reply = json.loads(submitted.stdout)
+        assert reply.get("success"), reply
+        run_id = str(reply["run-id"])
+        deadline = time.monotonic() + timeout
+        record: dict = {}
+        while time.monotonic() < deadline:
+            listed = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
+            if listed.returncode == 0:
+                runs = json.loads(listed.stdout).get("runs", [])
+                record = runs[0] if runs else {}
+                if str(record.get("status", "")).startswith("finished"):
+                    break
+            time.sleep(2)
+        log = self.flwr("log", run_id, self.connection, "--show").stdout
+        return record, log
+
+
+@contextmanager
+def superlink(tmp_path: Path) -> Iterator[SuperLink]:
+    """Start a simulation SuperLink on free ports; stop it (and its children) on exit."""
+    home = tmp_path / "flwr-home"
+    home.mkdir(parents=True, exist_ok=True)
+    port = free_port()  # Flower 1.41 serves the Control, Fleet and Runtime APIs on one HTTP port
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
+    )
+    env = flower_env(home)
+    log_file = tmp_path / "superlink.log"
+    cmd = [
+        str(BIN / "flower-superlink"),
+        "--insecure",
+        "--simulation",
+        "--isolation",
+        "subprocess",
+        "--disable-runtime-dependency-installation",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--database",
+        str(tmp_path / "state.db"),
+        "--log-file",
+        str(log_file),
+    ]
+    process = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert process.poll() is None, f"flower-superlink exited with {process.returncode}; see {log_file}"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        else:
+            raise TimeoutError("SuperLink did not become healthy within 60 s")
+        yield SuperLink(process=process, connection="test", env=env, log_file=log_file)
+    finally:
+        try:
+            os.killpg(process.pid, 15)
+            process.wait(timeout=20)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(process.pid, 9)

@@ -1,0 +1,68 @@
+"""Checkpoint and resume: the server writes f and the round every round; a run stopped after
+round 2 and resumed with ``resume=true`` ends with exactly the weights of an uninterrupted
+3-round run (CPU, fixed seed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedul_flwr.checkpoint import CheckpointError, load_checkpoint
+from fedul_flwr.client_app import app as client_app
+from fedul_flwr.config import ConfigError, resolve_config
+from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.outputs import read_metrics
+from fedul_flwr.server_app import run_federation
+
+
+def _run(tmp_path: Path, **overrides: object):
+    run_config = {
+        "num-sets": 10,
+        "samples-per-client": 150,
+        "batch-size": 32,
+        "device": "cpu",
+        "seed": 4,
+        "min-available-nodes": 2,
+        "min-train-nodes": 2,
+        "output-dir": str(tmp_path),
+        **overrides,
+    }
+    grid = InProcessGrid(client_app, 2, run_config)
+    return run_federation(grid, resolve_config(run_config))
+
+
+@pytest.mark.slow
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path: Path) -> None:
+    full = _run(tmp_path, **{"num-rounds": 3, "run-name": "full"})
+    part = _run(tmp_path, **{"num-rounds": 2, "run-name": "part"})  # "stopped" after round 2
+    ckpt = load_checkpoint(part.path)
+    assert ckpt.round == 2 and ckpt.config["run-name"] == "part"
+    resumed = _run(tmp_path, **{"num-rounds": 3, "run-name": "part", "resume": True})
+    assert resumed.path == part.path
+
+    final_full = torch.load(full.path / "model.pt", weights_only=True)
+    final_resumed = torch.load(resumed.path / "model.pt", weights_only=True)
+    assert final_full.keys() == final_resumed.keys()
+    for key in final_full:
+        assert torch.equal(final_full[key], final_resumed[key]), key
+    assert load_checkpoint(resumed.path).round == 3
+    # the metric table continues: rounds 0..3, round 3 identical to the uninterrupted run
+    rows_full, rows_resumed = read_metrics(full.path), read_metrics(resumed.path)
+    assert [r["round"] for r in rows_resumed] == [0, 1, 2, 3]
+    for key in ("test-accuracy", "train-loss"):
+        assert rows_resumed[-1][key] == rows_full[-1][key]
+        assert rows_resumed[1][key] == rows_full[1][key]
+
+
+def test_resume_without_checkpoint_names_the_file(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="checkpoint.pt does not exist"):
+        _run(tmp_path, **{"num-rounds": 1, "run-name": "never-ran", "resume": True})
+
+
+def test_resume_needs_run_name_and_a_stateless_strategy() -> None:
+    with pytest.raises(ConfigError, match="needs run-name"):
+        resolve_config({"resume": True})
+    with pytest.raises(ConfigError, match="strategy='scaffold'"):
+        resolve_config({"resume": True, "run-name": "x", "strategy": "scaffold"})

@@ -1,0 +1,233 @@
+"""Real deployment on loopback: ``scripts/deploy_local.sh`` starts a real ``flower-superlink``
+and three ``flower-supernode`` processes (each with its own node data folder), submits
+``flwr run . <connection>`` and waits; the run must finish as completed with all three
+nodes training in every round."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "deploy_local.sh"
+VENV_BIN = Path(sys.executable).parent
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not all(shutil.which(t) for t in ("setsid", "curl", "bash"))
+        or not (VENV_BIN / "flower-superlink").exists(),
+        reason="needs setsid, curl and flower-superlink next to the test interpreter",
+    ),
+]
+
+
+def test_loopback_deployment_three_supernodes(tmp_path: Path) -> None:
+    rounds = 2
+    env = {**os.environ, "VENV_BIN": str(VENV_BIN), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        [
+            "bash",
+            str(SCRIPT),
+            "--workdir",
+            str(tmp_path),
+            "--port",
+            "9540",
+            "--nodes",
+            "3",
+            "--max-set-size",
+            "12",
+            "--run-config",
+            f"num-rounds={rounds} num-sets=10 batch-size=32",
+            "--timeout",
+            "300",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{logs}"
+
+    status = json.loads((tmp_path / "status.json").read_text())["runs"][0]
+    assert status["status"] == "finished:completed"
+    run_log = (tmp_path / "run.log").read_text()
+    per_round = re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", run_log)
+    assert per_round == [("3", "0")] * rounds, run_log[-3000:]
+    # each SuperNode really ran the ClientApp on its own data folder
+    for i in range(3):
+        assert (tmp_path / "nodes" / f"node-{i}" / "priors.csv").is_file()
+    (run_dir,) = list((tmp_path / "runs").iterdir())
+    assert (run_dir / "model.pt").is_file()
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert [row["round"] for row in metrics] == list(range(rounds + 1))
+    # nothing left running
+    leftover = subprocess.run(["pgrep", "-f", "127.0.0.1:954[0-3]"], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", subprocess.run(["ps", "-ef"], capture_output=True, text=True).stdout
+
+
+# --------------------------------------------------------------------------- faults
+
+
+class _Federation:
+    """A deployment SuperLink and SuperNodes started from the test, each in its own
+    process group (so the SuperExec/ClientApp processes a node spawns go with it)."""
+
+    def __init__(self, tmp_path: Path, node_dirs: list[Path]) -> None:
+        from tests.flower_harness import SuperLink, flower_env, free_port
+
+        self.tmp = tmp_path
+        self.node_dirs = node_dirs
+        self.port = free_port()
+        home = tmp_path / "flwr-home"
+        home.mkdir()
+        (home / "config.toml").write_text(
+            f'[superlink]\ndefault = "dep"\n\n[superlink.dep]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        self.env = flower_env(home)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.node_ports = [free_port() for _ in node_dirs]
+        self._start("superlink", ["flower-superlink", "--insecure", "--disable-runtime-dependency-installation",
+                                  "--host", "127.0.0.1", "--port", str(self.port)])
+        self.link = SuperLink(process=self.procs["superlink"], connection="dep", env=self.env,
+                              log_file=tmp_path / "superlink.log")
+        self._wait_healthy()
+        for i in range(len(node_dirs)):
+            self.start_node(i)
+
+    def _start(self, name: str, cmd: list[str]) -> None:
+        log = (self.tmp / f"{name}.log").open("a")
+        self.procs[name] = subprocess.Popen(
+            [str(VENV_BIN / cmd[0]), *cmd[1:]], env=self.env, cwd=self.tmp, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+
+    def _wait_healthy(self) -> None:
+        import time
+
+        import httpx
+
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).is_success:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"SuperLink not healthy after 60 s; see {self.tmp / 'superlink.log'}")
+
+    def start_node(self, i: int) -> None:
+        self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
+                                       "--port", str(self.node_ports[i]),
+                                       "--node-config", f'data-dir="{self.node_dirs[i]}"'])
+
+    def kill(self, name: str, sig: int = 9) -> None:
+        import signal
+
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for name in [n for n in self.procs if n != "superlink"] + ["superlink"]:
+            if name in self.procs:
+                self.kill(name, 15)
+
+
+def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
+    """SIGKILL one of three SuperNodes (and its ClientApp) right after round 1 and restart it
+    at once: the round it missed gets an error reply for it once the SuperLink sees its
+    heartbeat stop, the run goes on with the other two (min-train-nodes=2), and the
+    restarted node trains again in the last round."""
+    import time
+
+    from fedul_flwr.config import resolve_config
+    from fedul_flwr.node_data import write_nodes
+
+    node_dirs = write_nodes(resolve_config({"num-sets": 10, "seed": 7}), tmp_path / "nodes", 3, max_set_size=12)
+    fed = _Federation(tmp_path, node_dirs)
+    try:
+        runs = tmp_path / "runs"
+        submitted = fed.link.flwr(
+            "run", ".", "dep", "--format", "json", "--run-config",
+            f'num-rounds=3 num-sets=10 batch-size=32 min-available-nodes=2 min-train-nodes=2 device="cpu" '
+            f'output-dir="{runs}" run-name="fault"',
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        run_id = str(json.loads(submitted.stdout)["run-id"])
+
+        def rounds_done() -> int:
+            try:
+                return max(r["round"] for r in json.loads((runs / "fault" / "metrics.json").read_text()))
+            except (OSError, ValueError, KeyError):
+                return -1
+
+        deadline = time.monotonic() + 240
+        while rounds_done() < 1:
+            assert time.monotonic() < deadline, "round 1 did not finish in 240 s"
+            time.sleep(0.5)
+        fed.kill("supernode-2")  # a crash: no goodbye to the SuperLink
+        fed.start_node(2)  # the organisation restarts it; it registers as a new node
+
+        status = ""
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            listed = fed.link.flwr("ls", "dep", "--run-id", run_id, "--format", "json")
+            if listed.returncode == 0:
+                status = json.loads(listed.stdout)["runs"][0]["status"]
+                if status.startswith("finished"):
+                    break
+            time.sleep(3)
+        log = fed.link.flwr("log", run_id, "dep", "--show").stdout
+    finally:
+        fed.close()
+    assert status == "finished:completed", log[-4000:]
+    per_round = [tuple(map(int, m)) for m in re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log)]
+    assert len(per_round) == 3, log[-4000:]
+    assert per_round[0] == (3, 0)
+    assert per_round[1][0] >= 2 and per_round[1][1] == 1  # the crashed node's reply is an error
+    assert "Node Unavailable" in log
+    assert per_round[2] == (3, 0)  # the restarted node is back
+
+
+def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
+    """``deploy_local.sh --tls``: every connection over TLS with a fresh local CA, SuperNode
+    authentication on, two registered SuperNodes train; one with an unregistered key is
+    refused by the SuperLink."""
+    if not shutil.which("openssl") or not shutil.which("ssh-keygen"):
+        pytest.skip("needs openssl and ssh-keygen")
+    env = {**os.environ, "VENV_BIN": str(VENV_BIN), "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--tls", "--workdir", str(tmp_path), "--port", "9545", "--nodes", "2",
+         "--max-set-size", "12", "--run-config", "num-rounds=1 num-sets=10 batch-size=32", "--timeout", "300"],
+        env=env, capture_output=True, text=True, timeout=420,
+    )
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n{logs}"
+    assert "unregistered key was refused" in proc.stdout
+    intruder = (tmp_path / "intruder.log").read_text()
+    assert "Failed to activate SuperNode" in intruder
+    run_log = (tmp_path / "run.log").read_text()
+    assert re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", run_log) == [("2", "0")]
+    assert json.loads((tmp_path / "status.json").read_text())["runs"][0]["status"] == "finished:completed"
+    # the SuperLink really speaks TLS only: plain HTTP to its port fails
+    config = (tmp_path / "flwr-home" / "config.toml").read_text()
+    assert "root-certificates" in config and "insecure" not in config
+    for name in ("ca.crt", "server.pem", "server.key", "supernode-0", "supernode-2.pub"):
+        assert (tmp_path / "certs" / name).is_file()

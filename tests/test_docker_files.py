@@ -1,0 +1,89 @@
+"""The Docker files in ``docker/`` (no Docker daemon here: structure, versions and mounts are
+checked; ``docker compose config`` and ``hadolint`` run too where they are installed)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+FLWR_VERSION = importlib.metadata.version("flwr")
+NODES = 3
+
+
+def _load(name: str) -> dict:
+    return yaml.safe_load((DOCKER / name).read_text())
+
+
+def test_images_match_the_installed_flwr() -> None:
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    assert re.search(rf"^ARG FLWR_VERSION={re.escape(FLWR_VERSION)}$", dockerfile, re.M)
+    assert re.search(r"^FROM flwr/superexec:\$\{FLWR_VERSION\}$", dockerfile, re.M)
+    services = _load("compose.yaml")["services"]
+    for name, svc in services.items():
+        if "image" in svc and svc["image"].startswith("flwr/"):
+            assert svc["image"].endswith(f":${{FLWR_VERSION:-{FLWR_VERSION}}}"), name
+
+
+def test_each_supernode_has_its_own_data_and_clientapp() -> None:
+    services = _load("compose.yaml")["services"]
+    assert services["superlink"]["image"].startswith("flwr/superlink:")
+    assert "--insecure" in services["superlink"]["command"]
+    mounts = set()
+    for i in range(NODES):
+        node, app = services[f"supernode-{i}"], services[f"superexec-clientapp-{i}"]
+        assert node["image"].startswith("flwr/supernode:")
+        cmd = node["command"]
+        assert cmd[cmd.index("--node-config") + 1] == 'data-dir="/data"'
+        assert cmd[cmd.index("--superlink") + 1] == "superlink:9092"
+        assert app["command"][-1] == f"supernode-{i}:9094"
+        (volume,) = app["volumes"]
+        assert volume.endswith(f"/node-{i}:/data:ro")
+        mounts.add(volume)
+        assert app["build"]["dockerfile"] == "docker/Dockerfile"
+    assert len(mounts) == NODES
+    assert services["superexec-serverapp"]["command"][-1] == "superlink:9092"
+
+
+def test_tls_overlay_uses_the_files_make_certs_writes() -> None:
+    base = _load("compose.yaml")["services"]
+    tls = _load("compose.tls.yaml")["services"]
+    assert set(tls) <= set(base)
+    link = tls["superlink"]["command"]
+    assert "--insecure" not in link and "--enable-supernode-auth" in link
+    for flag, target in (("--ssl-ca-certfile", "ca.crt"), ("--ssl-certfile", "server.pem"), ("--ssl-keyfile", "server.key")):
+        assert link[link.index(flag) + 1] == f"/certs/{target}"
+        assert f"./certificates/{target}:/certs/{target}:ro" in tls["superlink"]["volumes"]
+    for i in range(NODES):
+        cmd = tls[f"supernode-{i}"]["command"]
+        assert "--insecure" not in cmd
+        assert cmd[cmd.index("--auth-supernode-private-key") + 1] == "/keys/supernode"
+        assert f"./certificates/supernode-{i}:/keys/supernode:ro" in tls[f"supernode-{i}"]["volumes"]
+    script = (DOCKER.parent / "scripts" / "make_certs.sh").read_text()
+    for name in ("ca.crt", "server.pem", "server.key", "supernode-$i"):
+        assert name in script
+
+
+@pytest.mark.skipif(
+    subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0
+    if shutil.which("docker")
+    else True,
+    reason="docker compose is not installed",
+)
+def test_docker_compose_config_accepts_the_files() -> None:
+    for files in (["compose.yaml"], ["compose.yaml", "compose.tls.yaml"]):
+        args = [a for f in files for a in ("-f", str(DOCKER / f))]
+        proc = subprocess.run(["docker", "compose", *args, "config", "-q"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(not shutil.which("hadolint"), reason="hadolint is not installed")
+def test_hadolint() -> None:
+    proc = subprocess.run(["hadolint", str(DOCKER / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
