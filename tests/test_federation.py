@@ -22,7 +22,7 @@ def _run(tmp_path: Path, num_nodes: int = 3, **overrides: object):
 
 
 def test_three_rounds_lower_the_loss_and_write_outputs(tmp_path: Path) -> None:
-    outputs, _ = _run(tmp_path)
+    outputs, _ = _run(tmp_path, **{"val-fraction": 0.5})  # 6k training images
     rows = json.loads((outputs.path / "metrics.json").read_text())
     assert [r["round"] for r in rows] == [0, 1, 2, 3]
     assert rows[3]["train-loss"] < rows[1]["train-loss"]
@@ -58,7 +58,8 @@ def test_round_without_successful_reply_fails_loudly(tmp_path: Path) -> None:
 def test_uniform_and_sample_weighting_differ(tmp_path: Path) -> None:
     # unequal clients (num-sets differs -> same data, so use the non-IID split: equal sizes);
     # use a Dirichlet split, whose client sizes differ, and compare aggregated weights.
-    common = {"num-rounds": 1, "partition": "dirichlet", "dirichlet-alpha": 1.0, "num-sets": 10}
+    # val-fraction=0.8 only shrinks the pool (2.4k images) to keep the test quick
+    common = {"num-rounds": 1, "partition": "dirichlet", "dirichlet-alpha": 1.0, "val-fraction": 0.8}
     a, _ = _run(tmp_path / "n", num_nodes=2, **common)
     b, _ = _run(tmp_path / "u", num_nodes=2, **common, **{"aggregation-weights": "uniform"})
     wa, wb = torch.load(a.path / "model.pt"), torch.load(b.path / "model.pt")
