@@ -527,9 +527,15 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def flwr_run(
-    run_config: Mapping[str, Any], federation_config: str, workdir: Path, timeout: float = 1800
+    run_config: Mapping[str, Any], federation_config: str, workdir: Path, timeout: float = 1800, memory_every_s: float = 1.0
 ) -> dict[str, Any]:
     """Run ``flwr run .`` on a fresh SuperLink (tests/flower_harness.py); time it.
+
+    Memory and CPU of the process tree are sampled every ``memory_every_s`` seconds; each
+    sample walks /proc and every process's smaps_rollup (measurable CPU on 2 cores), so the
+    timing-only ``flower`` section samples every 5 s. The harness waits for the run's
+    ``model.pt`` instead of polling ``flwr ls`` (a Python process every 2 s, which slowed
+    the clients training meanwhile).
 
     Returns
     -------
@@ -545,9 +551,9 @@ def flwr_run(
     run_name = f"bench-{time.time_ns()}"
     values = {**run_config, "output-dir": str(out_dir), "run-name": run_name}
     text = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())
-    with superlink(workdir / run_name) as link, PeakMemory(link.process.pid) as mem:
+    with superlink(workdir / run_name) as link, PeakMemory(link.process.pid, memory_every_s) as mem:
         submitted = time.time()
-        record, log = link.run_app(text, federation_config, timeout)
+        record, log = link.run_app(text, federation_config, timeout, done_file=out_dir / run_name / "model.pt")
         total = time.time() - submitted
     status = str(record.get("status", "unknown"))
     run_dir = out_dir / run_name
@@ -615,7 +621,9 @@ def section_flower(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 bare_acc.append(metrics["test-accuracy"])
                 say(f"flower repeat {rep + 1}: bare rounds {[round(r, 2) for r in rounds]}")
             else:
-                run = flwr_run(run_config, _federation_config(args.flower_clients, args.threads), workdir / "flower")
+                run = flwr_run(
+                    run_config, _federation_config(args.flower_clients, args.threads), workdir / "flower", memory_every_s=5.0
+                )
                 flwr_runs.append(run)
                 say(
                     f"flower repeat {rep + 1}: flwr {run['status']} startup {run.get('startup-s', float('nan')):.1f}s "
