@@ -19,13 +19,15 @@ SGD; see docs/strategies.md); FedAdam ``server-lr = 0.01``; the others take the 
 defaults (pyproject.toml).
 
 ``--jobs N`` runs N federations at once in worker processes, each with
-``--threads`` torch threads (default: cores // N); every run seeds itself, so the records
-do not depend on N.
+``--threads`` torch threads (default: cores // N); every run seeds itself, so the results
+do not depend on N (up to float summation order with other thread counts). ``--reuse``
+reads runs already finished in ``<out>/runs`` with the same config instead of training
+them again (an interrupted comparison continues where it stopped).
 
 Examples::
 
-    # the table in the README (CPU: ~N minutes per run, see docs/strategies.md)
-    python scripts/compare_strategies.py --data-dir /work/shared/data --rounds 20 --seeds 0 1 2 --jobs 2
+    # the table in the README (2 CPU cores: ~13 min per run, two runs at a time)
+    python scripts/compare_strategies.py --data-dir /work/shared/data --rounds 20 --seeds 0 1 --jobs 2 --reuse
     # smoke check on the embedded sample
     python scripts/compare_strategies.py --dataset mnist-sample --rounds 2
     # unequal local work (FedNova's and SCAFFOLD's case), plain SGD clients
@@ -78,15 +80,39 @@ def _parse_sets(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, dict[st
     return common, per_strategy
 
 
-def run_one(run_config: dict[str, Any], num_clients: int) -> dict[str, Any]:
-    """One in-process federation; returns its per-round test errors and run folder."""
-    from fedul_flwr.client_app import app
-    from fedul_flwr.inprocess import InProcessGrid
-    from fedul_flwr.server_app import run_federation
+def finished_run(run_config: dict[str, Any]) -> Path | None:
+    """The run folder of ``run_config`` if a finished run with the same config is there.
 
-    random.seed(int(run_config["seed"]))  # Flower samples nodes with the global `random`
-    outputs = run_federation(InProcessGrid(app, num_clients, run_config), resolve_config(run_config))
-    errors = {r: row["test-error"] for r, row in sorted(outputs.rows.items()) if "test-error" in row}
+    A run is finished when its folder holds ``model.pt`` (written after the last round) and
+    its ``config.json`` equals the resolved ``run_config``; ``--reuse`` then reads its
+    ``metrics.json`` instead of training again (an interrupted comparison continues).
+    """
+    path = Path(run_config["output-dir"]) / run_config["run-name"]
+    if not (path / "model.pt").is_file() or not (path / "config.json").is_file():
+        return None
+    saved = json.loads((path / "config.json").read_text())
+    wanted = json.loads(json.dumps(resolve_config(run_config).as_dict(), sort_keys=True))
+    return path if saved == wanted else None
+
+
+def run_one(run_config: dict[str, Any], num_clients: int, reuse: bool = False) -> dict[str, Any]:
+    """One in-process federation (or, with ``reuse``, its finished run folder); returns its
+    per-round test errors and run folder."""
+    from fedul_flwr.outputs import read_metrics
+
+    done = finished_run(run_config) if reuse else None
+    if done is not None:
+        rows = {int(r["round"]): r for r in read_metrics(done)}
+        path = done
+    else:
+        from fedul_flwr.client_app import app
+        from fedul_flwr.inprocess import InProcessGrid
+        from fedul_flwr.server_app import run_federation
+
+        random.seed(int(run_config["seed"]))  # Flower samples nodes with the global `random`
+        outputs = run_federation(InProcessGrid(app, num_clients, run_config), resolve_config(run_config))
+        rows, path = outputs.rows, outputs.path
+    errors = {r: row["test-error"] for r, row in sorted(rows.items()) if "test-error" in row}
     last = max(errors)
     best = min((r for r in errors if r > 0), key=lambda r: errors[r], default=last)
     return {
@@ -94,7 +120,7 @@ def run_one(run_config: dict[str, Any], num_clients: int) -> dict[str, Any]:
         "final-error": errors[last],
         "best-error": errors[best],
         "best-round": best,
-        "run-dir": str(outputs.path),
+        "run-dir": str(path),
     }
 
 
@@ -133,6 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=str(PROJECT / "outputs" / "strategies"))
     parser.add_argument("--jobs", type=int, default=1, help="federations run at once (worker processes)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per job; 0: cores // jobs")
+    parser.add_argument("--reuse", action="store_true", help="read finished runs with the same config from --out")
     args = parser.parse_args(argv)
     threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
 
@@ -158,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     records: list[dict[str, Any]] = []
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=_init_worker, initargs=(threads,)) as pool:
-        futures = [pool.submit(run_one, run_config, args.clients) for *_, run_config in runs]
+        futures = [pool.submit(run_one, run_config, args.clients, args.reuse) for *_, run_config in runs]
         print(f"[compare_strategies] {len(runs)} runs, {args.jobs} at a time, {threads} torch thread(s) each", flush=True)
         for (strategy, seed, settings, run_config), future in zip(runs, futures):
             result = future.result()

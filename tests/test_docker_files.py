@@ -1,5 +1,6 @@
 """The Docker files in ``docker/`` (no Docker daemon here: structure, versions and mounts are
-checked; ``docker compose config`` and ``hadolint`` run too where they are installed)."""
+checked; ``docker compose config`` (or the standalone ``docker-compose config``, e.g. Debian's
+``apt install docker-compose``) and ``hadolint`` run too where they are installed)."""
 
 from __future__ import annotations
 
@@ -70,16 +71,20 @@ def test_tls_overlay_uses_the_files_make_certs_writes() -> None:
         assert name in script
 
 
-@pytest.mark.skipif(
-    subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0
-    if shutil.which("docker")
-    else True,
-    reason="docker compose is not installed",
-)
+def _compose_command() -> list[str] | None:
+    """``docker compose`` (v2 plugin) where it works, else the standalone ``docker-compose``."""
+    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
+        return ["docker", "compose"]
+    return ["docker-compose"] if shutil.which("docker-compose") else None
+
+
+@pytest.mark.skipif(_compose_command() is None, reason="neither docker compose nor docker-compose is installed")
 def test_docker_compose_config_accepts_the_files() -> None:
+    compose = _compose_command()
+    assert compose is not None
     for files in (["compose.yaml"], ["compose.yaml", "compose.tls.yaml"]):
         args = [a for f in files for a in ("-f", str(DOCKER / f))]
-        proc = subprocess.run(["docker", "compose", *args, "config", "-q"], capture_output=True, text=True)
+        proc = subprocess.run([*compose, *args, "config", "-q"], capture_output=True, text=True)
         assert proc.returncode == 0, proc.stderr
 
 
