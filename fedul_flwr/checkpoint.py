@@ -1,32 +1,52 @@
-"""Server checkpoints: the global model f and the round it belongs to, written every round,
-so that a stopped or crashed ServerApp can be resumed (run setting ``resume=true``).
+"""Server checkpoints: the global model f, the round it belongs to and the server strategy's
+state, written every round, so that a stopped or crashed ServerApp can be resumed (run
+setting ``resume=true``).
 
-``<run folder>/checkpoint.pt`` holds ``{"round": r, "state_dict": f after round r,
-"config": the run's dashed-key settings}``. It is replaced atomically (write to a temporary
-file, then ``os.replace``), so a crash while writing leaves the previous checkpoint intact.
+``<run folder>/checkpoint.pt`` holds ``{"round": r, "state_dict": the global arrays of f
+after round r, as the strategy holds them (dtype included),
+"config": the run's dashed-key settings, "strategy_state": the strategy's cross-round
+arrays}``. It is replaced atomically (write to a temporary file, then ``os.replace``), so a
+crash while writing leaves the previous checkpoint intact.
 
 What a checkpoint restores, and what it cannot: FedUL clients re-create their optimiser
-every round and derive their randomness from (seed, round, node), and FedAvg-type servers
-keep no state between rounds besides f; for those strategies
-(:data:`RESUMABLE_STRATEGIES`) a resumed run ends with exactly the weights of an
-uninterrupted one (``tests/test_checkpoint.py``). Strategies with server or client state
-across rounds (server momentum / adaptive moments, SCAFFOLD's control variates) are refused.
+every round and derive their randomness from (seed, round, node); FedAvg, FedProx and
+FedNova servers keep nothing between rounds besides f; FedAvgM keeps its momentum and
+FedAdam / FedYogi / FedAdagrad their moments m_t, v_t (Reddi et al., ICLR 2021), which
+:func:`strategy_state` saves and :func:`restore_strategy_state` puts back. For these
+strategies (:data:`RESUMABLE_STRATEGIES`) a resumed run ends with exactly the weights of an
+uninterrupted one (``tests/test_checkpoint.py``). SCAFFOLD is refused: its client control
+variates c_i live in the clients' state, which a server checkpoint cannot hold.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from flwr.app import ArrayRecord
 
-__all__ = ["CHECKPOINT_FILE", "RESUMABLE_STRATEGIES", "Checkpoint", "CheckpointError", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FILE",
+    "RESUMABLE_STRATEGIES",
+    "STRATEGY_STATE_ATTRIBUTES",
+    "Checkpoint",
+    "CheckpointError",
+    "load_checkpoint",
+    "restore_strategy_state",
+    "save_checkpoint",
+    "strategy_state",
+]
 
 CHECKPOINT_FILE = "checkpoint.pt"
-RESUMABLE_STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fednova")
-"""Strategies whose whole cross-round state is the global model (see the module doc)."""
+RESUMABLE_STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+"""Strategies whose whole cross-round state is on the server (see the module doc)."""
+STRATEGY_STATE_ATTRIBUTES: tuple[str, ...] = ("current_arrays", "momentum_vector", "m_t", "v_t")
+"""Attributes of Flower's FedAvgM (``current_arrays``, ``momentum_vector``) and FedOpt
+strategies (``current_arrays``, ``m_t``, ``v_t``) that carry state from round to round."""
 
 
 class CheckpointError(RuntimeError):
@@ -42,21 +62,81 @@ class Checkpoint:
     round : int
         Last completed server round r (>= 1).
     state_dict : dict[str, torch.Tensor]
-        f's weights after round r (CPU tensors).
+        The global arrays of f after round r (CPU tensors, in the dtype the strategy held them).
     config : dict[str, Any]
         The run settings of the run that wrote it.
+    strategy_state : dict[str, Any]
+        The strategy's cross-round arrays (:func:`strategy_state`); empty for stateless ones.
     """
 
     round: int
     state_dict: dict[str, torch.Tensor]
     config: dict[str, Any]
+    strategy_state: dict[str, Any] = field(default_factory=dict)
 
 
-def save_checkpoint(run_dir: str | Path, server_round: int, state_dict: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
-    """Atomically write ``<run_dir>/checkpoint.pt`` for ``server_round``; returns its path."""
+def _tensors(value: Any) -> dict[str, Any]:
+    """An ArrayRecord, a dict or a list of numpy arrays as tensors, with its kind."""
+    if isinstance(value, ArrayRecord):
+        return {"kind": "arrayrecord", "items": dict(value.to_torch_state_dict())}
+    if isinstance(value, dict):
+        return {"kind": "dict", "items": {k: torch.from_numpy(np.array(v, copy=True)) for k, v in value.items()}}
+    if isinstance(value, (list, tuple)):
+        return {"kind": "list", "items": [torch.from_numpy(np.array(v, copy=True)) for v in value]}
+    raise TypeError(f"cannot checkpoint strategy state of type {type(value).__name__}")
+
+
+def _arrays(saved: dict[str, Any]) -> Any:
+    """Inverse of :func:`_tensors`."""
+    items = saved["items"]
+    if saved["kind"] == "arrayrecord":
+        return ArrayRecord(items)
+    if saved["kind"] == "dict":
+        return {k: v.numpy() for k, v in items.items()}
+    return [v.numpy() for v in items]
+
+
+def strategy_state(strategy: object) -> dict[str, Any]:
+    """The strategy's cross-round state (:data:`STRATEGY_STATE_ATTRIBUTES` that are set) as
+    tensors, bit-exact, loadable with ``torch.load(weights_only=True)``."""
+    return {
+        name: _tensors(getattr(strategy, name))
+        for name in STRATEGY_STATE_ATTRIBUTES
+        if getattr(strategy, name, None) is not None and (not isinstance(getattr(strategy, name), dict) or getattr(strategy, name))
+    }
+
+
+def restore_strategy_state(strategy: object, state: dict[str, Any]) -> None:
+    """Put a state saved by :func:`strategy_state` back into ``strategy`` (same strategy class).
+
+    Raises
+    ------
+    CheckpointError
+        If the state names an attribute the strategy does not have.
+    """
+    for name, saved in state.items():
+        if not hasattr(strategy, name):
+            raise CheckpointError(f"checkpoint holds strategy state {name!r}, which {type(strategy).__name__} does not have")
+        setattr(strategy, name, _arrays(saved))
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    server_round: int,
+    state_dict: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    strategy: object | None = None,
+) -> Path:
+    """Atomically write ``<run_dir>/checkpoint.pt`` for ``server_round`` (f's ``state_dict``,
+    the run ``config`` and, if given, ``strategy``'s cross-round state); returns its path."""
     path = Path(run_dir) / CHECKPOINT_FILE
     tmp = path.with_suffix(".pt.tmp")
-    payload = {"round": int(server_round), "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()}, "config": config}
+    payload = {
+        "round": int(server_round),
+        "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()},
+        "config": config,
+        "strategy_state": strategy_state(strategy) if strategy is not None else {},
+    }
     torch.save(payload, tmp)
     os.replace(tmp, path)
     return path
@@ -75,6 +155,8 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
         raise CheckpointError(f"resume=true but {path} does not exist (no round of this run has finished yet?)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
-        return Checkpoint(int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]))
+        return Checkpoint(
+            int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {}))
+        )
     except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from exc

@@ -87,7 +87,7 @@ def train(msg: Message, context: Context) -> Message:
     method = get_method(cfg.method)(cfg)
     task = method.local_task(client, device)
     config = msg.content["config"]
-    server_round = int(config["server-round"]) + int(config.get("round-offset", 0))  # resumed runs: offset
+    server_round = int(config["server-round"])  # a resumed run's strategy continues the numbering
     partition_id = node_key(context.node_config, context.node_id)
     seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
     update = prepare_client_update(

@@ -305,8 +305,9 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError("resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")
         if cfg.strategy not in RESUMABLE_STRATEGIES:
             raise ConfigError(
-                f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep no state across rounds "
-                "besides the model, so only they can be resumed exactly"
+                f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
+                "rounds on the server (SCAFFOLD's client control variates live on the clients), so only they can be "
+                "resumed exactly"
             )
     if cfg.dataset != "mnist-sample" and not cfg.data_dir:
         raise ConfigError(f"dataset={cfg.dataset!r} needs data-dir=/absolute/path (a torchvision root)")

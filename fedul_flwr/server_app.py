@@ -6,7 +6,7 @@ import time
 from logging import INFO
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 
@@ -14,7 +14,7 @@ from fedul_flwr.config import RunConfig, resolve_config
 from fedul_flwr.data.client_data import load_run_dataset, validation_indices
 from fedul_flwr.data.datasets import normalize
 from fedul_flwr.models import build_model
-from fedul_flwr.checkpoint import load_checkpoint, save_checkpoint
+from fedul_flwr.checkpoint import load_checkpoint, restore_strategy_state, save_checkpoint
 from fedul_flwr.outputs import RunOutputs, read_metrics
 from fedul_flwr.runtime import configure_threads, pick_device
 from fedul_flwr.strategies import build_strategy
@@ -28,8 +28,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
 
     Centralized evaluation of f on the dataset's test split runs at round 0 and after every
     round (Flower's ``evaluate_fn``). The final f, the metric table, the plot and a summary
-    line are written to the run folder, and after every round ``checkpoint.pt`` (f and the
-    round, :mod:`fedul_flwr.checkpoint`); with ``resume=true`` the run continues from the
+    line are written to the run folder, and after every round ``checkpoint.pt`` (f, the
+    round and the strategy's state, :mod:`fedul_flwr.checkpoint`); with ``resume=true`` the run continues from the
     checkpoint of ``<output-dir>/<run-name>`` up to ``num-rounds``.
 
     Raises
@@ -54,21 +54,29 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     outputs = RunOutputs.create(cfg)
     log(INFO, "fedul-flwr: run folder %s", outputs.path)
     start_round = 0  # rounds already done by the run being resumed (resume=true)
+    strategy = build_strategy(cfg)
+    initial_arrays = ArrayRecord(model.state_dict())
     if cfg.resume:
         ckpt = load_checkpoint(outputs.path)
         if ckpt.round >= cfg.num_rounds:
             raise ValueError(f"{outputs.path}: checkpoint of round {ckpt.round} >= num-rounds={cfg.num_rounds}; nothing to resume")
         start_round = ckpt.round
         model.load_state_dict(ckpt.state_dict)
+        initial_arrays = ArrayRecord(ckpt.state_dict)  # as the strategy held them (FedOpt: float64)
+        restore_strategy_state(strategy, ckpt.strategy_state)
+        strategy.round_offset = start_round  # rounds r + 1, ... are configured and aggregated as such
         if (outputs.path / "metrics.json").is_file():
             outputs.rows.update({int(r["round"]): r for r in read_metrics(outputs.path) if int(r["round"]) <= start_round})
         log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
 
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         server_round += start_round  # Flower counts the rounds of this start() from 1
-        model.load_state_dict(arrays.to_torch_state_dict())
-        if server_round > start_round:  # every finished round: f and its round, for resume=true
-            save_checkpoint(outputs.path, server_round, model.state_dict(), cfg.as_dict())
+        global_arrays = arrays.to_torch_state_dict()
+        model.load_state_dict(global_arrays)
+        if server_round > start_round:  # every finished round: f, its round, the strategy state
+            # the global arrays as the strategy holds them, not f's float32 copy: FedOpt
+            # strategies compute in float64, and an exact resume must continue from those
+            save_checkpoint(outputs.path, server_round, global_arrays, cfg.as_dict(), strategy)
         metrics = evaluate(model, test_x, test_y, batch_size=cfg.eval_batch_size, device=device)
         outputs.record(server_round, **{k: metrics[k] for k in ("test-loss", "test-accuracy", "test-error")})
         if val_x is not None and val_y is not None:
@@ -78,13 +86,10 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
             metrics = {**metrics, **val_metrics}
         return MetricRecord(metrics)
 
-    strategy = build_strategy(cfg)
     result = strategy.start(
         grid=grid,
-        initial_arrays=ArrayRecord(model.state_dict()),
+        initial_arrays=initial_arrays,
         num_rounds=cfg.num_rounds - start_round,
-        # clients add round-offset to server-round, so a resumed round r trains as round r did
-        train_config=ConfigRecord({"round-offset": start_round} if start_round else {}),
         evaluate_fn=central_evaluate,
     )
     for server_round, metrics in result.train_metrics_clientapp.items():

@@ -15,7 +15,7 @@ selection on labeled data); "final" uses no labels at all.
 
 Strategy-specific settings used unless overridden (``--set``): FedProx ``proximal-mu =
 0.01``; SCAFFOLD ``scaffold-option = I`` (clients train with Adam, and option II assumes
-SGD; see docs/strategies.md); FedAdam ``server-lr = 0.01``; the others take the app's
+SGD; see the README, "Server strategies"); FedAdam ``server-lr = 0.01``; the others take the app's
 defaults (pyproject.toml).
 
 ``--jobs N`` runs N federations at once in worker processes, each with

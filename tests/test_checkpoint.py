@@ -1,6 +1,7 @@
-"""Checkpoint and resume: the server writes f and the round every round; a run stopped after
-round 2 and resumed with ``resume=true`` ends with exactly the weights of an uninterrupted
-3-round run (CPU, fixed seed)."""
+"""Checkpoint and resume: the server writes f, the round and the strategy's state every round;
+a run stopped after round 2 and resumed with ``resume=true`` ends with exactly the weights of
+an uninterrupted 3-round run (CPU, fixed seed), also for strategies with server state
+(FedAvgM's momentum, FedAdam's moments and bias correction by round)."""
 
 from __future__ import annotations
 
@@ -34,12 +35,23 @@ def _run(tmp_path: Path, **overrides: object):
 
 
 @pytest.mark.slow
-def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path: Path) -> None:
-    full = _run(tmp_path, **{"num-rounds": 3, "run-name": "full"})
-    part = _run(tmp_path, **{"num-rounds": 2, "run-name": "part"})  # "stopped" after round 2
+@pytest.mark.parametrize(
+    "strategy",
+    [{"strategy": "fedavg"}, {"strategy": "fedadam", "server-lr": 0.01}, {"strategy": "fedavgm", "server-momentum": 0.9}],
+    ids=lambda s: s["strategy"],
+)
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path: Path, strategy: dict) -> None:
+    full = _run(tmp_path, **{"num-rounds": 3, "run-name": "full", **strategy})
+    part = _run(tmp_path, **{"num-rounds": 2, "run-name": "part", **strategy})  # "stopped" after round 2
     ckpt = load_checkpoint(part.path)
     assert ckpt.round == 2 and ckpt.config["run-name"] == "part"
-    resumed = _run(tmp_path, **{"num-rounds": 3, "run-name": "part", "resume": True})
+    if strategy["strategy"] == "fedadam":
+        assert set(ckpt.strategy_state) == {"current_arrays", "m_t", "v_t"}
+    elif strategy["strategy"] == "fedavgm":
+        assert set(ckpt.strategy_state) == {"current_arrays", "momentum_vector"}
+    else:
+        assert ckpt.strategy_state == {}
+    resumed = _run(tmp_path, **{"num-rounds": 3, "run-name": "part", "resume": True, **strategy})
     assert resumed.path == part.path
 
     final_full = torch.load(full.path / "model.pt", weights_only=True)
@@ -61,7 +73,7 @@ def test_resume_without_checkpoint_names_the_file(tmp_path: Path) -> None:
         _run(tmp_path, **{"num-rounds": 1, "run-name": "never-ran", "resume": True})
 
 
-def test_resume_needs_run_name_and_a_stateless_strategy() -> None:
+def test_resume_needs_run_name_and_a_strategy_without_client_state() -> None:
     with pytest.raises(ConfigError, match="needs run-name"):
         resolve_config({"resume": True})
     with pytest.raises(ConfigError, match="strategy='scaffold'"):

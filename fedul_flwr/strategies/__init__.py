@@ -63,9 +63,34 @@ class RequireReplies:
         return arrays, metrics
 
 
+class ResumedRounds:
+    """Mixin for Flower strategies: number rounds from ``round_offset + 1`` on.
+
+    ``Strategy.start`` counts its rounds from 1; a run resumed after round r
+    (``resume=true``) sets ``round_offset = r``, so that round r + 1 is configured (the
+    clients' ``server-round``, hence their seeds) and aggregated (FedAdam's bias correction
+    uses the round) exactly as in an uninterrupted run.
+    """
+
+    round_offset: int = 0
+
+    def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        return super().configure_train(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+
+    def aggregate_train(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
+        return super().aggregate_train(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+
+    def configure_evaluate(self, server_round: int, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        return super().configure_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+
+    def aggregate_evaluate(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
+        return super().aggregate_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+
+
 @functools.cache
 def strict(strategy_class: type[FedAvg]) -> type[FedAvg]:
-    """``strategy_class`` with :class:`RequireReplies` mixed in (one class per strategy).
+    """``strategy_class`` with :class:`ResumedRounds` and :class:`RequireReplies` mixed in
+    (one class per strategy).
 
     Parameters
     ----------
@@ -79,7 +104,7 @@ def strict(strategy_class: type[FedAvg]) -> type[FedAvg]:
     """
     return type(
         f"Strict{strategy_class.__name__}",
-        (RequireReplies, strategy_class),
+        (ResumedRounds, RequireReplies, strategy_class),
         {"__module__": __name__, "__doc__": f"{strategy_class.__name__} that fails loudly on an empty round."},
     )
 
@@ -132,7 +157,7 @@ def build_strategy(cfg: RunConfig) -> FedAvg:
             WARNING,
             "SCAFFOLD option II estimates c_i from (x - y_i) / (K * lr), which assumes local SGD; "
             "with local-optimizer=%r it is in the units of the optimiser's steps, not of gradients. "
-            "Prefer scaffold-option='I' or local-optimizer='sgd' (docs/strategies.md).",
+            "Prefer scaffold-option='I' or local-optimizer='sgd' (README, 'Server strategies').",
             cfg.local_optimizer,
         )
     strategy_class, specific = _specific(cfg)
