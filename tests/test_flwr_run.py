@@ -17,7 +17,7 @@ def test_flwr_run_completes_and_writes_outputs(tmp_path: Path) -> None:
     run_config = f"num-rounds=2 output-dir='{out}' run-name='smoke' batch-size=256"
     with superlink(tmp_path) as link:
         record, log = link.run_app(
-            run_config, "num-supernodes=3 client-resources-num-cpus=1", timeout=420
+            run_config, "num-supernodes=3 client-resources-num-cpus=1", timeout=420, done_file=out / "smoke" / "model.pt"
         )
     assert record.get("status") == "finished:completed", (record, log[-3000:])
     run_dir = out / "smoke"
