@@ -17,8 +17,10 @@ It touches only gradients and arrays, so it works for FedUL and every other meth
   c_i lives in ``context.state`` (survives rounds); the reply carries Delta c_i =
   c_i+ - c_i as ``cv-delta`` and the metric ``scaffold-cv-rounds`` (rounds this node's
   c_i has been updated in, also kept in the state). Option II is exact for ``local-optimizer = "sgd"``; with Adam
-  (x - y_i) / (K * lr) is the mean Adam direction, a different scale than gradients, so
-  prefer option I or SGD there.
+  (x - y_i) / (K * lr) is the mean Adam direction, a different scale than gradients, and
+  Adam rescales the correction c - c_i per coordinate under either option: on MNIST
+  non-IID SCAFFOLD with Adam clients diverged after round 1 (README, "The comparison
+  table"), so use SGD clients with SCAFFOLD.
 - FedNova (Wang et al., NeurIPS 2020) needs only the step count tau_i, which every client
   reports as the metric ``num-steps``.
 
