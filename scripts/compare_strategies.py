@@ -14,8 +14,9 @@ overrides, per-round test error, final and best test error, run folder) and
 selection on labeled data); "final" uses no labels at all.
 
 Strategy-specific settings used unless overridden (``--set``): FedProx ``proximal-mu =
-0.01``; SCAFFOLD ``scaffold-option = I`` (clients train with Adam, and option II assumes
-SGD; see the README, "Server strategies"); FedAdam ``server-lr = 0.01``; the others take the app's
+0.01``; SCAFFOLD ``scaffold-option = I`` (with the default Adam clients it diverged
+on MNIST non-IID; the README's SGD-client command, ``--set local-optimizer=sgd``, is the
+fair SCAFFOLD run, see "The comparison table"); FedAdam ``server-lr = 0.01``; the others take the app's
 defaults (pyproject.toml).
 
 ``--jobs N`` runs N federations at once in worker processes, each with
