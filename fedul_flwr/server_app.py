@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import time
 from logging import INFO
 
@@ -50,6 +52,9 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     val_x = normalize(data.train_x[val_idx], data.mean, data.std) if val_idx is not None else None
     val_y = data.train_y[val_idx] if val_idx is not None else None
     torch.manual_seed(cfg.seed)
+    # Flower's node sampling (strategy_utils.sample_nodes) draws from Python's global
+    # `random`: seed it so a run picks (and orders) its clients the same way every time
+    random.seed(cfg.seed)
     model = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size).to(device)
     outputs = RunOutputs.create(cfg)
     log(INFO, "fedul-flwr: run folder %s", outputs.path)

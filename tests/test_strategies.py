@@ -17,6 +17,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedul_flwr.client_update import (
@@ -175,6 +176,27 @@ def _scripted_app(replies: dict[int, RecordDict]) -> ClientApp:
         return Message(replies[context.node_id], reply_to=msg)
 
     return app
+
+
+def test_aggregation_does_not_depend_on_the_order_replies_arrive_in() -> None:
+    # float32 sums depend on the order of their terms; a reply order that changes from run
+    # to run (Flower's random node sampling, network arrival) would make a seeded run drift
+    rng = np.random.default_rng(3)
+    values = [(rng.normal(size=64) * 10.0 ** rng.integers(-3, 4, size=64)).astype(np.float32) for _ in range(5)]
+    replies = {
+        node: RecordDict({"arrays": ArrayRecord({"w": Array(v)}), "m": MetricRecord({"num-examples": 7 + node})})
+        for node, v in enumerate(values, start=1)
+    }
+    grid = InProcessGrid(_scripted_app(replies), 5, {})
+    zero = ArrayRecord({"w": Array(np.zeros(64, dtype=np.float32))})
+    plain, ordered = FedAvg(min_available_nodes=5), strict(FedAvg)(min_available_nodes=5)
+    received = list(grid.send_and_receive(plain.configure_train(1, zero, ConfigRecord(), grid)))
+    orders = [sorted(received, key=lambda m: m.metadata.src_node_id)] + [
+        [received[i] for i in np.random.default_rng(s).permutation(5)] for s in range(6)
+    ]
+    as_bytes = lambda strategy, msgs: strategy.aggregate_train(1, msgs)[0]["w"].numpy().tobytes()  # noqa: E731
+    assert len({as_bytes(plain, o) for o in orders}) > 1  # Flower's FedAvg alone: order matters
+    assert len({as_bytes(ordered, o) for o in orders}) == 1  # ours: one result, in node-id order
 
 
 def test_fednova_aggregation_follows_its_update_rule() -> None:
