@@ -555,6 +555,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     records = load_records(specs, out_dir) if args.render_only else run_grid(
         specs, profile, out_dir, args.data_dir, user, jobs=args.jobs, threads=args.threads)  # fmt: skip
+    if not records:
+        print(f"no records of grid {args.grid!r} in {out_dir / 'records'}: nothing to render", file=sys.stderr)
+        return 1
     path = render(args.grid, args.profile, specs, records, out_dir)
     print(path.read_text())
     print(f"wrote {path}")
