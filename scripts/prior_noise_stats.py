@@ -12,7 +12,7 @@ noise level eps, this prints, averaged over the clients:
 for two readings of the paper's formula: ``relative`` (what ``prior-noise`` implements,
 Pi (1 + eps (2 gamma - 1)), :mod:`fedul_flwr.data.prior_noise`) and ``printed`` (the
 formula as printed, Pi ((2 eps - 1) gamma + 1), clipped and renormalised the same way).
-Both draw gamma from the stream `load_client` uses, so the `relative` rows describe exactly
+Both draw gamma from `prior_noise_rng`, as `load_client` does, so the `relative` rows describe exactly
 the matrices the Table E.9 runs were told. No training; it only builds the U sets.
 
 Usage::
@@ -28,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from fedul_flwr.config import resolve_config
-from fedul_flwr.data.client_data import _PRIOR_NOISE_STREAM, client_usets
+from fedul_flwr.data.client_data import client_usets, prior_noise_rng
 from fedul_flwr.data.prior_noise import noisy_priors
 
 
@@ -66,8 +66,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name, form in forms.items():
         for eps in args.eps:
-            # gamma from the stream load_client draws it from
-            told = [form(p, eps, np.random.default_rng([args.seed, pid, _PRIOR_NOISE_STREAM])) for pid, p in enumerate(true)]
+            told = [form(p, eps, prior_noise_rng(args.seed, pid)) for pid, p in enumerate(true)]
             print(f"| {name} | {eps:g} | {describe(true, told)} |")
 
 

@@ -168,6 +168,15 @@ def client_usets(cfg: RunConfig, partition_id: int, num_partitions: int) -> tupl
     return usets, local_test
 
 
+def prior_noise_rng(seed: int, partition_id: int) -> np.random.Generator:
+    """The generator that draws gamma of ``prior-noise`` (Table E.9) for one client.
+
+    A function of (seed, partition id) only, separate from the U-set stream, so the same
+    client is told the same Pi~ in every run and the U sets do not change with eps.
+    """
+    return np.random.default_rng([seed, partition_id, _PRIOR_NOISE_STREAM])
+
+
 @functools.lru_cache(maxsize=64)
 def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, *, with_labels: bool = False) -> ClientData:
     """Build (once per process) the :class:`ClientData` of simulated client ``partition_id``.
@@ -200,7 +209,7 @@ def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, *, with_
         x=normalize(data.train_x[torch.from_numpy(order)], data.mean, data.std),
         set_index=torch.from_numpy(ybar),
         priors=noisy_priors(
-            usets.priors, cfg.prior_noise, np.random.default_rng([cfg.seed, partition_id, _PRIOR_NOISE_STREAM])
+            usets.priors, cfg.prior_noise, prior_noise_rng(cfg.seed, partition_id)
         ),
         test_prior=parse_test_prior(cfg.test_prior, data.num_classes),
         class_names=data.class_names,
