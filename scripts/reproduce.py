@@ -6,7 +6,8 @@ the real ServerApp logic and the real ClientApp via :class:`fedul_flwr.inprocess
 (no Ray), writes its Flower run folder under ``<out>/<profile>/runs/<run-id>/`` and one JSON
 record ``<out>/<profile>/records/<run-id>.json`` (run config, resolved config, per-round
 metrics, last-round test error, test error at the best-validation round, wall time). A run
-whose record exists is skipped, so an interrupted grid resumes where it stopped.
+whose record exists is skipped, so an interrupted grid resumes where it stopped. Ctrl-C or
+SIGTERM stops the runner and its ``--jobs`` workers; an unfinished run writes no record.
 
 Two errors are reported, never mixed:
 
@@ -46,9 +47,9 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import multiprocessing
+import signal
 import statistics
 import sys
 import time
@@ -385,12 +386,25 @@ def run_grid(
             print(f"[{i}/{len(todo)}] start {spec.run_id}", flush=True)
             report(i, _execute_to_file(spec, rc, path, threads)[1])
     else:
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-            futures = [pool.submit(_execute_to_file, spec, rc, path, threads or 1) for spec, rc, path in todo]
-            for i, fut in enumerate(concurrent.futures.as_completed(futures), 1):
-                report(i, fut.result()[1])
+        # SIGTERM (kill, a scheduler's time limit) becomes SystemExit here, so leaving the
+        # ``with`` block terminates the workers instead of leaving them running orphaned.
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            with multiprocessing.get_context("spawn").Pool(jobs) as pool:
+                args = [(spec, rc, path, threads or 1) for spec, rc, path in todo]
+                for i, (_, record) in enumerate(pool.imap_unordered(_execute_to_file_star, args), 1):
+                    report(i, record)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     return load_records(specs, out_dir)
+
+
+def _execute_to_file_star(args: tuple[RunSpec, dict[str, Any], str, int]) -> tuple[str, dict[str, Any]]:
+    return _execute_to_file(*args)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def load_records(specs: Sequence[RunSpec], out_dir: Path) -> list[dict[str, Any]]:

@@ -8,7 +8,11 @@ import dataclasses
 import importlib.util
 import json
 import math
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -279,6 +283,56 @@ def test_runner_is_deterministic_resumable_and_renders(tmp_path: Path, small_tes
     (records / f"{spec.run_id}.json").write_text(json.dumps(first))
     done = reproduce.run_grid([spec], profile, tmp_path / "a", "", {})
     assert "skip (record exists)" in capsys.readouterr().out and done == [first]
+
+
+def _children(pid: int) -> set[int]:
+    """Live child pids of ``pid`` (Linux ``/proc``)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_runner_sigterm_stops_its_worker_processes(tmp_path: Path) -> None:
+    """``kill <runner>`` must not leave ``--jobs`` workers running (and writing records) orphaned."""
+    script = Path(reproduce.__file__)
+    cmd = [sys.executable, str(script), "--grid", "smoke", "--jobs", "2", "--threads", "1",
+           "--out", str(tmp_path), "--set", "num-rounds=50"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: set[int] = set()
+    try:
+        runs = tmp_path / "cpu" / "runs"
+        deadline = time.monotonic() + 120
+        while not (runs.exists() and len(list(runs.iterdir())) >= 2):  # both workers are in a run
+            assert proc.poll() is None and time.monotonic() < deadline, "the runner never started its runs"
+            time.sleep(0.2)
+        workers = _children(proc.pid)
+        assert len(workers) >= 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) != 0
+        deadline = time.monotonic() + 30
+        while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [w for w in workers if _alive(w)], "worker processes outlived the runner"
+        assert not list((tmp_path / "cpu" / "records").glob("*.json"))  # no run finished
+    finally:  # on failure, leave nothing running
+        for pid in [proc.pid, *workers]:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
 
 
 def test_table_puts_the_papers_numbers_in_brackets() -> None:
