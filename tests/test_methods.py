@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import math
 import os
 import signal
@@ -225,6 +226,27 @@ def test_noisy_priors_follow_the_formula_and_leave_the_sets_alone() -> None:
     assert torch.equal(clean.x, seen.x) and torch.equal(clean.set_index, seen.set_index)
     assert not np.allclose(clean.priors, seen.priors) and np.allclose(seen.priors.sum(1), 1)
     assert np.array_equal(seen.priors, load_client(resolve_config({**TINY, "prior-noise": 0.8}), 1, 2).priors)
+
+
+def test_told_priors_are_checked_for_rank(monkeypatch, caplog) -> None:
+    """Noise that leaves Pi~_c column-rank deficient (f not identifiable) is warned about."""
+    from fedul_flwr.data import client_data
+
+    cfg = resolve_config({**TINY, "prior-noise": 0.3})
+    load_client.cache_clear()
+    with caplog.at_level(logging.INFO, logger=client_data.__name__):
+        load_client(cfg, 0, 2)
+    told = [r for r in caplog.records if "told priors" in r.getMessage()]
+    assert len(told) == 1 and told[0].levelno == logging.INFO and "cond(Pi~_c)=inf" not in told[0].getMessage()
+    flat = lambda pi, eps, rng: np.full_like(pi, 1 / pi.shape[1])  # noqa: E731  every set told the same mix
+    monkeypatch.setattr(client_data, "noisy_priors", flat)
+    load_client.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=client_data.__name__):
+        load_client(cfg, 0, 2)
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "column-rank deficient" in warned[0].getMessage()
+    load_client.cache_clear()
 
 
 def test_samples_per_client_and_knob_validation() -> None:

@@ -201,6 +201,12 @@ def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, *, with_
         cfg.prior_scheme,
         usets.condition_number,
     )
+    told = noisy_priors(usets.priors, cfg.prior_noise, prior_noise_rng(cfg.seed, partition_id))
+    if cfg.prior_noise > 0:  # the method is told another matrix: is it still usable?
+        told_cond = condition_number(told, np.any(usets.priors > 0, axis=0))
+        level = logging.WARNING if not np.isfinite(told_cond) else logging.INFO
+        log.log(level, "client %d: told priors with prior-noise eps=%g: cond(Pi~_c)=%.1f%s", partition_id,
+                cfg.prior_noise, told_cond, " (column-rank deficient: f is not identifiable)" if level > logging.INFO else "")  # fmt: skip
     test_x = test_y = None
     if len(local_test):
         test_x = normalize(data.train_x[local_test], data.mean, data.std)
@@ -208,9 +214,7 @@ def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, *, with_
     return ClientData(
         x=normalize(data.train_x[torch.from_numpy(order)], data.mean, data.std),
         set_index=torch.from_numpy(ybar),
-        priors=noisy_priors(
-            usets.priors, cfg.prior_noise, prior_noise_rng(cfg.seed, partition_id)
-        ),
+        priors=told,
         test_prior=parse_test_prior(cfg.test_prior, data.num_classes),
         class_names=data.class_names,
         test_x=test_x,
