@@ -2,8 +2,9 @@
 
 Train: receive f's arrays, build the client's data (once per process) and the method's
 local task, run the shared local loop (with the strategy's client-side work from
-:mod:`fedul_flwr.client_update`), reply with f's arrays and scalar metrics (plus the
-strategy's extra records, e.g. SCAFFOLD's control-variate delta).
+:mod:`fedul_flwr.client_update`), reply with f's arrays, scalar metrics, the node's stable key
+(the server's aggregation order) and the strategy's extra records, e.g. SCAFFOLD's
+control-variate delta.
 The prior matrix, the set sizes, the images and Q_c never leave the node.
 Evaluate: test f on the client's labeled local test split (``client-test-fraction > 0``).
 """
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedul_flwr.client_update import prepare_client_update
@@ -26,6 +27,7 @@ from fedul_flwr.data.client_data import ClientData, client_from_node_config, nod
 from fedul_flwr.methods import get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.runtime import configure_threads, pick_device
+from fedul_flwr.strategies import NODE_RECORD
 from fedul_flwr.training import evaluate, train_local
 
 log = logging.getLogger(__name__)
@@ -116,7 +118,8 @@ def train(msg: Message, context: Context) -> Message:
         }
     )
     arrays = ArrayRecord({k: v.detach().cpu() for k, v in method.exchanged_state(model).items()})
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics, **extra}), reply_to=msg)
+    node = ConfigRecord({"node-key": partition_id})  # the server aggregates in this order
+    return Message(RecordDict({"arrays": arrays, "metrics": metrics, NODE_RECORD: node, **extra}), reply_to=msg)
 
 
 @app.evaluate()

@@ -1,6 +1,6 @@
 """Deployment-style nodes (``node_config["data-dir"]``) in an in-process federation: a node
 with bad data replies with an error naming the culprit, the server logs it and goes on with
-the others; and a client's reply carries only f's arrays and scalar metrics."""
+the others; and a client's reply carries only f's arrays, scalar metrics and its node key."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import resolve_config
-from fedul_flwr.data.client_data import client_usets, run_dataset_info
+from fedul_flwr.data.client_data import client_usets, node_key, run_dataset_info
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.models import build_model
 from fedul_flwr.node_data import write_nodes
 from fedul_flwr.server_app import run_federation
-from fedul_flwr.strategies import NoSuccessfulReplyError
+from fedul_flwr.strategies import NODE_RECORD, NoSuccessfulReplyError
 
 ALLOWED_METRICS = {"train-loss", "num-examples", "uniform-weight", "num-steps"}
 
@@ -108,8 +108,9 @@ def test_reply_holds_only_f_arrays_and_scalar_metrics(node_dirs: list[Path], tmp
 
     records = reply.content
     assert set(records.array_records) == {"arrays"} and set(records.metric_records) == {"metrics"}
-    assert set(records.config_records) == set()
-    assert len(records) == 2
+    # plus the node's stable key, the server's aggregation order: a hash of the folder's path
+    assert set(records.config_records) == {NODE_RECORD} and len(records) == 3
+    assert dict(records.config_records[NODE_RECORD]) == {"node-key": node_key({"data-dir": str(node_dirs[0])}, 1)}
     arrays = records.array_records["arrays"]
     assert list(arrays.keys()) == list(model.state_dict().keys())
     for key, arr in arrays.to_torch_state_dict().items():

@@ -30,7 +30,7 @@ from fedul_flwr.client_update import (
 from fedul_flwr.config import CHOICES, ConfigError, resolve_config
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.base import LocalTask
-from fedul_flwr.strategies import build_strategy, strict
+from fedul_flwr.strategies import NODE_RECORD, build_strategy, reply_order, strict
 from fedul_flwr.strategies.fednova import FedNova, is_statistic
 from fedul_flwr.strategies.scaffold import CV_DELTA_KEY, SERVER_CV_KEY
 from fedul_flwr.training import train_local
@@ -178,25 +178,30 @@ def _scripted_app(replies: dict[int, RecordDict]) -> ClientApp:
     return app
 
 
-def test_aggregation_does_not_depend_on_the_order_replies_arrive_in() -> None:
+def test_aggregation_does_not_depend_on_reply_order_or_node_ids() -> None:
     # float32 sums depend on the order of their terms; a reply order that changes from run
-    # to run (Flower's random node sampling, network arrival) would make a seeded run drift
+    # to run (Flower's random node sampling, network arrival) or node ids that do (Flower's
+    # simulation engine draws new ones per run) would make a seeded run drift
     rng = np.random.default_rng(3)
     values = [(rng.normal(size=64) * 10.0 ** rng.integers(-3, 4, size=64)).astype(np.float32) for _ in range(5)]
-    replies = {
-        node: RecordDict({"arrays": ArrayRecord({"w": Array(v)}), "m": MetricRecord({"num-examples": 7 + node})})
-        for node, v in enumerate(values, start=1)
-    }
-    grid = InProcessGrid(_scripted_app(replies), 5, {})
+
+    def reply(key: int) -> RecordDict:  # what client ``node-key`` = key sends
+        return RecordDict({"arrays": ArrayRecord({"w": Array(values[key])}), "m": MetricRecord({"num-examples": 7 + key}),
+                           NODE_RECORD: ConfigRecord({"node-key": key})})  # fmt: skip
+
     zero = ArrayRecord({"w": Array(np.zeros(64, dtype=np.float32))})
     plain, ordered = FedAvg(min_available_nodes=5), strict(FedAvg)(min_available_nodes=5)
-    received = list(grid.send_and_receive(plain.configure_train(1, zero, ConfigRecord(), grid)))
-    orders = [sorted(received, key=lambda m: m.metadata.src_node_id)] + [
-        [received[i] for i in np.random.default_rng(s).permutation(5)] for s in range(6)
-    ]
+    received = []
+    for node_of_key in (lambda k: k + 1, lambda k: 5 - k):  # two runs: the same clients under other node ids
+        grid = InProcessGrid(_scripted_app({node_of_key(k): reply(k) for k in range(5)}), 5, {})
+        msgs = list(grid.send_and_receive(plain.configure_train(1, zero, ConfigRecord(), grid)))
+        received += [sorted(msgs, key=lambda m: m.metadata.src_node_id)]  # each run in node-id order
+        received += [[msgs[i] for i in np.random.default_rng(s).permutation(5)] for s in range(3)]
     as_bytes = lambda strategy, msgs: strategy.aggregate_train(1, msgs)[0]["w"].numpy().tobytes()  # noqa: E731
-    assert len({as_bytes(plain, o) for o in orders}) > 1  # Flower's FedAvg alone: order matters
-    assert len({as_bytes(ordered, o) for o in orders}) == 1  # ours: one result, in node-id order
+    assert as_bytes(plain, received[0]) != as_bytes(plain, received[4])  # node-id order differs between runs
+    assert len({as_bytes(plain, o) for o in received}) > 2  # Flower's FedAvg alone: order matters
+    assert len({as_bytes(ordered, o) for o in received}) == 1  # ours: one result, in node-key order
+    assert [reply_order(m)[1] for m in sorted(received[5], key=reply_order)] == [0, 1, 2, 3, 4]
 
 
 def test_fednova_aggregation_follows_its_update_rule() -> None:

@@ -6,7 +6,8 @@ are added to every strategy here:
 
 - a round in which no client replied successfully stops the run with the clients' errors
   (Flower's FedAvg would otherwise keep the old model and "complete");
-- replies are aggregated in node-id order, so a seeded run repeats itself bit for bit;
+- replies are aggregated in the order of the clients' partition ids (stable node keys),
+  so a seeded run repeats itself bit for bit;
 - ``aggregation-weights``: ``num-examples`` (FedAvg, McMahan et al. 2017) weighs clients
   by n_c; ``uniform`` (the FedUL authors' code) gives each client 1/C. Clients report both
   weights; the strategy aggregates by the key the setting names.
@@ -64,20 +65,32 @@ class RequireReplies:
         return arrays, metrics
 
 
+NODE_RECORD = "node"  # ConfigRecord of a train reply: {"node-key": the node's stable key}
+
+
+def reply_order(reply: Message) -> tuple[int, int, int]:
+    """Sort key of a training reply: its ``node-key`` (partition id in simulation, a hash of
+    the data folder in deployment; see :func:`~fedul_flwr.data.client_data.node_key`), then
+    its source node id. Replies without a key (errors, foreign clients) come last."""
+    if not reply.has_error() and NODE_RECORD in reply.content.config_records:
+        return 0, int(reply.content[NODE_RECORD]["node-key"]), reply.metadata.src_node_id
+    return 1, 0, reply.metadata.src_node_id
+
+
 class OrderedReplies:
-    """Mixin for Flower strategies: aggregate the training replies in the order of their
-    source node id, not in the order they arrived.
+    """Mixin for Flower strategies: aggregate the training replies in a fixed order, by the
+    ``node-key`` each client sends (:func:`reply_order`), not in the order they arrived.
 
     Floating-point sums depend on the order of their terms, and one ulp of difference in the
     global model grows over rounds (measured: 0.2 points of MNIST test error after 8 rounds),
-    so without this a seeded run would not repeat itself. Node ids are fixed (1..N) in the
-    in-process grid; Flower's simulation engine draws new ones each run.
+    so without this a seeded run would not repeat itself. The node id is no such order:
+    Flower's simulation engine draws new node ids on every run.
     """
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        return super().aggregate_train(server_round, sorted(replies, key=lambda m: m.metadata.src_node_id))  # type: ignore[misc]
+        return super().aggregate_train(server_round, sorted(replies, key=reply_order))  # type: ignore[misc]
 
 
 class ResumedRounds:
