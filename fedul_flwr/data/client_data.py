@@ -203,10 +203,10 @@ def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, *, with_
     )
     told = noisy_priors(usets.priors, cfg.prior_noise, prior_noise_rng(cfg.seed, partition_id))
     if cfg.prior_noise > 0:  # the method is told another matrix: is it still usable?
-        told_cond = condition_number(told, np.any(usets.priors > 0, axis=0))
-        level = logging.WARNING if not np.isfinite(told_cond) else logging.INFO
-        log.log(level, "client %d: told priors with prior-noise eps=%g: cond(Pi~_c)=%.1f%s", partition_id,
-                cfg.prior_noise, told_cond, " (column-rank deficient: f is not identifiable)" if level > logging.INFO else "")  # fmt: skip
+        told_cond = condition_number(told, usets.present_classes)
+        log.info("client %d: told priors with prior-noise eps=%g: cond(Pi~_c)=%.1f", partition_id, cfg.prior_noise, told_cond)
+        if not np.isfinite(told_cond):
+            log.warning("client %d: the told priors Pi~_c are column-rank deficient: f is not identifiable", partition_id)
     test_x = test_y = None
     if len(local_test):
         test_x = normalize(data.train_x[local_test], data.mean, data.std)

@@ -398,6 +398,12 @@ class USets:
         return int(self.priors.shape[1])
 
     @property
+    def present_classes(self) -> np.ndarray:
+        """bool [K]: the classes with at least one sample in the client's sets (the columns
+        ``condition_number`` is taken over)."""
+        return self.class_counts.sum(axis=0) > 0
+
+    @property
     def set_sizes(self) -> np.ndarray:
         """int64 [M_c]: n_{c,m}, the realised set sizes."""
         return np.array([len(ix) for ix in self.indices], dtype=np.int64)
