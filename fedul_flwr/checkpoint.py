@@ -42,7 +42,9 @@ __all__ = [
 ]
 
 CHECKPOINT_FILE = "checkpoint.pt"
-RESUMABLE_STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+RESUMABLE_STRATEGIES: tuple[str, ...] = (
+    "fedavg", "fedprox", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedmedian", "fedtrimmedavg"
+)  # fmt: skip
 """Strategies whose whole cross-round state is on the server (see the module doc)."""
 STRATEGY_STATE_ATTRIBUTES: tuple[str, ...] = ("current_arrays", "momentum_vector", "m_t", "v_t")
 """Attributes of Flower's FedAvgM (``current_arrays``, ``momentum_vector``) and FedOpt

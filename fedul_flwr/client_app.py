@@ -1,134 +1,175 @@
-"""The ClientApp: one client's local round of FedUL (or another method).
+"""The ClientApp: one client's local round of the run's method.
 
-Train: receive f's arrays, build the client's data (once per process) and the method's
-local task, run the shared local loop (with the strategy's client-side work from
-:mod:`fedul_flwr.client_update`), reply with f's arrays, scalar metrics, the node's stable key
-(the server's aggregation order) and the strategy's extra records, e.g. SCAFFOLD's
-control-variate delta.
-The prior matrix, the set sizes, the images and Q_c never leave the node.
-Evaluate: test f on the client's labeled local test split (``client-test-fraction > 0``).
+Train: read the run's settings from the message (resolved once by the server), build the
+client's data (once per process) and the method's models with this round's weights (the
+received exchanged models; the models the method keeps on the node from ``context.state``),
+let the strategy set up its client-side work (:mod:`fedul_flwr.client_update`), run the
+method's local update, and reply with the models the method sends, the metrics and uploads,
+the node's stable key (the server's aggregation order) and the strategy's extra records.
+Nothing here depends on which method runs: the method object says what to do.
+
+Evaluate: test the method's headline predictor on the client's labeled local test split
+(``client-test-fraction > 0``, or a deployed node's ``test/`` folder).
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
+from fedul_flwr import wire
 from fedul_flwr.client_update import prepare_client_update
-from fedul_flwr.config import RunConfig, resolve_config
-from fedul_flwr.data.client_data import ClientData, client_from_node_config, node_key
-from fedul_flwr.methods import get_method
+from fedul_flwr.config import RunConfig, config_from_json
+from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.data.sources import client_from_node_config, node_key
+from fedul_flwr.methods import Method, RoundContext, get_method
 from fedul_flwr.models import build_model
-from fedul_flwr.runtime import configure_threads, pick_device
-from fedul_flwr.strategies import NODE_RECORD
-from fedul_flwr.training import evaluate, train_local
-
-log = logging.getLogger(__name__)
+from fedul_flwr.runtime import configure_threads, model_seed, pick_device
+from fedul_flwr.training import LocalLoop, evaluate
 
 app = ClientApp()
 
 
-def _client(context: Context) -> tuple[RunConfig, ClientData, torch.device]:
-    configure_threads()
-    cfg = _resolve(context.run_config)
-    with_labels = get_method(cfg.method).needs_labels  # only the supervised reference
-    # deployment: node_config["data-dir"]; simulation: partition-id / num-partitions
-    client = client_from_node_config(cfg, context.node_config, with_labels=with_labels)
-    return cfg, client, pick_device(cfg.device)
+@functools.lru_cache(maxsize=8)
+def _config(text: str) -> RunConfig:
+    return config_from_json(text)
+
+
+@dataclass(frozen=True)
+class _Client:
+    cfg: RunConfig
+    method: Method
+    data: ClientData
+    device: torch.device
+    key: int
+
+
+def _client(msg: Message, context: Context) -> _Client:
+    """The run's settings (from the message), method, this node's data, device and key.
+
+    Raises
+    ------
+    ValueError
+        If the message carries no resolved run configuration (a foreign ServerApp).
+    """
+    config = msg.content.config_records.get(wire.CONFIG, ConfigRecord())
+    text = config.get(wire.RUN_CONFIG)
+    if not isinstance(text, str):
+        raise ValueError(
+            f"the {msg.metadata.message_type} message carries no '{wire.RUN_CONFIG}' in its config: "
+            "the fedul-flwr ServerApp sends the resolved run configuration with every message"
+        )
+    cfg = _config(text)
+    configure_threads(cfg.client_threads)
+    method = get_method(cfg.method)(cfg)
+    data = client_from_node_config(cfg, context.node_config, method=cfg.method, parts=method.requires, uses=method.uses)
+    return _Client(cfg, method, data, pick_device(cfg.device), node_key(context.node_config, context.node_id))
 
 
 @functools.lru_cache(maxsize=8)
-def _resolve_items(items: tuple[tuple[str, Any], ...]) -> RunConfig:
-    return resolve_config(dict(items))
+def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str) -> nn.Module:
+    return build_model(arch, channels, classes, size).to(device)
 
 
-def _resolve(run_config: Mapping[str, Any]) -> RunConfig:
-    """``resolve_config(run_config)``, once per process and run configuration.
+def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
+    """The method's models on the device, with this round's weights.
 
-    Every message of a run carries the same ``run_config``; resolving it again costs ~0.1 ms
-    without a preset but ~0.2 s with one (Hydra compose), per message (docs/performance.md).
+    Modules are built once per process (and model, shape, device); their weights are
+    replaced every message: ``load_state_dict`` overwrites every parameter and buffer, so
+    nothing carries over between clients or rounds except what the method keeps in the
+    node's ``context.state``. A kept model that is not in the state yet starts from weights
+    seeded by (run seed, model, node key).
     """
-    try:
-        return _resolve_items(tuple(sorted(run_config.items())))
-    except TypeError:  # an unhashable value: resolve without the cache
-        return resolve_config(run_config)
-
-
-@functools.lru_cache(maxsize=2)
-def _module(name: str, channels: int, classes: int, size: int, device: str) -> torch.nn.Module:
-    return build_model(name, channels, classes, size).to(device)
-
-
-def _model(cfg: RunConfig, client: ClientData, msg: Message, device: torch.device) -> torch.nn.Module:
-    """f with the received weights, on ``device``.
-
-    The module is built once per process (and model, shape, device) and only its weights
-    are replaced per message: ``load_state_dict`` overwrites every parameter and buffer,
-    and the optimiser is created afresh in each round, so nothing carries over between
-    clients or rounds. Building paper-cnn / resnet18 costs 0.2-0.3 s per message on a CPU
-    (docs/performance.md). Each process (Ray actor) runs one message at a time.
-    """
-    _, channels, size, _ = client.x.shape
-    model = _module(cfg.model, channels, len(client.class_names), size, str(device))
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    return model
+    channels, size, _ = c.data.image_shape
+    specs = c.method.model_specs()
+    models = nn.ModuleDict()
+    for spec in specs:
+        models[spec.name] = _module(spec.name, spec.arch or c.cfg.model, channels, c.data.num_classes, size, str(c.device))
+    exchanged = nn.ModuleDict({s.name: models[s.name] for s in specs if s.exchanged})
+    exchanged.load_state_dict(msg.content[wire.ARRAYS].to_torch_state_dict())
+    for index, spec in enumerate(specs):
+        if spec.kept:
+            saved = state.array_records.get(wire.KEPT_MODEL_STATE + spec.name)
+            if saved is not None:
+                weights = saved.to_torch_state_dict()
+            else:
+                arch = spec.arch or c.cfg.model
+                seed = model_seed(c.cfg.seed, index, c.key)
+                weights = build_model(arch, channels, c.data.num_classes, size, seed=seed).state_dict()
+            models[spec.name].load_state_dict(weights)
+    return models
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """One local round: E epochs of the method's loss on the client's U sets."""
-    cfg, client, device = _client(context)
-    model = _model(cfg, client, msg, device)
-    method = get_method(cfg.method)(cfg)
-    task = method.local_task(client, device)
-    config = msg.content["config"]
-    server_round = int(config["server-round"])  # a resumed run's strategy continues the numbering
-    partition_id = node_key(context.node_config, context.node_id)
-    seed = int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
+    """One local round of the run's method on this node's data."""
+    c = _client(msg, context)
+    cfg, method = c.cfg, c.method
+    server_round = int(msg.content[wire.CONFIG][wire.SERVER_ROUND])  # a resumed run continues the numbering
+    ctx = RoundContext(cfg.seed, server_round, c.key, c.device)
+    models = _models(c, msg, context.state)
+    specs = method.model_specs()
+    shared = [s.name for s in specs if s.exchanged and s.trained]
     update = prepare_client_update(
-        msg.content, context.state, model, task, lr=cfg.lr, batch_size=cfg.batch_size, device=device
+        msg.content,
+        context.state,
+        models,
+        shared,
+        lambda: method.local_task(c.data, models, ctx),
+        lr=cfg.lr,
+        device=c.device,
+        to_input=c.data.to_input,
     )
-    result = train_local(
-        model,
-        task,
-        epochs=cfg.local_epochs_of(partition_id),
-        batch_size=cfg.batch_size,
+    loop = LocalLoop(
+        epochs=cfg.local_epochs_of(c.key),
         lr=cfg.lr,
         l1_weight=cfg.l1_weight,
-        seed=seed,
-        device=device,
-        hooks=update.hooks,
         optimizer=cfg.local_optimizer,
+        seed=ctx.batch_seed,
+        device=c.device,
+        to_input=c.data.to_input,
+        hooks=update.hooks,
     )
-    extra = update.reply_records(model, result)  # strategy records; fills update.metrics
+    result = method.local_update(c.data, models, ctx, loop)
+    for spec in specs:
+        if spec.kept:
+            weights = {k: v.detach().cpu() for k, v in models[spec.name].state_dict().items()}
+            context.state[wire.KEPT_MODEL_STATE + spec.name] = ArrayRecord(weights)
+    sent = method.sent_models(c.data, ctx)
+    extra = update.reply_records(result, sent)  # strategy records; fills update.metrics
     metrics = MetricRecord(
         {
-            "train-loss": result.loss,
-            "num-examples": result.num_examples,
-            "uniform-weight": 1,
-            "num-steps": result.num_steps,
+            wire.TRAIN_LOSS: result.loss,
+            wire.NUM_EXAMPLES: result.num_examples,
+            wire.UNIFORM_WEIGHT: 1,
+            wire.NUM_STEPS: result.num_steps,
             **update.metrics,
+            **method.uploads(c.data, models, ctx),
         }
     )
-    arrays = ArrayRecord({k: v.detach().cpu() for k, v in method.exchanged_state(model).items()})
-    node = ConfigRecord({"node-key": partition_id})  # the server aggregates in this order
-    return Message(RecordDict({"arrays": arrays, "metrics": metrics, NODE_RECORD: node, **extra}), reply_to=msg)
+    arrays = ArrayRecord(
+        {f"{wire.model_prefix(name)}{k}": v.detach().cpu() for name in sent for k, v in models[name].state_dict().items()}
+    )
+    node = ConfigRecord({wire.NODE_KEY: c.key})  # the server aggregates in this order
+    content = {wire.ARRAYS: arrays, wire.METRICS: metrics, wire.NODE_RECORD: node, **extra}
+    return Message(RecordDict(content), reply_to=msg)
 
 
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
-    """Test f (argmax f(x), no Q_c) on the labeled local test split, if the client has one."""
-    cfg, client, device = _client(context)
-    if client.test_x is None or client.test_y is None:
-        raise ValueError("this client has no labeled local test split (client-test-fraction=0)")
-    model = _model(cfg, client, msg, device)
-    result = evaluate(model, client.test_x, client.test_y, batch_size=cfg.eval_batch_size, device=device)
-    result["uniform-weight"] = 1.0
-    return Message(RecordDict({"metrics": MetricRecord(result)}), reply_to=msg)
+    """Test the method's headline predictor on the labeled local test split, if the client has one."""
+    c = _client(msg, context)
+    if c.data.test is None:
+        raise ValueError(f"{c.data.node} has no labeled local test split (client-test-fraction=0, no test/ folder)")
+    models = _models(c, msg, context.state)
+    predict = next(iter(c.method.predictors().values()))
+    result = evaluate(
+        models, predict, c.data.test.x, c.data.test.y, to_input=c.data.to_input, batch_size=c.cfg.eval_batch_size, device=c.device
+    )
+    result[wire.UNIFORM_WEIGHT] = 1.0
+    return Message(RecordDict({wire.METRICS: MetricRecord(result)}), reply_to=msg)

@@ -3,7 +3,8 @@
 The strategy decides, through the train message, what a client does besides plain local
 training; this module turns that message into :class:`~fedul_flwr.training.StepHook`
 gradient editors for the shared loop and, after training, into the extra reply records.
-It touches only gradients and arrays, so it works for FedUL and every other method.
+It touches only gradients and arrays, so it works for every method, on each of the method's
+exchanged and trained models (their parameters keyed as on the wire, ``"<model>.<name>"``).
 
 - FedProx (Li et al., MLSys 2020): the config carries ``proximal-mu`` = mu > 0; the local
   objective gets (mu / 2) ||w - w_global||^2, i.e. every gradient gets mu (w - w_global).
@@ -24,41 +25,41 @@ It touches only gradients and arrays, so it works for FedUL and every other meth
 - FedNova (Wang et al., NeurIPS 2020) needs only the step count tau_i, which every client
   reports as the metric ``num-steps``.
 
-Control variates cover f's trainable parameters (``named_parameters``), keyed by name;
-a key missing from c or c_i counts as zero.
+Control variates cover the trainable parameters of the exchanged, trained models, keyed as
+on the wire; a key missing from c or c_i counts as zero. A client that does not send a model
+(a method's ``sent_models``) reports no Delta c_i for it.
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
+from fedul_flwr import wire
 from fedul_flwr.methods.base import LocalTask
-from fedul_flwr.strategies.scaffold import CV_DELTA_KEY, OPTION_CONFIG_KEY, SERVER_CV_KEY
-from fedul_flwr.training import StepHook, TrainResult
-
-PROXIMAL_MU_KEY = "proximal-mu"  # set by Flower's FedProx in the train config
-CLIENT_CV_STATE_KEY = "scaffold-client-cv"  # c_i in context.state
-CV_ROUNDS_KEY = "scaffold-cv-rounds"  # rounds c_i was updated in (state and reply metric)
+from fedul_flwr.training import StepHook, TrainResult, iterate_batches
 
 Tensors = dict[str, torch.Tensor]
+Parameters = dict[str, nn.Parameter]
 
 
-def _parameters(model: nn.Module) -> dict[str, nn.Parameter]:
-    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+def shared_parameters(models: nn.ModuleDict, names: Iterable[str]) -> Parameters:
+    """Trainable parameters of the models ``names``, keyed ``"<model>.<parameter>"`` (the
+    keys of their arrays on the wire)."""
+    return {
+        f"{model}.{key}": p for model in names for key, p in models[model].named_parameters() if p.requires_grad
+    }
 
 
-def _on(record: ArrayRecord | None, model: nn.Module) -> Tensors:
-    """Tensors of ``record`` for f's trainable parameters (zeros where missing), on f's device."""
+def _on(record: ArrayRecord | None, params: Parameters) -> Tensors:
+    """Tensors of ``record`` for ``params`` (zeros where missing), on their device."""
     values = record.to_torch_state_dict() if record is not None and len(record) else {}
     return {
-        name: values[name].to(p.device, p.dtype) if name in values else torch.zeros_like(p)
-        for name, p in _parameters(model).items()
+        name: values[name].to(p.device, p.dtype) if name in values else torch.zeros_like(p) for name, p in params.items()
     }
 
 
@@ -69,17 +70,19 @@ class ProximalTerm:
     ----------
     mu : float
         Proximal weight (> 0).
-    model : nn.Module
-        f holding the received global weights w_global (copied here, before training).
+    params : dict[str, nn.Parameter]
+        The parameters it applies to, holding the received global weights w_global (copied
+        here, before training).
     """
 
-    def __init__(self, mu: float, model: nn.Module) -> None:
+    def __init__(self, mu: float, params: Parameters) -> None:
         self.mu = mu
-        self.anchor = {name: p.detach().clone() for name, p in _parameters(model).items()}
+        self.params = params
+        self.anchor = {name: p.detach().clone() for name, p in params.items()}
 
-    def after_backward(self, model: nn.Module) -> None:
+    def after_backward(self) -> None:
         """grad += mu * (w - w_global)."""
-        for name, p in _parameters(model).items():
+        for name, p in self.params.items():
             if p.grad is not None:
                 p.grad.add_(p.detach() - self.anchor[name], alpha=self.mu)
 
@@ -89,49 +92,56 @@ class GradientCorrection:
 
     Parameters
     ----------
+    params : dict[str, nn.Parameter]
+        The parameters it applies to.
     correction : dict[str, torch.Tensor]
-        Per-parameter tensor, same shapes and device as f's parameters.
+        Per parameter, same shapes and device.
     """
 
-    def __init__(self, correction: Tensors) -> None:
+    def __init__(self, params: Parameters, correction: Tensors) -> None:
+        self.params = params
         self.correction = correction
 
-    def after_backward(self, model: nn.Module) -> None:
+    def after_backward(self) -> None:
         """grad += c - c_i."""
-        for name, p in _parameters(model).items():
+        for name, p in self.params.items():
             if p.grad is not None:
                 p.grad.add_(self.correction[name])
 
 
-def full_gradient(model: nn.Module, task: LocalTask, batch_size: int, device: torch.device | str) -> Tensors:
-    """Gradient of the mean local loss over all of the task's rows, at ``model``'s weights.
+def full_gradient(
+    models: nn.ModuleDict,
+    params: Parameters,
+    task: LocalTask,
+    device: torch.device,
+    to_input: Callable[[torch.Tensor], torch.Tensor],
+) -> Tensors:
+    """Gradient of the mean local loss over one pass of the task's first stream, at the
+    current weights.
 
-    Runs on a copy of ``model`` in training mode (as during local training), so neither
-    its weights nor its BatchNorm statistics change. Uses the task's own batch order
-    (``LocalTask.batches``) when it has one, else consecutive batches of ``batch_size``;
-    batch losses are weighted by batch size.
+    Runs in training mode (as during local training) and restores every model's weights,
+    gradients and BatchNorm statistics afterwards. Uses the first stream's own batch order
+    when it has one, else consecutive batches; batch losses are weighted by batch size.
 
     Returns
     -------
     dict[str, torch.Tensor]
-        Per trainable parameter, on ``device``.
+        Per parameter of ``params``, on its device.
     """
-    probe = copy.deepcopy(model).train()
-    probe.zero_grad(set_to_none=True)
-    n = task.num_examples
-    if task.batches is not None:  # the method's own batch structure (e.g. set-stratified)
-        batches = list(task.batches(torch.Generator().manual_seed(0)))
-    else:
-        batches = [torch.arange(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
-    total = sum(len(idx) for idx in batches)
-    for idx in batches:
-        xb = task.inputs[idx].to(device)
-        yb = task.targets[idx].to(device)
-        (task.loss(probe, xb, yb) * (len(idx) / total)).backward()
-    return {
-        name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-        for name, p in _parameters(probe).items()
-    }
+    saved = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in models.items()}
+    models.train()
+    models.zero_grad(set_to_none=True)
+    batches = list(iterate_batches(task, None, device, to_input))
+    first = next(iter(task.streams))
+    total = sum(len(next(iter(b[first].values()))) for b in batches)
+    for batch in batches:
+        rows = len(next(iter(batch[first].values())))
+        (task.loss(models, batch) * (rows / total)).backward()
+    grads = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for name, p in params.items()}
+    models.zero_grad(set_to_none=True)
+    for name, m in models.items():
+        m.load_state_dict(saved[name])
+    return grads
 
 
 @dataclass
@@ -141,9 +151,9 @@ class ClientUpdate:
     Attributes
     ----------
     hooks : tuple[StepHook, ...]
-        Pass to :func:`~fedul_flwr.training.train_local`.
-    finishers : list[Callable[[nn.Module, TrainResult], dict[str, ArrayRecord]]]
-        Run after training by :meth:`reply_records`.
+        Pass to the training loop.
+    finishers : list[Callable[[TrainResult, tuple[str, ...]], dict[str, ArrayRecord]]]
+        Run after training by :meth:`reply_records` with the result and the sent models.
     metrics : dict[str, float]
         Extra scalar metrics for the reply, filled by the finishers (SCAFFOLD:
         ``scaffold-cv-rounds``, how many rounds this node's c_i has been updated in, read
@@ -151,38 +161,39 @@ class ClientUpdate:
     """
 
     hooks: tuple[StepHook, ...] = ()
-    finishers: list[Callable[[nn.Module, TrainResult], dict[str, ArrayRecord]]] = field(default_factory=list)
+    finishers: list[Callable[[TrainResult, tuple[str, ...]], dict[str, ArrayRecord]]] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
 
-    def reply_records(self, model: nn.Module, result: TrainResult) -> dict[str, ArrayRecord]:
+    def reply_records(self, result: TrainResult, sent: tuple[str, ...]) -> dict[str, ArrayRecord]:
         """Extra records for the train reply (and state updates), after local training.
 
         Parameters
         ----------
-        model : nn.Module
-            f after local training (y_i).
         result : TrainResult
-            Outcome of :func:`~fedul_flwr.training.train_local` (its ``num_steps`` is K).
+            Outcome of local training (its ``num_steps`` is K).
+        sent : tuple[str, ...]
+            The models the client sends back.
         """
         records: dict[str, ArrayRecord] = {}
         for finish in self.finishers:
-            records.update(finish(model, result))
+            records.update(finish(result, sent))
         return records
 
 
 def prepare_client_update(
     content: RecordDict,
     state: RecordDict,
-    model: nn.Module,
-    task: LocalTask,
+    models: nn.ModuleDict,
+    shared: Iterable[str],
+    task: Callable[[], LocalTask],
     *,
     lr: float,
-    batch_size: int,
-    device: torch.device | str,
+    device: torch.device,
+    to_input: Callable[[torch.Tensor], torch.Tensor],
 ) -> ClientUpdate:
     """Read the train message and set up this round's strategy-specific client work.
 
-    Call after loading the received weights into ``model`` and before training.
+    Call after loading the received weights into ``models`` and before training.
 
     Parameters
     ----------
@@ -190,16 +201,18 @@ def prepare_client_update(
         The train message's content (``"config"``, maybe ``"server-cv"``).
     state : RecordDict
         ``context.state`` of this node; SCAFFOLD keeps c_i under ``"scaffold-client-cv"``.
-    model : nn.Module
-        f with the received global weights x, on ``device``.
-    task : LocalTask
-        The method's local task (option I's extra gradient pass).
+    models : nn.ModuleDict
+        The method's models with the received global weights x, on ``device``.
+    shared : Iterable[str]
+        The exchanged, trained models the strategy acts on.
+    task : Callable[[], LocalTask]
+        Builds the method's local task (option I's extra gradient pass).
     lr : float
         Local step size (option II).
-    batch_size : int
-        Batch size of option I's gradient pass.
-    device : torch.device | str
+    device : torch.device
         Training device.
+    to_input : Callable
+        uint8 images -> float model inputs.
 
     Returns
     -------
@@ -210,38 +223,40 @@ def prepare_client_update(
     ValueError
         If the config asks for an unknown SCAFFOLD option or a negative ``proximal-mu``.
     """
-    config = content.config_records.get("config", {})
+    config = content.config_records.get(wire.CONFIG, {})
+    params = shared_parameters(models, shared)
     update = ClientUpdate()
     hooks: list[StepHook] = []
 
-    mu = float(config.get(PROXIMAL_MU_KEY, 0.0))
+    mu = float(config.get(wire.PROXIMAL_MU, 0.0))
     if mu < 0:
-        raise ValueError(f"{PROXIMAL_MU_KEY}={mu} must be >= 0")
+        raise ValueError(f"{wire.PROXIMAL_MU}={mu} must be >= 0")
     if mu > 0:
-        hooks.append(ProximalTerm(mu, model))
+        hooks.append(ProximalTerm(mu, params))
 
-    if SERVER_CV_KEY in content.array_records:
-        option = str(config.get(OPTION_CONFIG_KEY, "II"))
+    if wire.SERVER_CV in content.array_records:
+        option = str(config.get(wire.SCAFFOLD_OPTION, "II"))
         if option not in ("I", "II"):
-            raise ValueError(f"{OPTION_CONFIG_KEY}={option!r} is not 'I' or 'II'")
-        c = _on(content.array_records[SERVER_CV_KEY], model)
-        c_i = _on(state.array_records.get(CLIENT_CV_STATE_KEY), model)
-        x = {name: p.detach().clone() for name, p in _parameters(model).items()}
-        gradient_at_x = full_gradient(model, task, batch_size, device) if option == "I" else None
-        hooks.append(GradientCorrection({k: c[k] - c_i[k] for k in c}))
+            raise ValueError(f"{wire.SCAFFOLD_OPTION}={option!r} is not 'I' or 'II'")
+        c = _on(content.array_records[wire.SERVER_CV], params)
+        c_i = _on(state.array_records.get(wire.CLIENT_CV_STATE), params)
+        x = {name: p.detach().clone() for name, p in params.items()}
+        gradient_at_x = full_gradient(models, params, task(), device, to_input) if option == "I" else None
+        hooks.append(GradientCorrection(params, {k: c[k] - c_i[k] for k in c}))
 
-        def finish(trained: nn.Module, result: TrainResult) -> dict[str, ArrayRecord]:
+        def finish(result: TrainResult, sent: tuple[str, ...]) -> dict[str, ArrayRecord]:
             if gradient_at_x is not None:
                 new_c_i = gradient_at_x
             else:
                 scale = 1.0 / (result.num_steps * lr)
-                y = _parameters(trained)
-                new_c_i = {k: c_i[k] - c[k] + scale * (x[k] - y[k].detach()) for k in c_i}
-            state[CLIENT_CV_STATE_KEY] = ArrayRecord({k: v.cpu() for k, v in new_c_i.items()})
-            counter = state.metric_records.get(CV_ROUNDS_KEY, MetricRecord({"rounds": 0}))
-            state[CV_ROUNDS_KEY] = MetricRecord({"rounds": int(counter["rounds"]) + 1})
-            update.metrics[CV_ROUNDS_KEY] = float(state[CV_ROUNDS_KEY]["rounds"])
-            return {CV_DELTA_KEY: ArrayRecord({k: (new_c_i[k] - c_i[k]).cpu() for k in new_c_i})}
+                new_c_i = {k: c_i[k] - c[k] + scale * (x[k] - params[k].detach()) for k in c_i}
+            keys = [k for k in new_c_i if wire.model_of(k) in sent]
+            new_c_i = {k: new_c_i[k] if k in keys else c_i[k] for k in new_c_i}  # untrained models keep c_i
+            state[wire.CLIENT_CV_STATE] = ArrayRecord({k: v.cpu() for k, v in new_c_i.items()})
+            counter = state.metric_records.get(wire.CV_ROUNDS, MetricRecord({"rounds": 0}))
+            state[wire.CV_ROUNDS] = MetricRecord({"rounds": int(counter["rounds"]) + 1})
+            update.metrics[wire.CV_ROUNDS] = float(state[wire.CV_ROUNDS]["rounds"])
+            return {wire.CV_DELTA: ArrayRecord({k: (new_c_i[k] - c_i[k]).cpu() for k in keys})}
 
         update.finishers.append(finish)
     update.hooks = tuple(hooks)

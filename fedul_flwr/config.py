@@ -3,24 +3,36 @@
 Sources, lowest precedence first:
 
 1. ``[tool.flwr.app.config]`` in ``pyproject.toml`` -- the single source of defaults for
-   every knob (Flower also uses it to reject unknown ``--run-config`` keys);
+   every key (Flower also uses it to reject unknown ``--run-config`` keys);
 2. the preset ``conf/experiment/<preset>.yaml``, composed with Hydra -- holds only the
    values it changes;
-3. the values given with ``flwr run . --run-config "key=value ..."``.
+3. the values the user typed (``flwr run . --run-config "key=value ..."``).
 
-Flower hands the app the defaults already merged with (3). A key whose value differs from
-its default is taken as a user override and beats the preset; a user value equal to the
-default cannot be told apart from the default, so there the preset wins (documented in the
-README). The result is a frozen :class:`RunConfig` that is passed down as plain values.
+A value the user typed always wins, also when it equals the default: Flower hands the app
+the defaults already merged with the user's values (``context.run_config``), so the
+ServerApp tells them apart with the run's ``override_config`` (what was typed, kept by the
+SuperLink) and passes those keys as ``given``. The server resolves the configuration once,
+at the start, logs which keys came from the preset and which from the user, and sends the
+resolved settings to the clients in every message (:data:`fedul_flwr.wire.RUN_CONFIG`), so
+every node runs with exactly the server's values.
+
+Keys are of two kinds. *Core* keys (data path, federation, strategy, outputs) are fields of
+:class:`RunConfig`. A *method's own options* (FedPL's threshold, FedUL's loss, ...) are
+declared and validated by the method (``Method.options``); :class:`RunConfig` carries their
+values in :attr:`RunConfig.extra`. Choice lists (datasets, models, partitions, prior
+schemes, methods, strategies, losses) come from the registries of the modules that implement
+them (:mod:`fedul_flwr.registry`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import logging
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,20 +41,36 @@ PROJECT_DIR = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_DIR / "conf"
 PYPROJECT = PROJECT_DIR / "pyproject.toml"
 
+log = logging.getLogger(__name__)
+
+
+def _registry_choices() -> dict[str, tuple[str, ...]]:
+    """Valid values of the keys chosen by name, from the registries (imported lazily: the
+    modules that own them import this one)."""
+    from fedul_flwr.data.datasets import DATASETS
+    from fedul_flwr.data.partition import PARTITIONS
+    from fedul_flwr.data.usets import PRIOR_SCHEMES
+    from fedul_flwr.methods import METHODS
+    from fedul_flwr.models import MODELS
+    from fedul_flwr.strategies import STRATEGIES
+
+    return {
+        "dataset": DATASETS.names(),
+        "partition": PARTITIONS.names(),
+        "prior-scheme": PRIOR_SCHEMES.names(),
+        "method": METHODS.names(),
+        "model": MODELS.names(),
+        "strategy": STRATEGIES.names(),
+    }
+
+
 CHOICES: dict[str, tuple[str, ...]] = {
-    "dataset": ("mnist-sample", "mnist", "fashion-mnist", "cifar10"),
-    "partition": ("iid", "noniid", "dirichlet"),
-    "prior-scheme": ("dominant", "uniform"),
-    "method": ("fedul", "fedpl", "fedllp", "fedllp-vat", "supervised"),
-    "llp-batches": ("stratified", "single-set", "whole-set"),
-    "loss": ("nll", "ce-prob"),
-    "model": ("small-cnn", "paper-cnn", "resnet18"),
     "aggregation-weights": ("num-examples", "uniform"),
     "device": ("auto", "cpu", "cuda"),
-    "strategy": ("fedavg", "fedprox", "scaffold", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad"),
     "local-optimizer": ("adam", "sgd"),
     "scaffold-option": ("I", "II"),
 }
+"""Fixed choice lists of core keys that have no registry of their own."""
 
 
 class ConfigError(ValueError):
@@ -52,7 +80,8 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class RunConfig:
     """Resolved settings of one run. Field names are the dashed run-config keys with
-    underscores; units: ``lr`` per Adam step, fractions in [0, 1], rounds and epochs counts."""
+    underscores; units: ``lr`` per local optimiser step, fractions in [0, 1], rounds and
+    epochs are counts. ``extra`` holds the values of the keys a method owns (its options)."""
 
     preset: str
     seed: int
@@ -68,21 +97,12 @@ class RunConfig:
     num_sets: tuple[int, ...]
     prior_scheme: str
     dominant_factor: float
-    test_prior: str
+    test_prior: tuple[float, ...]
     class_names: str
     method: str
-    loss: str
     model: str
-    label_fraction: float
     prior_noise: float
     samples_per_client: int
-    fedpl_threshold: float
-    fedpl_mixup_alpha: float
-    fedpl_mix_weight: float
-    llp_batches: str
-    vat_weight: float
-    vat_epsilon: float
-    vat_xi: float
     num_rounds: int
     local_epochs: int
     batch_size: int
@@ -107,22 +127,56 @@ class RunConfig:
     resume: bool
     eval_batch_size: int
     device: str
+    client_threads: int
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, key: str) -> Any:
+        """Value of a method-owned key (e.g. ``"fedpl-threshold"``).
+
+        Raises
+        ------
+        KeyError
+            If ``key`` is not a method-owned key of this configuration.
+        """
+        for k, v in self.extra:
+            if k == key:
+                return v
+        raise KeyError(f"{key!r} is not a method option of this run configuration")
 
     def num_sets_of(self, partition_id: int) -> int:
         """M_c of client ``partition_id`` (``num-sets`` cycles over clients)."""
         return self.num_sets[partition_id % len(self.num_sets)]
 
-    def local_epochs_of(self, partition_id: int) -> int:
-        """Local epochs E_c of client ``partition_id``: ``local-epochs`` unless
-        ``local-epochs-per-client`` (a comma list, cycled over partition ids) is set."""
+    def local_epochs_of(self, node_key: int) -> int:
+        """Local epochs E_c of the client with node key ``node_key``: ``local-epochs`` unless
+        ``local-epochs-per-client`` (a comma list, cycled over node keys) is set."""
         epochs = _parse_positive_ints("local-epochs-per-client", self.local_epochs_per_client, allow_empty=True)
-        return epochs[partition_id % len(epochs)] if epochs else self.local_epochs
+        return epochs[node_key % len(epochs)] if epochs else self.local_epochs
 
     def as_dict(self) -> dict[str, Any]:
-        """Dashed-key dict (the form of ``--run-config``), ``num-sets`` as a comma string."""
-        out = {f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Dashed-key dict (the form of ``--run-config``): ``num-sets`` as a comma string,
+        ``test-prior`` as given ("uniform" for the uniform prior) -- every key of
+        ``[tool.flwr.app.config]``."""
+        out = {
+            f.name.replace("_", "-"): getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"
+        }
         out["num-sets"] = ",".join(str(m) for m in self.num_sets)
+        out["test-prior"] = _format_test_prior(self.test_prior)
+        out.update(dict(self.extra))
         return out
+
+    def to_json(self) -> str:
+        """The settings as a JSON object of dashed keys (what the server sends the clients)."""
+        return json.dumps(self.as_dict(), sort_keys=True)
+
+
+def _format_test_prior(prior: tuple[float, ...]) -> str:
+    if len(set(prior)) == 1:
+        return "uniform"
+    return ",".join(repr(v) for v in prior)
+
+
+CORE_KEYS: tuple[str, ...] = tuple(f.name.replace("_", "-") for f in dataclasses.fields(RunConfig) if f.name != "extra")
 
 
 @functools.cache
@@ -175,8 +229,25 @@ def load_preset(name: str) -> dict[str, Any]:
     return values
 
 
-def compose_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Defaults < preset < user overrides, as a flat dashed-key dict (see module doc).
+def compose_config(
+    run_config: Mapping[str, Any], given: Iterable[str] | None = None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """Defaults < preset < what the user typed, as a flat dashed-key dict (see module doc).
+
+    Parameters
+    ----------
+    run_config : Mapping[str, Any]
+        Values by dashed key: ``context.run_config`` (defaults already merged with the
+        user's values by Flower) or any partial dict (tests, scripts).
+    given : Iterable[str] | None
+        The keys the user typed (Flower: the run's ``override_config``). ``None``: every
+        key of ``run_config`` counts as typed.
+
+    Returns
+    -------
+    (dict[str, Any], dict[str, str])
+        The composed values (every key) and where each came from: ``"default"``,
+        ``"preset"`` or ``"user"``.
 
     Raises
     ------
@@ -187,13 +258,16 @@ def compose_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(run_config) - set(defaults))
     if unknown:
         raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {sorted(defaults)}")
-    overrides = {k: v for k, v in run_config.items() if v != defaults[k]}
-    preset = str(overrides.get("preset", defaults["preset"]))
-    return {**defaults, **load_preset(preset), **overrides}
-
-
-def _parse_num_sets(value: Any) -> tuple[int, ...]:
-    return _parse_positive_ints("num-sets", value)
+    typed = set(run_config) if given is None else set(given)
+    unknown = sorted(typed - set(defaults))
+    if unknown:
+        raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {sorted(defaults)}")
+    user = {k: run_config[k] for k in typed if k in run_config}
+    preset_name = str(user.get("preset", run_config.get("preset", defaults["preset"])))
+    preset = load_preset(preset_name)
+    values = {**defaults, **preset, **user}
+    sources = {k: "user" if k in user else "preset" if k in preset else "default" for k in values}
+    return values, sources
 
 
 def _parse_positive_ints(key: str, value: Any, allow_empty: bool = False) -> tuple[int, ...]:
@@ -208,14 +282,106 @@ def _parse_positive_ints(key: str, value: Any, allow_empty: bool = False) -> tup
     return values
 
 
-def resolve_config(run_config: Mapping[str, Any]) -> RunConfig:
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` (bool / int / float / str), naming ``key`` on failure."""
+    try:
+        if kind is bool:
+            if isinstance(value, str):
+                if value.lower() not in ("true", "false"):
+                    raise ValueError
+                return value.lower() == "true"
+            return bool(value)
+        if kind is int:
+            if isinstance(value, bool) or float(value) != int(value):
+                raise ValueError
+            return int(value)
+        if kind is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(f"{key}={value!r} is not a valid {kind.__name__}") from exc
+
+
+def _parse_test_prior(value: Any, dataset: str) -> tuple[float, ...]:
+    from fedul_flwr.data.datasets import dataset_info
+    from fedul_flwr.transition import parse_test_prior
+
+    num_classes = len(dataset_info(dataset).class_names)
+    try:
+        return tuple(float(v) for v in parse_test_prior(value, num_classes))
+    except ValueError as exc:
+        raise ConfigError(f"test-prior: {exc}") from exc
+
+
+_FIELD_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def config_from_values(values: Mapping[str, Any]) -> RunConfig:
+    """Parse and validate a complete dashed-key dict (no preset is applied here).
+
+    The clients build their configuration with it from the server's resolved settings.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key and the offending value (also for a key missing from ``values``).
+    """
+    defaults = default_config()
+    missing = sorted(set(defaults) - set(values))
+    if missing:
+        raise ConfigError(f"run configuration lacks key(s) {missing}")
+    kwargs: dict[str, Any] = {}
+    for field in dataclasses.fields(RunConfig):
+        if field.name == "extra":
+            continue
+        key = field.name.replace("_", "-")
+        value = values[key]
+        if key == "num-sets":
+            kwargs[field.name] = _parse_positive_ints(key, value)
+        elif key == "test-prior":
+            kwargs[field.name] = value  # parsed below, once the dataset is known
+        else:
+            kwargs[field.name] = _coerce(key, value, _FIELD_TYPES[str(field.type)])
+    kwargs["test_prior"] = _parse_test_prior(kwargs["test_prior"], str(kwargs["dataset"]))
+    extra = tuple(
+        (key, _coerce(key, values[key], type(defaults[key]))) for key in sorted(defaults) if key not in CORE_KEYS
+    )
+    cfg = RunConfig(**kwargs, extra=extra)
+    _validate(cfg)
+    return cfg
+
+
+def config_from_json(text: str) -> RunConfig:
+    """:func:`config_from_values` of a :meth:`RunConfig.to_json` string.
+
+    Raises
+    ------
+    ConfigError
+        If ``text`` is not a JSON object, or on an invalid value.
+    """
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"run configuration is not valid JSON ({exc})") from exc
+    if not isinstance(values, dict):
+        raise ConfigError("run configuration must be a JSON object of dashed keys")
+    return config_from_values(values)
+
+
+def resolve_config(
+    run_config: Mapping[str, Any], given: Iterable[str] | None = None, *, log_sources: bool = False
+) -> RunConfig:
     """Compose and validate the run configuration.
 
     Parameters
     ----------
     run_config : Mapping[str, Any]
-        ``context.run_config`` (Flower) or any dict of dashed keys (tests, scripts).
-        Keys not given take their defaults.
+        ``context.run_config`` (Flower) or any dict of dashed keys (tests, scripts). Keys not
+        given take the preset's value, else their defaults.
+    given : Iterable[str] | None
+        The keys the user typed (see :func:`compose_config`).
+    log_sources : bool
+        Log once which keys came from the preset and which from the user.
 
     Returns
     -------
@@ -226,93 +392,116 @@ def resolve_config(run_config: Mapping[str, Any]) -> RunConfig:
     ConfigError
         Naming the key and the offending value.
     """
-    values = compose_config({**default_config(), **dict(run_config)})
-    kwargs: dict[str, Any] = {}
-    for field in dataclasses.fields(RunConfig):
-        key = field.name.replace("_", "-")
-        value = values[key]
-        try:
-            if field.name == "num_sets":
-                value = _parse_num_sets(value)
-            elif field.type == "bool":
-                if isinstance(value, str):
-                    if value.lower() not in ("true", "false"):
-                        raise ValueError
-                    value = value.lower() == "true"
-                value = bool(value)
-            elif field.type == "int":
-                if isinstance(value, bool) or float(value) != int(value):
-                    raise ValueError
-                value = int(value)
-            elif field.type == "float":
-                value = float(value)
-            else:
-                value = str(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{key}={values[key]!r} is not a valid {field.type}") from exc
-        kwargs[field.name] = value
-    cfg = RunConfig(**kwargs)
-    _validate(cfg)
+    values, sources = compose_config(run_config, given)
+    cfg = config_from_values(values)
+    if log_sources:
+        log.info("%s", describe_sources(values, sources))
     return cfg
+
+
+def describe_sources(values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """One line naming the preset's keys and the user's keys with their values."""
+
+    def keys(kind: str) -> str:
+        chosen = [f"{k}={values[k]!r}" for k in sorted(values) if sources.get(k) == kind]
+        return ", ".join(chosen) or "none"
+
+    preset = values.get("preset") or "none"
+    return f"run configuration: preset={preset!r}; from the preset: {keys('preset')}; typed by the user: {keys('user')}"
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
 
 
 def _validate(cfg: RunConfig) -> None:
     d = cfg.as_dict()
-    for key, allowed in CHOICES.items():
-        if d[key] not in allowed:
-            raise ConfigError(f"{key}={d[key]!r} is not one of {allowed}")
+    for key, allowed in {**CHOICES, **_registry_choices()}.items():
+        if key == "method" and ":" in d[key]:
+            continue  # an import path "module:Class", checked when imported below
+        _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}")
     for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "min-available-nodes"):
-        if d[key] < 1:
-            raise ConfigError(f"{key}={d[key]} must be >= 1")
+        _check(d[key] >= 1, f"{key}={d[key]} must be >= 1")
     for key in ("val-fraction", "client-test-fraction"):
-        if not 0.0 <= d[key] < 1.0:
-            raise ConfigError(f"{key}={d[key]} must be in [0, 1)")
+        _check(0.0 <= d[key] < 1.0, f"{key}={d[key]} must be in [0, 1)")
     cfg.local_epochs_of(0)  # raises on a malformed local-epochs-per-client
-    if cfg.min_train_nodes < 1 or cfg.min_train_nodes > cfg.min_available_nodes:
-        raise ConfigError(
-            f"min-train-nodes={cfg.min_train_nodes} must be in [1, min-available-nodes={cfg.min_available_nodes}] "
-            "(Flower would wait forever for nodes that never connect)"
-        )
-    for key in ("proximal-mu", "server-lr", "server-momentum", "beta-1", "beta-2"):
-        if d[key] < 0:
-            raise ConfigError(f"{key}={d[key]} must be >= 0")
+    _check(
+        1 <= cfg.min_train_nodes <= cfg.min_available_nodes,
+        f"min-train-nodes={cfg.min_train_nodes} must be in [1, min-available-nodes={cfg.min_available_nodes}] "
+        "(Flower would wait forever for nodes that never connect)",
+    )
+    for key in ("proximal-mu", "server-lr", "server-momentum", "beta-1", "beta-2", "prior-noise", "samples-per-client",
+                "l1-weight", "client-threads"):  # fmt: skip
+        _check(d[key] >= 0, f"{key}={d[key]} must be >= 0")
     for key in ("server-momentum", "beta-1", "beta-2"):
-        if d[key] >= 1:
-            raise ConfigError(f"{key}={d[key]} must be < 1")
-    if not cfg.tau > 0:
-        raise ConfigError(f"tau={cfg.tau} must be > 0")
-    if not 0.0 < cfg.label_fraction <= 1.0:
-        raise ConfigError(f"label-fraction={cfg.label_fraction} must be in (0, 1]")
-    if not 0.0 <= cfg.fedpl_threshold <= 1.0:
-        raise ConfigError(f"fedpl-threshold={cfg.fedpl_threshold} must be in [0, 1]")
-    for key in ("prior-noise", "samples-per-client", "fedpl-mix-weight", "vat-weight", "vat-epsilon"):
-        if d[key] < 0:
-            raise ConfigError(f"{key}={d[key]} must be >= 0")
-    for key in ("fedpl-mixup-alpha", "vat-xi"):
-        if not d[key] > 0:
-            raise ConfigError(f"{key}={d[key]} must be > 0")
-    if not 0.0 < cfg.fraction_train <= 1.0:
-        raise ConfigError(f"fraction-train={cfg.fraction_train} must be in (0, 1]")
-    for key in ("lr", "dominant-factor"):
-        if not d[key] > 0:
-            raise ConfigError(f"{key}={d[key]} must be > 0")
-    if cfg.l1_weight < 0:
-        raise ConfigError(f"l1-weight={cfg.l1_weight} must be >= 0")
+        _check(d[key] < 1, f"{key}={d[key]} must be < 1")
+    for key in ("tau", "lr", "dominant-factor"):
+        _check(d[key] > 0, f"{key}={d[key]} must be > 0")
+    _check(0.0 < cfg.fraction_train <= 1.0, f"fraction-train={cfg.fraction_train} must be in (0, 1]")
     if cfg.resume:
         from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
 
-        if not cfg.run_name:
-            raise ConfigError("resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")
-        if cfg.strategy not in RESUMABLE_STRATEGIES:
-            raise ConfigError(
-                f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
-                "rounds on the server (SCAFFOLD's client control variates live on the clients), so only they can be "
-                "resumed exactly"
-            )
-    if cfg.dataset != "mnist-sample" and not cfg.data_dir:
-        raise ConfigError(f"dataset={cfg.dataset!r} needs data-dir=/absolute/path (a torchvision root)")
-    if cfg.data_dir and not os.path.isabs(os.path.expanduser(cfg.data_dir)):
-        raise ConfigError(
-            f"data-dir={cfg.data_dir!r} must be absolute: Flower runs the app from its own copy, "
-            "so relative paths do not point where you expect"
+        _check(bool(cfg.run_name), "resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")
+        _check(
+            cfg.strategy in RESUMABLE_STRATEGIES,
+            f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
+            "rounds on the server (SCAFFOLD's client control variates live on the clients), so only they can be "
+            "resumed exactly",
         )
+    _check(
+        cfg.dataset == "mnist-sample" or bool(cfg.data_dir),
+        f"dataset={cfg.dataset!r} needs data-dir=/absolute/path (a torchvision root)",
+    )
+    _check(
+        not cfg.data_dir or os.path.isabs(os.path.expanduser(cfg.data_dir)),
+        f"data-dir={cfg.data_dir!r} must be absolute: Flower runs the app from its own copy, "
+        "so relative paths do not point where you expect",
+    )
+    from fedul_flwr.methods import get_method
+
+    try:
+        method = get_method(cfg.method)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    method.check_options(cfg)
+
+
+# --------------------------------------------------------------------------- method options
+
+
+@dataclass(frozen=True)
+class Option:
+    """A run-config key owned by a method (its default lives in ``[tool.flwr.app.config]``,
+    where Flower needs every key).
+
+    Attributes
+    ----------
+    key : str
+        The dashed run-config key, e.g. ``"fedpl-threshold"``.
+    check : Callable[[Any], bool]
+        True for a valid value.
+    rule : str
+        What a valid value is, for the error message (e.g. ``"in [0, 1]"``).
+    """
+
+    key: str
+    check: Callable[[Any], bool] = lambda value: True
+    rule: str = ""
+
+    def validate(self, cfg: RunConfig, method: str) -> Any:
+        """The option's value in ``cfg``.
+
+        Raises
+        ------
+        ConfigError
+            If the key is not in ``[tool.flwr.app.config]`` or the value breaks the rule.
+        """
+        try:
+            value = cfg.option(self.key)
+        except KeyError:
+            raise ConfigError(
+                f"method {method!r} declares option {self.key!r}, which [tool.flwr.app.config] in {PYPROJECT} lacks"
+            ) from None
+        _check(bool(self.check(value)), f"{self.key}={value!r} must be {self.rule} (an option of method {method!r})")
+        return value

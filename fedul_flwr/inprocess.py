@@ -39,7 +39,8 @@ class InProcessGrid(Grid):
         Number of nodes; node i (ids 1..N) gets ``node_config`` ``{"partition-id": i-1,
         "num-partitions": N}`` unless ``node_configs`` is given.
     run_config : Mapping[str, Any]
-        The run configuration every node sees (``context.run_config``).
+        The values the user typed: every node's ``context.run_config`` and the run's
+        ``override_config`` (so the ServerApp's ``main`` resolves them as Flower would).
     node_configs : list[dict] | None
         Per-node ``node_config`` (deployment-style, e.g. ``{"data-dir": ...}``).
     """
@@ -62,6 +63,7 @@ class InProcessGrid(Grid):
         }
         self.down: set[int] = set()  # nodes that are "disconnected" (tests of faults)
         self._run = Run.create_empty(run_id=1)
+        self._run.override_config = dict(run_config)  # what a user typed, as the SuperLink keeps it
         self._replies: dict[str, Message] = {}
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
 

@@ -14,12 +14,19 @@ images ``[B, C, H, W]`` (float32, normalised) to class logits ``[B, K]``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-MODELS = ("small-cnn", "paper-cnn", "resnet18")
+from fedul_flwr.registry import Registry
+
+ModelFactory = Callable[[int, int, int], nn.Module]
+MODELS: Registry[ModelFactory] = Registry("model")
+"""Model factories ``(in_channels, num_classes, image_size) -> nn.Module`` by name."""
 
 
+@MODELS.register("small-cnn")
 class SmallCNN(nn.Module):
     """LeNet (LeCun et al., 1998; the Caffe variant), the MNIST backbone named in the paper's
     Sec. 4.1: Conv(C,20,5)-MaxPool(2)-ReLU-Conv(20,50,5)-MaxPool(2)-ReLU-FC(50*s*s,500)-ReLU-
@@ -49,6 +56,7 @@ class SmallCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
+@MODELS.register("paper-cnn")
 class PaperCNN(nn.Module):
     """The paper's MNIST network (App. D, Table D.2).
 
@@ -82,7 +90,8 @@ class PaperCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def cifar_resnet18(in_channels: int, num_classes: int) -> nn.Module:
+@MODELS.register("resnet18")
+def cifar_resnet18(in_channels: int, num_classes: int, image_size: int = 32) -> nn.Module:
     """torchvision ResNet-18 (random init) with a 3x3/1 stem and no max-pool for 32x32 inputs
     (App. D, Table D.3)."""
     from torchvision.models import resnet18
@@ -93,15 +102,19 @@ def cifar_resnet18(in_channels: int, num_classes: int) -> nn.Module:
     return model
 
 
-def build_model(name: str, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
-    """Build the classifier f by name.
+def build_model(name: str, in_channels: int, num_classes: int, image_size: int, *, seed: int | None = None) -> nn.Module:
+    """Build a classifier by name.
 
     Parameters
     ----------
     name : str
-        One of :data:`MODELS`.
+        A name registered in :data:`MODELS`.
     in_channels, num_classes, image_size : int
         C, K and H (= W) of the dataset.
+    seed : int | None
+        Seed of the initial weights: they are drawn inside :func:`torch.random.fork_rng`
+        from ``torch.manual_seed(seed)``, so the same seed gives the same weights and torch's
+        global RNG is left as it was. ``None``: torch's global RNG.
 
     Returns
     -------
@@ -110,18 +123,19 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int) 
 
     Raises
     ------
+    UnknownChoiceError
+        On an unknown name (lists the valid ones).
     ValueError
-        On an unknown name (lists the valid ones) or an image size the CNNs cannot take
-        (not divisible by 4).
+        On an image size the CNNs cannot take (paper-cnn: not divisible by 4; small-cnn:
+        below 16).
     """
+    factory = MODELS.get(name)
     if name == "paper-cnn" and image_size % 4:
         raise ValueError(f"model={name!r} needs an image size divisible by 4, got {image_size}")
     if name == "small-cnn" and image_size < 16:
         raise ValueError(f"model={name!r} needs images of at least 16x16, got {image_size}")
-    if name == "small-cnn":
-        return SmallCNN(in_channels, num_classes, image_size)
-    if name == "paper-cnn":
-        return PaperCNN(in_channels, num_classes, image_size)
-    if name == "resnet18":
-        return cifar_resnet18(in_channels, num_classes)
-    raise ValueError(f"model={name!r} is not one of {MODELS}")
+    if seed is None:
+        return factory(in_channels, num_classes, image_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return factory(in_channels, num_classes, image_size)

@@ -5,16 +5,19 @@
     (``dataset``, ``partition``, ``num-sets``, ``prior-scheme``, ``seed``,
     ``client-test-fraction`` ... of ``--run-config``) and write one node folder per
     partition, ``<out>/node-<i>`` (layout: :mod:`fedul_flwr.data.node_dir`). Start
-    SuperNode i with ``--node-config "data-dir=<out>/node-<i>"``.
+    SuperNode i with ``--node-config "data-dir=<out>/node-<i>"``. With ``--labeled`` each
+    node also gets a labeled part ``labeled/``: the node's whole U-set pool with its true
+    labels (not cut by ``--max-set-size``), so a deployment can run the supervised reference.
 ``validate``
     Check node folders against the run's dataset facts (class names, image shape) and print
-    a summary: sets, sizes, condition number of the prior matrix. Exit code 1 and the error
+    a summary: parts, sets, sizes, condition number of the prior matrix. Exit code 1 and the error
     (naming the file, CSV line or value) on the first problem; nothing is modified.
 
 Examples::
 
     fedul-node-data write --out /tmp/nodes --num-nodes 3 --max-set-size 20 \\
         --run-config 'num-sets=10 seed=1'
+    fedul-node-data write --out /tmp/nodes-sup --num-nodes 3 --labeled
     fedul-node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
 """
 
@@ -26,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fedul_flwr.config import ConfigError, RunConfig, resolve_config
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
@@ -40,13 +44,31 @@ def write_nodes(
     *,
     image_format: str = "npy",
     max_set_size: int | None = None,
+    labeled: bool = False,
 ) -> list[Path]:
     """Write ``num_nodes`` node folders ``<out>/node-<i>`` from the run's simulated partitions.
 
     Node i holds exactly the U sets (and local test split, when ``client-test-fraction``
     > 0) that simulated client ``partition-id=i`` of ``num-partitions=num_nodes`` would
-    build (:func:`fedul_flwr.data.client_data.client_usets`), optionally cut to
+    build (:func:`fedul_flwr.data.simulated.client_usets`), optionally cut to
     ``max_set_size`` images per set.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run configuration (dataset, partition, U-set settings, seed).
+    out : str or Path
+        Parent folder.
+    num_nodes : int
+        Number of nodes (= ``num-partitions`` of the simulation).
+    image_format : str
+        ``"npy"`` or ``"png"`` (see :func:`~fedul_flwr.data.node_dir.write_node_dir`).
+    max_set_size : int or None
+        Keep at most this many random images per set.
+    labeled : bool
+        Also write each node's labeled part ``labeled/``: the images of all its U sets, in
+        set order, with their true labels. It holds the whole pool: ``max_set_size`` does
+        not apply to it.
 
     Returns
     -------
@@ -60,7 +82,8 @@ def write_nodes(
     ValueError
         From partitioning / U-set construction.
     """
-    from fedul_flwr.data.client_data import client_usets, load_run_dataset, run_dataset_info
+    from fedul_flwr.data.simulated import client_usets, load_run_dataset
+    from fedul_flwr.data.sources import run_dataset_info
 
     data = load_run_dataset(cfg)
     info = run_dataset_info(cfg)
@@ -68,6 +91,10 @@ def write_nodes(
     for i in range(num_nodes):
         usets, local_test = client_usets(cfg, i, num_nodes)
         test = (data.train_x[local_test], data.train_y[local_test]) if len(local_test) else None
+        pair = None
+        if labeled:
+            rows = torch.from_numpy(np.concatenate(usets.indices).astype(np.int64))
+            pair = (data.train_x[rows], data.train_y[rows])
         paths.append(
             write_node_dir(
                 Path(out) / f"node-{i}",
@@ -76,6 +103,7 @@ def write_nodes(
                 info.class_names,
                 image_format=image_format,
                 max_set_size=max_set_size,
+                labeled=pair,
                 test=test,
                 meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
                 rng=np.random.default_rng([cfg.seed, i]),
@@ -105,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--run-config", action="append", help=run_config_help)
     w.add_argument("--format", choices=("npy", "png"), default="npy", help="images.npy per set, or PNG files")
     w.add_argument("--max-set-size", type=int, default=None, help="keep at most this many random images per set")
+    w.add_argument(
+        "--labeled",
+        action="store_true",
+        help="also write each node's labeled part labeled/: its whole U-set pool with true labels "
+        "(not cut by --max-set-size), for the supervised reference",
+    )
 
     v = sub.add_parser("validate", help="check node folders and print a summary")
     v.add_argument("dirs", nargs="+", help="node folder(s)")
@@ -121,7 +155,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "write":
             if args.num_nodes < 1:
                 raise ValueError(f"--num-nodes must be >= 1, got {args.num_nodes}")
-            for path in write_nodes(cfg, args.out, args.num_nodes, image_format=args.format, max_set_size=args.max_set_size):
+            paths = write_nodes(
+                cfg,
+                args.out,
+                args.num_nodes,
+                image_format=args.format,
+                max_set_size=args.max_set_size,
+                labeled=args.labeled,
+            )
+            for path in paths:
                 print(validate_node_dir(path, *_facts(cfg)).summary())
             return 0
         for path in args.dirs:
@@ -133,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _facts(cfg: RunConfig) -> tuple[tuple[str, ...], int, int]:
-    from fedul_flwr.data.client_data import run_dataset_info
+    from fedul_flwr.data.sources import run_dataset_info
 
     info = run_dataset_info(cfg)
     return info.class_names, info.image_size, info.channels

@@ -5,9 +5,12 @@
         metrics.json    one record per round: round, train-loss, test-loss, test-accuracy,
                         test-error, wall-time (s from the start to the round's evaluation);
                         val-accuracy, val-error on the labeled validation split when
-                        val-fraction > 0
+                        val-fraction > 0; for a method with several predictors, the others
+                        as test-accuracy-<name> etc.
         metrics.csv     the same table as CSV
-        model.pt        the final classifier f (``torch.save`` of its state dict; no Q_c)
+        model.pt        the method's first exchanged model, the classifier f of FedUL and its
+                        baselines (``torch.save`` of its state dict; no Q_c)
+        model-<name>.pt every other exchanged model of the method (several models in flight)
         accuracy.png    test accuracy per round
         summary.txt     the one-line summary printed at the end
 """
@@ -44,11 +47,12 @@ class RunOutputs:
 
     path: Path
     cfg: RunConfig
+    primary: str = "f"
     started: float = field(default_factory=time.time)
     rows: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
-    def create(cls, cfg: RunConfig) -> RunOutputs:
+    def create(cls, cfg: RunConfig, primary: str = "f") -> RunOutputs:
         """Make ``<output-dir>/<run-name>`` (default name: UTC time, method, dataset,
         partition, sets) and write ``config.json``.
 
@@ -66,7 +70,7 @@ class RunOutputs:
         except OSError as exc:
             raise OSError(f"cannot create run folder {path}: {exc}") from exc
         (path / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, sort_keys=True) + "\n")
-        return cls(path=path, cfg=cfg)
+        return cls(path=path, cfg=cfg, primary=primary)
 
     def record(self, server_round: int, **metrics: float) -> None:
         """Merge metrics of ``server_round`` into the table and rewrite metrics.json/.csv."""
@@ -79,15 +83,20 @@ class RunOutputs:
         rows = [self.rows[r] for r in sorted(self.rows)]
         (self.path / "metrics.json").write_text(json.dumps(rows, indent=1) + "\n")
         with (self.path / "metrics.csv").open("w", newline="") as fh:
-            writer = csv.DictWriter(fh, fieldnames=COLUMNS, extrasaction="ignore")
+            extra = sorted({k for row in rows for k in row} - set(COLUMNS))
+            writer = csv.DictWriter(fh, fieldnames=[*COLUMNS, *extra], extrasaction="ignore")
             writer.writeheader()
             writer.writerows(rows)
 
-    def save_model(self, state_dict: dict[str, torch.Tensor]) -> Path:
-        """Write f's state dict to ``model.pt``; returns the path."""
-        out = self.path / "model.pt"
-        torch.save(state_dict, out)
-        return out
+    def save_models(self, state_dicts: dict[str, dict[str, torch.Tensor]]) -> list[Path]:
+        """Write the primary model's state dict to ``model.pt`` and every other model's to
+        ``model-<name>.pt``; returns the paths."""
+        paths = []
+        for name, state_dict in state_dicts.items():
+            out = self.path / ("model.pt" if name == self.primary else f"model-{name}.pt")
+            torch.save(state_dict, out)
+            paths.append(out)
+        return paths
 
     def plot(self) -> Path:
         """Write ``accuracy.png``: test accuracy (%) per round."""
@@ -116,7 +125,7 @@ class RunOutputs:
         last = max(acc) if acc else 0
         best = max(acc, key=lambda r: acc[r]) if acc else 0
         line = (
-            f"fedul-flwr: method={self.cfg.method} dataset={self.cfg.dataset} partition={self.cfg.partition} "
+            f"fedul-flwr: method={self.cfg.method} preset={self.cfg.preset or 'none'} dataset={self.cfg.dataset} partition={self.cfg.partition} "
             f"clients={num_clients} sets={','.join(map(str, self.cfg.num_sets))} rounds={last} "
             f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
             f"best-test-accuracy={100 * acc.get(best, math.nan):.2f}% (round {best}) "

@@ -1,4 +1,9 @@
-"""The ServerApp: run the strategy, evaluate f centrally every round, write the outputs."""
+"""The ServerApp: resolve the run's settings once, run the strategy over the method's exchanged
+models, evaluate the method's predictors centrally every round, write the outputs.
+
+The method decides the models, the predictors and, optionally, an aggregation mixin; the
+strategy comes from ``strategy``; nothing here depends on which method runs.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +12,45 @@ import time
 from logging import INFO
 
 import torch
-from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
+from torch import nn
 
-from fedul_flwr.config import RunConfig, resolve_config
-from fedul_flwr.data.client_data import load_run_dataset, validation_indices
-from fedul_flwr.data.datasets import normalize
-from fedul_flwr.models import build_model
+from fedul_flwr import wire
 from fedul_flwr.checkpoint import load_checkpoint, restore_strategy_state, save_checkpoint
+from fedul_flwr.config import RunConfig, compose_config, config_from_values, describe_sources
+from fedul_flwr.data.datasets import normalize
+from fedul_flwr.data.simulated import load_run_dataset, validation_indices
+from fedul_flwr.methods import Method, get_method
+from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunOutputs, read_metrics
-from fedul_flwr.runtime import configure_threads, pick_device
+from fedul_flwr.runtime import configure_threads, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy
 from fedul_flwr.training import evaluate
 
 app = ServerApp()
 
 
-def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
-    """Train f for ``num-rounds`` rounds over the nodes of ``grid``; returns the run's outputs.
+def global_models(cfg: RunConfig, method: Method, channels: int, classes: int, size: int) -> nn.ModuleDict:
+    """The method's exchanged models with their initial weights (model i seeded by
+    :func:`~fedul_flwr.runtime.model_seed` of (seed, i): the same seed, the same weights)."""
+    specs = [s for s in method.model_specs() if s.exchanged]
+    return nn.ModuleDict(
+        {s.name: build_model(s.arch or cfg.model, channels, classes, size, seed=model_seed(cfg.seed, i)) for i, s in enumerate(specs)}
+    )
 
-    Centralized evaluation of f on the dataset's test split runs at round 0 and after every
-    round (Flower's ``evaluate_fn``). The final f, the metric table, the plot and a summary
-    line are written to the run folder, and after every round ``checkpoint.pt`` (f, the
-    round and the strategy's state, :mod:`fedul_flwr.checkpoint`); with ``resume=true`` the run continues from the
+
+def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
+    """Train the method's models for ``num-rounds`` rounds over the nodes of ``grid``; returns
+    the run's outputs.
+
+    Central evaluation of every predictor of the method on the dataset's test split runs at
+    round 0 and after every round (Flower's ``evaluate_fn``): the first predictor is recorded
+    as ``test-accuracy`` etc., the others as ``test-accuracy-<name>``. The final models, the
+    metric table, the plot and a summary line are written to the run folder, and after every
+    round ``checkpoint.pt`` (the global arrays, the round and the strategy's state,
+    :mod:`fedul_flwr.checkpoint`); with ``resume=true`` the run continues from the
     checkpoint of ``<output-dir>/<run-name>`` up to ``num-rounds``.
 
     Raises
@@ -40,32 +60,33 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     CheckpointError
         With ``resume=true``, if the run folder has no readable checkpoint.
     """
-    configure_threads()
+    configure_threads(cfg.client_threads)
     device = pick_device(cfg.device)
+    method = get_method(cfg.method)(cfg)
     data = load_run_dataset(cfg)
-    test_x = normalize(data.test_x, data.mean, data.std)
-    test_y = data.test_y
+
+    def to_input(x: torch.Tensor) -> torch.Tensor:
+        return normalize(x, data.mean, data.std)
+
     # labeled validation hold-out (val-fraction of the training set): model selection on it
     # uses labels -- the runner reports it separately from the last-round test error
     val_idx = torch.from_numpy(validation_indices(cfg)) if cfg.val_fraction > 0 else None
-    val_x = normalize(data.train_x[val_idx], data.mean, data.std) if val_idx is not None else None
-    val_y = data.train_y[val_idx] if val_idx is not None else None
-    torch.manual_seed(cfg.seed)
     # Flower's node sampling (strategy_utils.sample_nodes) draws from Python's global
     # `random`: seed it so a run picks (and orders) its clients the same way every time
     random.seed(cfg.seed)
-    model = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size).to(device)
-    outputs = RunOutputs.create(cfg)
+    models = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size).to(device)
+    predictors = method.predictors()
+    outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())))
     log(INFO, "fedul-flwr: run folder %s", outputs.path)
     start_round = 0  # rounds already done by the run being resumed (resume=true)
-    strategy = build_strategy(cfg)
-    initial_arrays = ArrayRecord(model.state_dict())
+    strategy = build_strategy(cfg, method.aggregation())
+    initial_arrays = ArrayRecord(models.state_dict())
     if cfg.resume:
         ckpt = load_checkpoint(outputs.path)
         if ckpt.round >= cfg.num_rounds:
             raise ValueError(f"{outputs.path}: checkpoint of round {ckpt.round} >= num-rounds={cfg.num_rounds}; nothing to resume")
         start_round = ckpt.round
-        model.load_state_dict(ckpt.state_dict)
+        models.load_state_dict(ckpt.state_dict)
         initial_arrays = ArrayRecord(ckpt.state_dict)  # as the strategy held them (FedOpt: float64)
         restore_strategy_state(strategy, ckpt.strategy_state)
         strategy.round_offset = start_round  # rounds r + 1, ... are configured and aggregated as such
@@ -73,42 +94,55 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
             outputs.rows.update({int(r["round"]): r for r in read_metrics(outputs.path) if int(r["round"]) <= start_round})
         log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
 
+    def test(x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
+        out = {}
+        for i, (name, predict) in enumerate(predictors.items()):
+            result = evaluate(models, predict, x, y, to_input=to_input, batch_size=cfg.eval_batch_size, device=device)
+            suffix = "" if i == 0 else f"-{name}"
+            out.update({f"{prefix}-{k}{suffix}": result[f"test-{k}"] for k in ("loss", "accuracy", "error")})
+        return out
+
     def central_evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
         server_round += start_round  # Flower counts the rounds of this start() from 1
         global_arrays = arrays.to_torch_state_dict()
-        model.load_state_dict(global_arrays)
-        if server_round > start_round:  # every finished round: f, its round, the strategy state
-            # the global arrays as the strategy holds them, not f's float32 copy: FedOpt
-            # strategies compute in float64, and an exact resume must continue from those
+        models.load_state_dict(global_arrays)
+        if server_round > start_round:  # every finished round: the models, their round, the strategy state
+            # the global arrays as the strategy holds them, not the models' float32 copy:
+            # FedOpt strategies compute in float64, and an exact resume must continue from those
             save_checkpoint(outputs.path, server_round, global_arrays, cfg.as_dict(), strategy)
-        metrics = evaluate(model, test_x, test_y, batch_size=cfg.eval_batch_size, device=device)
-        outputs.record(server_round, **{k: metrics[k] for k in ("test-loss", "test-accuracy", "test-error")})
-        if val_x is not None and val_y is not None:
-            val = evaluate(model, val_x, val_y, batch_size=cfg.eval_batch_size, device=device)
-            val_metrics = {"val-accuracy": val["test-accuracy"], "val-error": val["test-error"]}
-            outputs.record(server_round, **val_metrics)
-            metrics = {**metrics, **val_metrics}
+        metrics = test(data.test_x, data.test_y, "test")
+        if val_idx is not None:
+            val = test(data.train_x[val_idx], data.train_y[val_idx], "val")
+            metrics.update({k: v for k, v in val.items() if not k.startswith("val-loss")})
+        outputs.record(server_round, **metrics)
         return MetricRecord(metrics)
 
+    settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json()})  # the clients use the server's resolution
     result = strategy.start(
         grid=grid,
         initial_arrays=initial_arrays,
         num_rounds=cfg.num_rounds - start_round,
+        train_config=settings,
+        evaluate_config=ConfigRecord({wire.RUN_CONFIG: cfg.to_json()}),
         evaluate_fn=central_evaluate,
     )
     for server_round, metrics in result.train_metrics_clientapp.items():
-        outputs.record(server_round + start_round, **{"train-loss": metrics["train-loss"]})
-    model.load_state_dict(result.arrays.to_torch_state_dict())
-    outputs.save_model({k: v.cpu() for k, v in model.state_dict().items()})
+        outputs.record(server_round + start_round, **{wire.TRAIN_LOSS: metrics[wire.TRAIN_LOSS]})
+    models.load_state_dict(result.arrays.to_torch_state_dict())
+    outputs.save_models({name: {k: v.cpu() for k, v in m.state_dict().items()} for name, m in models.items()})
     outputs.plot()
     return outputs
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Flower entry point: resolve the config, run the federation, print the summary."""
+    """Flower entry point: resolve the settings (what the user typed wins over the preset),
+    run the federation, print the summary."""
     start = time.time()
-    cfg = resolve_config(context.run_config)
+    typed = grid.run.override_config.keys()  # the --run-config values, as the SuperLink keeps them
+    values, sources = compose_config(context.run_config, given=typed)
+    cfg = config_from_values(values)
+    log(INFO, "fedul-flwr: %s", describe_sources(values, sources))
     outputs = run_federation(grid, cfg)
     line = outputs.summary(num_clients=len(list(grid.get_node_ids())))
     print(line, flush=True)  # the run's one-line summary, shown by `flwr run --stream` / `flwr log`

@@ -1,31 +1,39 @@
-"""The one local training loop and the evaluation of f, shared by every method.
+"""The one local training loop and the evaluation of predictors, shared by every method.
 
 Local update of Eq. (3) in Lu et al. (ICLR 2022): E local epochs of Adam (lr, batch B) on
-the method's loss, plus an optional L1 penalty ``l1_weight * sum_p |p|_1`` (App. D.2,
-Table D.4). The optimiser is created afresh every round, as in the paper's code; plain
-SGD (``local-optimizer = "sgd"``) is the alternative SCAFFOLD's and FedNova's rules assume.
+the method's loss, plus an optional L1 penalty ``l1_weight * sum_p |p|_1`` over the trained
+parameters (App. D.2, Table D.4). The optimiser is created afresh every round, as in the
+paper's code; plain SGD (``local-optimizer = "sgd"``) is the alternative SCAFFOLD's and
+FedNova's rules assume.
 
-Strategies that change the client update (FedProx's proximal term, SCAFFOLD's control
-variates, FedNova's step counts) plug in through :class:`StepHook` instead of copying the
-loop.
+A task's batches come from one or several *streams* (:class:`~fedul_flwr.methods.base.Stream`):
+the first stream drives the epoch, the others are cycled. Images travel as uint8 and become
+float model inputs per batch, on the training device. Strategies that change the client
+update (FedProx's proximal term, SCAFFOLD's control variates) plug in through
+:class:`StepHook` instead of copying the loop.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
-from fedul_flwr.methods.base import LocalTask
+from fedul_flwr.methods.base import Batch, LocalTask, Predictor, Stream
+
+__all__ = ["LocalLoop", "StepHook", "TrainResult", "evaluate", "iterate_batches", "train_local"]
+
+ToInput = Callable[[torch.Tensor], torch.Tensor]
 
 
 class StepHook(Protocol):
     """Called around each optimiser step of :func:`train_local`."""
 
-    def after_backward(self, model: nn.Module) -> None:
+    def after_backward(self) -> None:
         """Edit gradients (e.g. add a proximal or control-variate term) before the step."""
 
 
@@ -38,9 +46,9 @@ class TrainResult:
     loss : float
         Mean training loss (method loss, without the L1 term) over all steps.
     num_examples : int
-        Training rows n (per epoch).
+        Rows of the first stream n (per epoch).
     num_steps : int
-        Optimiser steps taken (E * ceil(n / B)).
+        Optimiser steps taken (E * batches per epoch).
     """
 
     loss: float
@@ -48,38 +56,97 @@ class TrainResult:
     num_steps: int
 
 
-def train_local(
-    model: nn.Module,
-    task: LocalTask,
-    *,
-    epochs: int,
-    batch_size: int,
-    lr: float,
-    l1_weight: float = 0.0,
-    seed: int = 0,
-    device: torch.device | str = "cpu",
-    hooks: tuple[StepHook, ...] = (),
-    optimizer: str = "adam",
-) -> TrainResult:
-    """Train ``model`` in place on ``task`` for ``epochs`` epochs.
+def _epoch_order(stream: Stream, generator: torch.Generator | None) -> list[torch.Tensor]:
+    """Row-index batches of one pass over ``stream``: the stream's own order, else a random
+    permutation (``generator``) or, without one, consecutive rows."""
+    n = stream.num_rows
+    if stream.batches is not None:
+        return list(stream.batches(generator if generator is not None else torch.Generator().manual_seed(0)))
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    return [order[start : start + stream.batch_size] for start in range(0, n, stream.batch_size)]
+
+
+def _cycle(stream: Stream, generator: torch.Generator | None) -> Iterator[torch.Tensor]:
+    """Endless batches of a secondary stream, re-shuffled at every pass."""
+    while True:
+        batches = _epoch_order(stream, generator)
+        if not batches:
+            raise ValueError("a secondary stream has no rows")
+        yield from batches
+
+
+def _batch(stream: Stream, rows: torch.Tensor, device: torch.device, to_input: ToInput) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, tensor in stream.tensors.items():
+        value = tensor[rows].to(device, non_blocking=True)
+        out[key] = to_input(value) if key in stream.images else value
+    return out
+
+
+def iterate_batches(
+    task: LocalTask, generator: torch.Generator | None, device: torch.device, to_input: ToInput
+) -> Iterator[Batch]:
+    """One epoch of ``task``: a batch of every stream per step, on ``device``.
 
     Parameters
     ----------
-    model : nn.Module
-        f, already on ``device``.
     task : LocalTask
-        Inputs ``[n, ...]``, targets ``[n]`` and the loss of the method.
-    epochs, batch_size : int
-        E >= 1 and B >= 1.
+        Its first stream drives the epoch; the others are cycled.
+    generator : torch.Generator | None
+        Source of the batch order (``None``: consecutive rows, e.g. for a full-gradient pass).
+    device : torch.device
+        Where batches go.
+    to_input : Callable
+        uint8 images -> float model inputs (per batch, on ``device``).
+    """
+    names = list(task.streams)
+    first = task.streams[names[0]]
+    others = {name: _cycle(task.streams[name], generator) for name in names[1:]}
+    for rows in _epoch_order(first, generator):
+        batch = {names[0]: _batch(first, rows, device, to_input)}
+        for name, cycle in others.items():
+            batch[name] = _batch(task.streams[name], next(cycle), device, to_input)
+        yield batch
+
+
+def train_local(
+    models: nn.ModuleDict,
+    task: LocalTask,
+    *,
+    epochs: int,
+    lr: float,
+    to_input: ToInput,
+    trained: Sequence[str] | None = None,
+    l1_weight: float = 0.0,
+    seed: int = 0,
+    device: torch.device | str = "cpu",
+    hooks: Sequence[StepHook] = (),
+    optimizer: str = "adam",
+) -> TrainResult:
+    """Train the ``trained`` models in place on ``task`` for ``epochs`` epochs.
+
+    Parameters
+    ----------
+    models : nn.ModuleDict
+        The method's models, on ``device``.
+    task : LocalTask
+        Streams and the loss of the method.
+    epochs : int
+        E >= 1 passes over the first stream.
     lr : float
-        Learning rate of the local optimiser.
+        Learning rate of the local optimiser (one optimiser over all trained models).
+    to_input : Callable[[torch.Tensor], torch.Tensor]
+        uint8 images -> float model inputs (``ClientData.to_input``).
+    trained : Sequence[str] | None
+        Names of the models to optimise (train mode); the others are put in eval mode and
+        left unchanged. ``None``: all.
     l1_weight : float
-        Weight of the L1 penalty on all parameters (0 disables it).
+        Weight of the L1 penalty on the trained parameters (0 disables it).
     seed : int
         Seed of the batch order (use a different one per round and client).
     device : torch.device | str
         Where batches are moved (non-blocking from pinned memory on CUDA).
-    hooks : tuple[StepHook, ...]
+    hooks : Sequence[StepHook]
         Gradient editors called after ``backward`` and before ``step``.
     optimizer : str
         ``"adam"`` (the paper's local optimiser) or ``"sgd"`` (plain SGD, the form in which
@@ -92,39 +159,43 @@ def train_local(
     Raises
     ------
     ValueError
-        If the task has no rows, the optimiser is unknown, or the loss becomes NaN/inf
-        (names the step).
+        If the first stream has no rows, a model name is unknown, the optimiser is unknown,
+        or the loss becomes NaN/inf (names the step).
     """
     n = task.num_examples
     if n == 0:
         raise ValueError("local task has no training examples")
     device = torch.device(device)
-    generator = torch.Generator().manual_seed(seed)
+    names = list(models.keys()) if trained is None else list(trained)
+    unknown = [m for m in names if m not in models]
+    if unknown:
+        raise ValueError(f"unknown model(s) {unknown}; the method has {list(models.keys())}")
     optimizers = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
     if optimizer not in optimizers:
         raise ValueError(f"optimizer={optimizer!r} is not one of {sorted(optimizers)}")
-    opt = optimizers[optimizer](model.parameters(), lr=lr)
-    params = [p for p in model.parameters() if p.requires_grad]
-    inputs, targets = task.inputs, task.targets
+    params = [p for m in names for p in models[m].parameters()]
+    opt = optimizers[optimizer](params, lr=lr)
+    penalised = [p for p in params if p.requires_grad]
     if device.type == "cuda":
-        inputs, targets = inputs.pin_memory(), targets.pin_memory()
-    model.train()
+        task = LocalTask(
+            {
+                k: Stream({t: v.pin_memory() for t, v in s.tensors.items()}, s.batch_size, s.batches, s.images)
+                for k, s in task.streams.items()
+            },
+            task.loss,
+        )
+    for name, model in models.items():
+        model.train(name in names)
+    generator = torch.Generator().manual_seed(seed)
     total, steps = 0.0, 0
     for _ in range(epochs):
-        if task.batches is not None:
-            epoch_batches = task.batches(generator)
-        else:
-            order = torch.randperm(n, generator=generator)
-            epoch_batches = (order[start : start + batch_size] for start in range(0, n, batch_size))
-        for idx in epoch_batches:
-            xb = inputs[idx].to(device, non_blocking=True)
-            yb = targets[idx].to(device, non_blocking=True)
-            loss = task.loss(model, xb, yb)
-            objective = loss + l1_weight * sum(p.abs().sum() for p in params) if l1_weight else loss
+        for batch in iterate_batches(task, generator, device, to_input):
+            loss = task.loss(models, batch)
+            objective = loss + l1_weight * sum(p.abs().sum() for p in penalised) if l1_weight else loss
             opt.zero_grad(set_to_none=True)
             objective.backward()
             for hook in hooks:
-                hook.after_backward(model)
+                hook.after_backward()
             opt.step()
             value = float(loss.detach())
             if not math.isfinite(value):
@@ -134,37 +205,98 @@ def train_local(
     return TrainResult(loss=total / steps, num_examples=n, num_steps=steps)
 
 
+@dataclass(frozen=True)
+class LocalLoop:
+    """The shared loop with this client's round settings bound (what a method's
+    ``local_update`` calls).
+
+    Attributes
+    ----------
+    epochs : int
+        Local epochs E of this client.
+    lr, l1_weight : float
+        Local step size and L1 weight.
+    optimizer : str
+        ``"adam"`` or ``"sgd"``.
+    seed : int
+        Batch-order seed of this round and client.
+    device : torch.device
+        Training device.
+    to_input : Callable[[torch.Tensor], torch.Tensor]
+        uint8 images -> float model inputs.
+    hooks : tuple[StepHook, ...]
+        The strategy's gradient editors.
+    """
+
+    epochs: int
+    lr: float
+    l1_weight: float
+    optimizer: str
+    seed: int
+    device: torch.device
+    to_input: ToInput
+    hooks: tuple[StepHook, ...] = ()
+
+    def run(self, models: nn.ModuleDict, task: LocalTask, trained: Sequence[str] | None = None) -> TrainResult:
+        """:func:`train_local` of ``task`` with these settings."""
+        return train_local(
+            models,
+            task,
+            epochs=self.epochs,
+            lr=self.lr,
+            to_input=self.to_input,
+            trained=trained,
+            l1_weight=self.l1_weight,
+            seed=self.seed,
+            device=self.device,
+            hooks=self.hooks,
+            optimizer=self.optimizer,
+        )
+
+
 @torch.no_grad()
 def evaluate(
-    model: nn.Module,
+    models: nn.ModuleDict,
+    predict: Predictor,
     x: torch.Tensor,
     y: torch.Tensor,
     *,
+    to_input: ToInput,
     batch_size: int = 1000,
     device: torch.device | str = "cpu",
 ) -> dict[str, float]:
-    """Test f on labeled data: prediction = argmax f(x) (no transition layer).
+    """Test a predictor on labeled data: prediction = argmax of its logits.
 
     Parameters
     ----------
+    models : nn.ModuleDict
+        The models ``predict`` uses (put in eval mode here).
+    predict : Predictor
+        ``predict(models, x) -> logits [B, K]``.
     x : torch.Tensor
-        float32 ``[n, C, H, W]`` normalised images.
+        uint8 ``[n, C, H, W]`` images.
     y : torch.Tensor
         int64 ``[n]`` true labels.
+    to_input : Callable[[torch.Tensor], torch.Tensor]
+        uint8 images -> float model inputs (per batch, on ``device``).
+    batch_size : int
+        Images per forward pass.
+    device : torch.device | str
+        Where the forward passes run.
 
     Returns
     -------
     dict[str, float]
-        ``test-loss`` (mean cross-entropy of f), ``test-accuracy`` and ``test-error``
-        (fractions in [0, 1]), ``num-examples``.
+        ``test-loss`` (mean cross-entropy), ``test-accuracy`` and ``test-error`` (fractions
+        in [0, 1]), ``num-examples``.
     """
     device = torch.device(device)
-    model.eval()
+    models.eval()
     loss_sum, correct = 0.0, 0
     for start in range(0, len(x), batch_size):
-        xb = x[start : start + batch_size].to(device, non_blocking=True)
+        xb = to_input(x[start : start + batch_size].to(device, non_blocking=True))
         yb = y[start : start + batch_size].to(device, non_blocking=True)
-        logits = model(xb)
+        logits = predict(models, xb)
         loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
         correct += int((logits.argmax(dim=1) == yb).sum())
     n = max(1, len(x))

@@ -17,19 +17,20 @@ probabilities give no NaN/inf.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-if TYPE_CHECKING:  # pragma: no cover
-    from fedul_flwr.data.usets import USets
+from fedul_flwr.registry import Registry
 
 __all__ = ["LOSSES", "TransitionLayer", "parse_test_prior", "surrogate_loss"]
 
-LOSSES: tuple[str, ...] = ("nll", "ce-prob")
+LOSSES: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("loss")
+"""Surrogate losses ``(log_q [B, M], ybar [B]) -> scalar`` by name (FedUL's ``loss`` option)."""
+LOSSES.add("nll", F.nll_loss)  # the paper, App. C.4: mean of -log Q[ybar]
+LOSSES.add("ce-prob", lambda log_q, ybar: F.cross_entropy(log_q.exp(), ybar))  # the authors' code
 
 
 def _as_float_array(value: object, name: str, ndim: int) -> np.ndarray:
@@ -148,21 +149,6 @@ class TransitionLayer(torch.nn.Module):
         log_qt = torch.where(valid.unsqueeze(0), log_qt, torch.full_like(zero, -math.inf))
         return log_qt - torch.logsumexp(log_qt, dim=1, keepdim=True)
 
-    @classmethod
-    def from_usets(cls, usets: USets, test_prior: object) -> TransitionLayer:
-        """Build Q_c from a client's U sets.
-
-        Parameters
-        ----------
-        usets : USets
-            Supplies ``priors`` [M, K] and ``surrogate_prior`` [M].
-        test_prior : array-like or str
-            [K] test class prior, or a spec accepted by :func:`parse_test_prior`.
-        """
-        if isinstance(test_prior, str):
-            test_prior = parse_test_prior(test_prior, usets.num_classes)
-        return cls(usets.priors, usets.surrogate_prior, test_prior)
-
     def extra_repr(self) -> str:
         return f"num_sets={self.num_sets}, num_classes={self.num_classes}"
 
@@ -181,7 +167,7 @@ def surrogate_loss(log_q: torch.Tensor, ybar: torch.Tensor, kind: str = "nll") -
     ybar : torch.Tensor
         int64 [B] surrogate labels (set indices) in [0, M).
     kind : str
-        One of ``LOSSES``.
+        A name registered in :data:`LOSSES`.
 
     Returns
     -------
@@ -193,15 +179,12 @@ def surrogate_loss(log_q: torch.Tensor, ybar: torch.Tensor, kind: str = "nll") -
     ValueError
         On an unknown ``kind`` (listing the valid ones) or mismatched shapes.
     """
-    if kind not in LOSSES:
-        raise ValueError(f"unknown surrogate loss {kind!r}; valid: {', '.join(LOSSES)}")
+    loss = LOSSES.get(kind)
     if log_q.ndim != 2 or ybar.ndim != 1 or ybar.shape[0] != log_q.shape[0]:
         raise ValueError(
             f"expected log_q [B, M] and ybar [B], got {tuple(log_q.shape)} and {tuple(ybar.shape)}"
         )
-    if kind == "nll":
-        return F.nll_loss(log_q, ybar)
-    return F.cross_entropy(log_q.exp(), ybar)
+    return loss(log_q, ybar)
 
 
 def parse_test_prior(spec: str | float | Sequence[float] | np.ndarray, num_classes: int) -> np.ndarray:

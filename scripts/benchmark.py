@@ -1,32 +1,39 @@
-"""Benchmarks of simulation overhead (issue #6): Q_c, Flower + Ray, scale, GPU.
+"""Benchmarks of simulation overhead: Q_c, Flower + Ray, scale, GPU.
 
 Every section runs in this one process on this machine and prints medians over
 ``--repeats`` repeats and the ratios; ``--out`` writes everything as JSON.
 
-Sections (``--only qc,flower,scale,gpu``; default: all):
+Sections (``--only qc,client,flower,scale,gpu``; default: all):
 
 ``qc``
-    FedUL vs supervised FedAvg (``method='supervised' label-fraction=1.0``): the same
-    model, initial weights, client tensors (the very same ``ClientData.x``), batch order
-    and seeds; only the loss differs (FedUL: -log Q_c(softmax f(x))[ybar]; supervised:
-    cross-entropy of f). One *round* = every client's local training (``train_local``) +
-    FedAvg averaging, sequentially in this process; no central evaluation (it is identical
-    for both). Repeats are interleaved A B B A A B ... so that drift of the machine's load
-    hits both methods alike.
+    FedUL vs supervised FedAvg (``method='supervised' label-fraction=1.0``): the same model,
+    initial weights, client tensors (the very same uint8 images: a simulated client's
+    ``ClientData.unlabeled`` *is* its ``labeled.x``), batch order and seeds; only the loss
+    differs (FedUL: -log Q_c(softmax f(x))[ybar]; supervised: cross-entropy of f). One
+    *round* = every client's local training (``train_local``) + FedAvg averaging,
+    sequentially in this process; no central evaluation (it is identical for both). Repeats
+    are interleaved A B B A A B ... so that drift of the machine's load hits both methods
+    alike.
+``client``
+    The ClientApp's per-message cost around ``train_local``: the real ClientApp through
+    :class:`~fedul_flwr.inprocess.InProcessGrid`, a ``--client-images`` client, per model,
+    with warm per-process caches and with them emptied before every call.
 ``flower``
     The whole ``flwr run .`` simulation (a real SuperLink started by
-    ``tests/flower_harness.py``, Ray backend, ``client-resources-num-cpus`` CPUs per
-    client) vs the bare PyTorch loop doing the identical work sequentially in this process
-    (same clients from :func:`~fedul_flwr.data.client_data.load_client`, the method's
-    ``local_task``, ``train_local`` with the ClientApp's per-round seeds, FedAvg averaging
-    by hand, central evaluation on the test set after every round). Per-round times of the
+    ``tests/flower_harness.py``, Ray backend, ``client-resources-num-cpus`` CPUs per client)
+    vs the bare PyTorch loop doing the identical work sequentially in this process (same
+    clients from :func:`~fedul_flwr.data.simulated.load_client` with the parts the method
+    needs, the method's ``local_task`` on the ClientApp's
+    :class:`~fedul_flwr.methods.base.RoundContext`, ``train_local`` with its ``batch_seed``
+    and the client's ``to_input``, FedAvg averaging by hand, checkpoint + central evaluation
+    of the method's predictors on the test set after every round). Per-round times of the
     Flower run come from its ``metrics.json`` ``wall-time`` column (differences between
-    consecutive rounds; each includes the round's central evaluation); the *fixed
-    start-up cost* (submission -> end of the round-0 evaluation: CLI, SuperLink run start,
-    Ray start, ServerApp imports and dataset load) and the *first round* (Ray actor start,
-    torch import, data and partitions per actor) are reported separately. Steady state =
-    median over rounds 2..R. Thread budget: both sides get ``--threads`` (the Ray actor
-    through ``client-resources-num-cpus``, this process through ``torch.set_num_threads``).
+    consecutive rounds; each includes the round's central evaluation); the *fixed start-up
+    cost* (submission -> end of the round-0 evaluation: CLI, SuperLink run start, Ray start,
+    ServerApp imports and dataset load) and the *first round* (Ray actor start, torch
+    import, data and partitions per actor) are reported separately. Steady state = median
+    over rounds 2..R. Thread budget: both sides get ``--threads`` (the Ray actor through
+    ``client-resources-num-cpus``, this process through ``torch.set_num_threads``).
 ``scale``
     ``flwr run .`` with ``num-supernodes`` = 10, 100, 1000 on the same total data (full
     MNIST from ``--data-dir``, 60k images; 6000 / 600 / 60 per client, M = 10 sets each),
@@ -52,6 +59,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -70,14 +78,17 @@ PROJECT = Path(__file__).resolve().parent.parent
 if str(PROJECT) not in sys.path:
     sys.path.insert(0, str(PROJECT))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch import nn  # noqa: E402
 
+from fedul_flwr.checkpoint import save_checkpoint  # noqa: E402
 from fedul_flwr.config import RunConfig, resolve_config  # noqa: E402
-from fedul_flwr.data.client_data import ClientData, load_client, load_run_dataset  # noqa: E402
+from fedul_flwr.data.client_data import ClientData  # noqa: E402
 from fedul_flwr.data.datasets import normalize  # noqa: E402
-from fedul_flwr.methods import get_method  # noqa: E402
-from fedul_flwr.models import build_model  # noqa: E402
+from fedul_flwr.data.simulated import load_client, load_run_dataset  # noqa: E402
+from fedul_flwr.methods import Method, RoundContext, get_method  # noqa: E402
+from fedul_flwr.methods.base import Predictor  # noqa: E402
+from fedul_flwr.server_app import global_models  # noqa: E402
 from fedul_flwr.training import evaluate, train_local  # noqa: E402
 
 SECTIONS = ("qc", "client", "flower", "scale", "gpu")
@@ -198,12 +209,6 @@ def tree_memory(root: int) -> list[tuple[str, float, float]]:
     return out
 
 
-def tree_memory_mb(root: int) -> tuple[float, float, int]:
-    """(sum of RSS, sum of PSS, number of processes) of ``root``'s process tree, in MB."""
-    procs = tree_memory(root)
-    return sum(p[1] for p in procs), sum(p[2] for p in procs), len(procs)
-
-
 class PeakMemory:
     """Sample the memory of a process tree every ``interval`` s in a background thread.
 
@@ -262,19 +267,47 @@ class PeakMemory:
 
 @dataclass
 class Federation:
-    """What the bare loop needs, built once (as a Ray actor builds it once)."""
+    """What the bare loop needs, built once (as a Ray actor builds it once).
+
+    Attributes
+    ----------
+    cfg : RunConfig
+        Run configuration the federation was built from.
+    clients : list[ClientData]
+        Client i = simulated partition i of C (``load_client``, as the ClientApp loads it).
+    models : nn.ModuleDict
+        The method's exchanged models on ``device`` (keys = model names, so state-dict keys
+        are the wire keys ``"<model>.<param>"``).
+    initial : State
+        Their initial weights, seeded as the ServerApp seeds them.
+    predictors : dict[str, Predictor]
+        The method's predictors, evaluated centrally every round.
+    test_x, test_y : torch.Tensor
+        uint8 test images and their labels.
+    to_input : Callable[[torch.Tensor], torch.Tensor]
+        uint8 images -> model inputs with the dataset's constants (the ServerApp's).
+    device : torch.device
+        Where training and evaluation run.
+    """
 
     cfg: RunConfig
     clients: list[ClientData]
-    model: torch.nn.Module
+    models: nn.ModuleDict
     initial: State
+    predictors: dict[str, Predictor]
     test_x: torch.Tensor
     test_y: torch.Tensor
+    to_input: Callable[[torch.Tensor], torch.Tensor]
     device: torch.device
 
 
-def build_federation(cfg: RunConfig, num_clients: int, device: torch.device, with_labels: bool) -> Federation:
-    """Clients, f (seeded as the ServerApp seeds it) and the normalised test set.
+def client_parts(*methods: Method) -> frozenset[str]:
+    """The data parts the ClientApp loads for ``methods`` (``requires`` and ``uses`` of each)."""
+    return frozenset(part for m in methods for part in (*m.requires, *m.uses))
+
+
+def build_federation(cfg: RunConfig, num_clients: int, device: torch.device, methods: Sequence[Method]) -> Federation:
+    """Clients, the exchanged models (seeded as the ServerApp seeds them) and the test set.
 
     Parameters
     ----------
@@ -282,22 +315,30 @@ def build_federation(cfg: RunConfig, num_clients: int, device: torch.device, wit
         Run configuration (dataset, model, seed, ...).
     num_clients : int
         C; client i is partition i of C.
-    with_labels : bool
-        Load the clients with true labels (the supervised reference needs them; FedUL
-        ignores them, so both methods can share the very same tensors).
+    device : torch.device
+        Where the models live.
+    methods : Sequence[Method]
+        The methods that will train these clients: each client is loaded with the parts all
+        of them need (FedUL's ``unlabeled`` images *are* the supervised reference's
+        ``labeled.x``, so both methods train the very same tensors); the models and
+        predictors are those of the first.
+
+    Raises
+    ------
+    ValueError
+        If the first method keeps models on the nodes (the bare loop exchanges every model).
     """
-    clients = [load_client(cfg, i, num_clients, with_labels=with_labels) for i in range(num_clients)]
+    method = methods[0]
+    kept = [s.name for s in method.model_specs() if not s.exchanged]
+    if kept:
+        raise ValueError(f"the bare loop handles exchanged models only; method {method.name!r} keeps {kept}")
+    parts = client_parts(*methods)
+    clients = [load_client(cfg, i, num_clients, parts) for i in range(num_clients)]
     data = load_run_dataset(cfg)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size).to(device)
-    initial = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    test_x = normalize(data.test_x, data.mean, data.std)
-    return Federation(cfg, clients, model, initial, test_x, data.test_y, device)
-
-
-def client_seed(cfg: RunConfig, server_round: int, partition_id: int) -> int:
-    """The ClientApp's batch-order seed of (round, client) (see ``client_app.train``)."""
-    return int(np.random.SeedSequence([cfg.seed, server_round, partition_id]).generate_state(1)[0])
+    models = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size).to(device)
+    initial = {k: v.detach().clone() for k, v in models.state_dict().items()}
+    to_input = functools.partial(normalize, mean=data.mean, std=data.std)
+    return Federation(cfg, clients, models, initial, method.predictors(), data.test_x, data.test_y, to_input, device)
 
 
 def fedavg(states: Sequence[State], weights: Sequence[float]) -> State:
@@ -310,59 +351,82 @@ def fedavg(states: Sequence[State], weights: Sequence[float]) -> State:
     return out
 
 
-def bare_round(fed: Federation, method_name: str, cfg: RunConfig, global_state: State, server_round: int) -> tuple[State, int]:
-    """One FedAvg round of ``method_name`` over all clients, sequentially, in this process.
+def bare_round(fed: Federation, method: Method, global_state: State, server_round: int) -> tuple[State, int]:
+    """One FedAvg round of ``method`` over all clients, sequentially, in this process.
+
+    Each client trains as the ClientApp trains it: the method's ``local_task`` on
+    :class:`~fedul_flwr.methods.base.RoundContext` (seed, round, partition id), then
+    ``train_local`` with the context's ``batch_seed``, the client's ``to_input`` and its
+    local epochs; the replies are averaged in partition-id order (the strategy's order).
+
+    Parameters
+    ----------
+    fed : Federation
+        Clients and models (``fed.models`` is overwritten).
+    method : Method
+        The method, built on its run configuration (``method.cfg``).
+    global_state : State
+        The global weights the round starts from.
+    server_round : int
+        The round number (from 1; it seeds the batch order).
 
     Returns
     -------
     (State, int)
-        The new global state and the number of images trained (sum of n_c over clients x E).
+        The new global state and the number of images trained (sum of n_c x E_c over clients).
     """
-    method = get_method(method_name)(cfg)
+    cfg = method.cfg
+    trained = [spec.name for spec in method.model_specs() if spec.trained]
     states, weights, samples = [], [], 0
     for pid, client in enumerate(fed.clients):
-        fed.model.load_state_dict(global_state)
-        task = method.local_task(client, fed.device)
+        fed.models.load_state_dict(global_state)
+        ctx = RoundContext(cfg.seed, server_round, pid, fed.device)
         epochs = cfg.local_epochs_of(pid)
         result = train_local(
-            fed.model,
-            task,
+            fed.models,
+            method.local_task(client, fed.models, ctx),
             epochs=epochs,
-            batch_size=cfg.batch_size,
             lr=cfg.lr,
+            to_input=client.to_input,
+            trained=trained,
             l1_weight=cfg.l1_weight,
-            seed=client_seed(cfg, server_round, pid),
+            seed=ctx.batch_seed,
             device=fed.device,
             optimizer=cfg.local_optimizer,
         )
-        states.append({k: v.detach().clone() for k, v in method.exchanged_state(fed.model).items()})
+        states.append({k: v.detach().clone() for k, v in fed.models.state_dict().items()})
         weights.append(result.num_examples if cfg.aggregation_weights == "num-examples" else 1.0)
         samples += result.num_examples * epochs
     return fedavg(states, weights), samples
 
 
 def central_eval(fed: Federation, state: State, server_round: int, run_dir: Path | None = None) -> dict[str, float]:
-    """The ServerApp's per-round work: checkpoint f (rounds >= 1, if ``run_dir``) and
-    evaluate it on the test set."""
-    fed.model.load_state_dict(state)
+    """The ServerApp's per-round work: checkpoint the models (rounds >= 1, if ``run_dir``) and
+    evaluate every predictor of the method on the test set.
+
+    Returns
+    -------
+    dict[str, float]
+        The headline predictor's metrics (``test-accuracy``, ...).
+    """
+    fed.models.load_state_dict(state)
     if run_dir is not None and server_round > 0:
-        try:
-            from fedul_flwr.checkpoint import save_checkpoint
-        except ImportError:  # a version of the app without checkpoints
-            pass
-        else:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            save_checkpoint(run_dir, server_round, fed.model.state_dict(), fed.cfg.as_dict())
-    return evaluate(fed.model, fed.test_x, fed.test_y, batch_size=fed.cfg.eval_batch_size, device=fed.device)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_checkpoint(run_dir, server_round, fed.models.state_dict(), fed.cfg.as_dict())
+    results = [
+        evaluate(
+            fed.models, predict, fed.test_x, fed.test_y, to_input=fed.to_input, batch_size=fed.cfg.eval_batch_size, device=fed.device
+        )
+        for predict in fed.predictors.values()
+    ]
+    return results[0]
 
 
 def server_step_s(cfg: RunConfig, repeats: int, run_dir: Path) -> float:
     """Median time (s) of the ServerApp's per-round work (checkpoint + central evaluation of
-    f on the test set) in this process: what a round of ``flwr run`` spends besides training."""
-    data = load_run_dataset(cfg)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size)
-    fed = Federation(cfg, [], model, model.state_dict(), normalize(data.test_x, data.mean, data.std), data.test_y, torch.device("cpu"))
+    the method's predictors on the test set) in this process: what a round of ``flwr run``
+    spends besides training."""
+    fed = build_federation(cfg, 0, torch.device("cpu"), [get_method(cfg.method)(cfg)])
     times = []
     for rep in range(repeats):
         start = time.perf_counter()
@@ -387,17 +451,18 @@ def section_qc(args: argparse.Namespace) -> dict[str, Any]:
         "fedul": resolve_config({**base, "method": "fedul"}),
         "supervised": resolve_config({**base, "method": "supervised", "label-fraction": 1.0}),
     }
+    methods = {name: get_method(cfg.method)(cfg) for name, cfg in cfgs.items()}
     device = torch.device("cpu")
-    fed = build_federation(cfgs["supervised"], args.qc_clients, device, with_labels=True)
+    fed = build_federation(cfgs["supervised"], args.qc_clients, device, [methods["supervised"], methods["fedul"]])
     times: dict[str, list[float]] = {"fedul": [], "supervised": []}
     samples = 0
-    for name, cfg in cfgs.items():  # warm-up round, untimed
-        bare_round(fed, name, cfg, fed.initial, 1)
+    for method in methods.values():  # warm-up round, untimed
+        bare_round(fed, method, fed.initial, 1)
     for rep in range(args.repeats):
         order = ("fedul", "supervised") if rep % 2 == 0 else ("supervised", "fedul")
         for name in order:
             start = time.perf_counter()
-            _, samples = bare_round(fed, name, cfgs[name], fed.initial, 1)
+            _, samples = bare_round(fed, methods[name], fed.initial, 1)
             times[name].append(time.perf_counter() - start)
         say(f"qc repeat {rep + 1}/{args.repeats}: fedul {times['fedul'][-1]:.2f}s supervised {times['supervised'][-1]:.2f}s")
     out: dict[str, Any] = {
@@ -431,9 +496,10 @@ def section_qc(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _clear_client_caches(client_module: Any) -> None:
-    """Empty the ClientApp's per-process caches of the model module and the resolved config
-    (if this version of the ClientApp has them): the cost of a message without them."""
-    for name in ("_module", "_resolve_items"):
+    """Empty the ClientApp's per-process caches of the model modules and the parsed run
+    configuration (if this version of the ClientApp has them): the cost of a message
+    without them."""
+    for name in ("_module", "_config"):
         cache = getattr(client_module, name, None)
         if cache is not None and hasattr(cache, "cache_clear"):
             cache.cache_clear()
@@ -443,21 +509,28 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
     """Per-message cost of the ClientApp around the training loop, per model.
 
     Calls the real ClientApp's ``train`` through :class:`~fedul_flwr.inprocess.InProcessGrid`
-    (no Ray) on a client of ``--client-images`` images (one or two batches), timing the
-    whole call and, inside it, ``train_local``; overhead = call - train_local (config
-    resolution, data look-up, model construction / weight loading, Q_c, reply arrays).
-    With and without a preset (``preset`` makes every resolution compose with Hydra).
-    Calls alternate between the ClientApp as it runs (per-process caches warm) and with its
-    caches emptied before the call (= building the model and resolving the config for
-    every message, as before issue #6).
+    (no Ray) on a client of ``--client-images`` images (one or two batches), with the
+    message the ServerApp sends (the exchanged models' arrays, the round and the resolved
+    run configuration as JSON), timing the whole call and, inside it, ``train_local``
+    (which the ClientApp reaches through ``LocalLoop.run``, so it is timed where that looks
+    it up: :mod:`fedul_flwr.training`); overhead = call - train_local (parsing the run
+    configuration, data look-up, model construction / weight loading, Q_c, reply arrays).
+    With and without a preset (the server composes it once; the client only parses the
+    resolved settings, so a preset should cost nothing per message). Calls alternate
+    between the ClientApp as it runs (per-process caches warm) and with its caches emptied
+    before the call (= building the models and parsing the configuration for every
+    message). The ClientApp runs with ``client-threads = --threads``, the thread count of
+    the other sections.
     """
     import fedul_flwr.client_app as client_module
+    import fedul_flwr.training as training_module
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+    from fedul_flwr import wire
     from fedul_flwr.inprocess import InProcessGrid
 
     inner: list[float] = []
-    original = client_module.train_local
+    original = training_module.train_local
 
     def timed_train_local(*a: Any, **kw: Any) -> Any:
         start = time.perf_counter()
@@ -467,11 +540,11 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
             inner.append(time.perf_counter() - start)
 
     out: dict[str, Any] = {"setting": {"images": args.client_images, "calls": args.client_calls}, "runs": []}
-    client_module.train_local = timed_train_local  # type: ignore[assignment]
+    training_module.train_local = timed_train_local  # type: ignore[assignment]
     try:
         for model_name in args.client_models.split(","):
             for preset in ("", "authors-code"):
-                run_config = resolve_config(
+                cfg = resolve_config(
                     {
                         "dataset": args.dataset,
                         "data-dir": args.data_dir,
@@ -479,21 +552,22 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
                         "num-sets": args.num_sets,
                         "samples-per-client": args.client_images,
                         "preset": preset,
+                        "client-threads": args.threads,
                     }
-                ).as_dict()
-                run_config["preset"] = preset
-                cfg = resolve_config(run_config)
+                )
                 data = load_run_dataset(cfg)
-                torch.manual_seed(cfg.seed)
-                state = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size).state_dict()
-                grid = InProcessGrid(client_module.app, 2, run_config)
+                method = get_method(cfg.method)(cfg)
+                state = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size).state_dict()
+                settings = cfg.to_json()
+                grid = InProcessGrid(client_module.app, 2, cfg.as_dict())
                 calls: dict[bool, list[float]] = {True: [], False: []}
                 overhead: dict[bool, list[float]] = {True: [], False: []}
                 for call in range(2 * args.client_calls + 1):  # the first call builds the client: dropped
                     cached = call % 2 == 1  # interleaved: per-process caches kept / emptied before the call
                     if not cached:
                         _clear_client_caches(client_module)
-                    content = RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord({"server-round": call + 1})})
+                    config = ConfigRecord({wire.SERVER_ROUND: call + 1, wire.RUN_CONFIG: settings})
+                    content = RecordDict({wire.ARRAYS: ArrayRecord(state), wire.CONFIG: config})
                     msg = grid.create_message(content, "train", 1, "bench")
                     inner.clear()
                     start = time.perf_counter()
@@ -503,7 +577,7 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
                         raise RuntimeError(reply.error.reason)
                     if call:
                         calls[cached].append(elapsed)
-                        overhead[cached].append(elapsed - inner[0])
+                        overhead[cached].append(elapsed - sum(inner))
                 entry = {
                     "model": model_name,
                     "preset": preset,
@@ -519,7 +593,7 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
                     f"call {entry['call-ms']:.1f}ms"
                 )
     finally:
-        client_module.train_local = original  # type: ignore[assignment]
+        training_module.train_local = original  # type: ignore[assignment]
     return out
 
 
@@ -600,7 +674,8 @@ def section_flower(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     device = torch.device("cpu")
     setup_start = time.perf_counter()
-    fed = build_federation(cfg, args.flower_clients, device, with_labels=False)
+    method = get_method(cfg.method)(cfg)
+    fed = build_federation(cfg, args.flower_clients, device, [method])
     setup_s = time.perf_counter() - setup_start
     bare_rounds: list[list[float]] = []
     bare_acc: list[float] = []
@@ -614,7 +689,7 @@ def section_flower(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 central_eval(fed, state, 0)  # round 0
                 for server_round in range(1, args.rounds + 1):
                     start = time.perf_counter()
-                    state, samples = bare_round(fed, cfg.method, cfg, state, server_round)
+                    state, samples = bare_round(fed, method, state, server_round)
                     metrics = central_eval(fed, state, server_round, workdir / "bare")
                     rounds.append(time.perf_counter() - start)
                 bare_rounds.append(rounds)
@@ -732,6 +807,18 @@ def section_scale(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- gpu
 
 
+def round_examples(cfg: RunConfig, num_clients: int) -> int:
+    """Images the clients of a full round train per epoch: the sum over clients of n_c, the
+    rows of the first stream of the method's local task (what each client reports as
+    ``num-examples``), from the same clients the ClientApp loads."""
+    method = get_method(cfg.method)(cfg)
+    fed = build_federation(cfg, num_clients, torch.device("cpu"), [method])
+    return sum(
+        method.local_task(client, fed.models, RoundContext(cfg.seed, 1, pid)).num_examples
+        for pid, client in enumerate(fed.clients)
+    )
+
+
 def section_gpu(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     """paper-cnn and resnet18 with several clients sharing one GPU (CUDA only)."""
     if not torch.cuda.is_available():
@@ -751,8 +838,7 @@ def section_gpu(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         }
         fed_cfg = _federation_config(args.gpu_clients, cpus, round(1.0 / args.gpu_clients, 4))
         run = flwr_run(run_config, fed_cfg, workdir / "gpu")
-        cfg = resolve_config(run_config)
-        images = sum(load_client(cfg, i, args.gpu_clients).num_examples for i in range(args.gpu_clients))
+        images = round_examples(resolve_config(run_config), args.gpu_clients)
         entry: dict[str, Any] = {"model": model, "federation-config": fed_cfg, "images-per-round": images}
         entry.update({k: v for k, v in run.items() if k != "rounds"})
         if "round-s" in run:

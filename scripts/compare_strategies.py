@@ -1,4 +1,4 @@
-"""Compare server strategies under FedUL on non-IID unlabeled clients (issue #4).
+"""Compare server strategies under FedUL on non-IID unlabeled clients.
 
 Runs FedUL (Lu et al., ICLR 2022) with each server strategy -- FedAvg, FedProx (Li et al.
 2020), SCAFFOLD (Karimireddy et al. 2020), FedNova (Wang et al. 2020), FedAdam (Reddi et al.
@@ -54,7 +54,9 @@ PROJECT = Path(__file__).resolve().parent.parent
 if str(PROJECT) not in sys.path:
     sys.path.insert(0, str(PROJECT))
 
-from fedul_flwr.config import CHOICES, default_config, resolve_config  # noqa: E402
+from fedul_flwr.config import default_config, resolve_config  # noqa: E402
+from fedul_flwr.data.datasets import DATASETS  # noqa: E402
+from fedul_flwr.strategies import STRATEGIES  # noqa: E402
 
 DEFAULT_STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova", "fedadam")
 STRATEGY_SETTINGS: dict[str, dict[str, Any]] = {
@@ -151,11 +153,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", default="", help="absolute torchvision root (not needed for mnist-sample)")
-    parser.add_argument("--dataset", default=BASE_SETTINGS["dataset"], choices=CHOICES["dataset"])
+    parser.add_argument("--dataset", default=BASE_SETTINGS["dataset"], choices=DATASETS.names())
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--clients", type=int, default=5)
-    parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=CHOICES["strategy"])
+    parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=STRATEGIES.names())
     parser.add_argument("--set", action="append", default=[], metavar="[STRATEGY:]KEY=VALUE")
     parser.add_argument("--out", default=str(PROJECT / "outputs" / "strategies"))
     parser.add_argument("--jobs", type=int, default=1, help="federations run at once (worker processes)")

@@ -317,7 +317,7 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     import torch
 
     from fedul_flwr.client_app import app
-    from fedul_flwr.data import client_data
+    from fedul_flwr.data import simulated
     from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.server_app import run_federation
 
@@ -326,7 +326,7 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     start = time.time()
     cfg = resolve_config(run_config)
     outputs = run_federation(InProcessGrid(app, spec.clients, run_config), cfg)
-    client_data.load_client.cache_clear()  # a grid visits many configs: free the client tensors
+    simulated.load_client.cache_clear()  # a grid visits many configs: free the client tensors
     metrics = [outputs.rows[r] for r in sorted(outputs.rows)]
     tested = [r for r in metrics if "test-error" in r]
     best = best_val_round(metrics)

@@ -7,13 +7,15 @@ import tomllib
 
 import pytest
 
-from fedul_flwr.config import CONF_DIR, PYPROJECT, ConfigError, default_config, resolve_config
+from fedul_flwr.config import CONF_DIR, CORE_KEYS, PYPROJECT, ConfigError, compose_config, default_config, resolve_config
+from fedul_flwr.methods import METHODS
 
 
 def test_defaults_come_from_pyproject_only() -> None:
     table = tomllib.loads(PYPROJECT.read_text())["tool"]["flwr"]["app"]["config"]
     cfg = resolve_config({})
     assert cfg.as_dict()["lr"] == table["lr"] and cfg.num_sets == (table["num-sets"],)
+    assert cfg.as_dict() == {**table, "num-sets": str(table["num-sets"])}  # every default survives parsing
     # presets must not repeat a default: every value they set differs from pyproject's
     for preset in sorted(CONF_DIR.glob("experiment/*.yaml")):
         for line in preset.read_text().splitlines():
@@ -26,10 +28,35 @@ def test_preset_then_user_override() -> None:
     cfg = resolve_config({"preset": "paper-mnist", "data-dir": "/data"})
     assert (cfg.model, cfg.lr, cfg.val_fraction, cfg.dataset) == ("paper-cnn", 1e-4, 0.2, "mnist")
     assert cfg.num_rounds == 100
-    # an explicit value that differs from the default beats the preset
+    # an explicit value beats the preset
     cfg = resolve_config({"preset": "paper-mnist", "data-dir": "/data", "num-rounds": 7, "num-sets": "10,20"})
     assert cfg.num_rounds == 7 and cfg.num_sets == (10, 20) and cfg.model == "paper-cnn"
     assert cfg.num_sets_of(0) == 10 and cfg.num_sets_of(3) == 20
+
+
+def test_typed_values_equal_to_the_defaults_still_beat_the_preset() -> None:
+    typed = {"preset": "paper-mnist", "num-rounds": 20, "model": "small-cnn", "lr": 0.001, "data-dir": "/data"}
+    for key in ("num-rounds", "model", "lr"):
+        assert typed[key] == default_config()[key]  # the case a "differs from default" rule got wrong
+    cfg = resolve_config(typed)
+    assert (cfg.num_rounds, cfg.model, cfg.lr) == (20, "small-cnn", 1e-3)
+    assert (cfg.val_fraction, cfg.preset) == (0.2, "paper-mnist")  # the rest of the preset applies
+    # as Flower hands it to the app: defaults merged with the typed values, plus the typed keys
+    fused = {**default_config(), **typed}
+    values, sources = compose_config(fused, given=typed.keys())
+    assert (values["num-rounds"], values["model"], values["lr"]) == (20, "small-cnn", 0.001)
+    assert sources["num-rounds"] == "user" and sources["val-fraction"] == "preset" and sources["seed"] == "default"
+    # nothing typed but the preset: the preset wins over every default
+    values, _ = compose_config({**default_config(), "preset": "paper-mnist"}, given=["preset"])
+    assert (values["num-rounds"], values["model"]) == (100, "paper-cnn")
+
+
+def test_method_options_belong_to_methods_and_pyproject_lists_them() -> None:
+    owned = {o.key for cls in METHODS.items() for o in cls[1].options}
+    assert owned and not owned & set(CORE_KEYS)
+    assert set(default_config()) == set(CORE_KEYS) | owned  # no key that nobody reads
+    with pytest.raises(ConfigError, match=r"fedpl-threshold=2.0 must be in \[0, 1\] \(an option of method 'fedpl'\)"):
+        resolve_config({"method": "fedpl", "fedpl-threshold": 2.0})
 
 
 @pytest.mark.parametrize(
@@ -44,6 +71,10 @@ def test_preset_then_user_override() -> None:
         ({"dataset": "mnist", "data-dir": "data"}, "data-dir='data' must be absolute"),
         ({"preset": "nope"}, "preset='nope'"),
         ({"no-such-key": 1}, "no-such-key"),
+        ({"test-prior": "0.5,0.5"}, "test-prior"),
+        ({"test-prior": "uniformly"}, "test-prior"),
+        ({"method": "nope"}, "method='nope'"),
+        ({"method": "os:path"}, "method='os:path'"),
     ],
 )
 def test_errors_name_the_key_and_value(override: dict, culprit: str) -> None:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from flwr.app import Context, RecordDict
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.config import resolve_config
+from fedul_flwr.config import default_config, resolve_config
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies import NoSuccessfulReplyError
@@ -74,3 +75,51 @@ def test_round_with_too_few_successful_replies_stops(tmp_path: Path) -> None:
     grid = InProcessGrid(client_app, 3, rc, node_configs=nodes)
     with pytest.raises(NoSuccessfulReplyError, match=r"1 successful training reply out of 3, 2 needed"):
         run_federation(grid, resolve_config(rc))
+
+
+def test_server_main_resolves_what_the_user_typed_and_logs_the_sources(monkeypatch, caplog) -> None:
+    import logging
+
+    from flwr.common.logger import FLOWER_LOGGER
+
+    from fedul_flwr import server_app
+
+    seen = {}
+
+    def fake_run(grid, cfg):
+        seen["cfg"] = cfg
+        raise SystemExit  # stop before any round
+
+    monkeypatch.setattr(server_app, "run_federation", fake_run)
+    typed = {"preset": "paper-mnist", "num-rounds": 20, "model": "small-cnn", "lr": 0.001, "data-dir": "/data"}
+    grid = InProcessGrid(client_app, 1, typed)  # override_config = what was typed
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={**default_config(), **typed})
+    FLOWER_LOGGER.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=FLOWER_LOGGER.name), pytest.raises(SystemExit):
+            server_app.main(grid, context)
+    finally:
+        FLOWER_LOGGER.removeHandler(caplog.handler)
+    cfg = seen["cfg"]
+    assert (cfg.num_rounds, cfg.model, cfg.lr, cfg.val_fraction) == (20, "small-cnn", 0.001, 0.2)
+    line = next(r.getMessage() for r in caplog.records if "run configuration" in r.getMessage())
+    assert "preset='paper-mnist'" in line and "from the preset:" in line and "num-rounds=20" in line.split("typed by the user:")[1]
+
+
+def test_bad_test_prior_fails_before_round_one(tmp_path: Path) -> None:
+    from fedul_flwr import server_app
+    from fedul_flwr.config import ConfigError
+
+    typed = {"test-prior": "0.5,0.5", "output-dir": str(tmp_path)}
+    grid = InProcessGrid(client_app, 2, typed)
+    pushed = []
+    grid.push_messages = lambda messages: pushed.extend(messages) or []  # type: ignore[method-assign]
+    context = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config={**default_config(), **typed})
+    with pytest.raises(ConfigError, match=r"test-prior.*expected 10 values"):
+        server_app.main(grid, context)
+    assert pushed == [] and not any(tmp_path.iterdir())  # no message, no run folder
+
+
+def test_summary_names_the_preset(tmp_path: Path) -> None:
+    outputs, _ = _run(tmp_path, num_nodes=2, **{"num-rounds": 1, "samples-per-client": 100, "preset": "authors-code"})
+    assert "preset=authors-code" in outputs.summary(num_clients=2)

@@ -25,15 +25,20 @@ from torch import nn
 from fedul_flwr import server_app
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, resolve_config
-from fedul_flwr.data.client_data import client_usets, load_client, load_run_dataset
+from fedul_flwr.data import simulated
+from fedul_flwr.data.client_data import MissingPartError
 from fedul_flwr.data.prior_noise import noisy_priors
+from fedul_flwr.data.simulated import client_usets, load_client, load_run_dataset
+from fedul_flwr.data.sources import client_from_node_config
 from fedul_flwr.inprocess import InProcessGrid
-from fedul_flwr.methods import METHODS, FedPL, Supervised
-from fedul_flwr.methods.base import LocalTask
+from fedul_flwr.methods import METHODS, get_method
+from fedul_flwr.methods.base import Batch, LocalTask, RoundContext, Stream
 from fedul_flwr.methods.fedllp import proportion_loss, set_stratified_batches
-from fedul_flwr.methods.fedllp_vat import vat_loss
-from fedul_flwr.methods.fedpl import set_pseudo_labels
-from fedul_flwr.methods.supervised import labeled_subset
+from fedul_flwr.methods.fedllp_vat import FedLLPVAT, vat_loss
+from fedul_flwr.methods.fedpl import FedPL, mixup_loss, set_pseudo_labels
+from fedul_flwr.methods.fedul import FedUL
+from fedul_flwr.methods.supervised import Supervised, labeled_subset
+from fedul_flwr.registry import UnknownChoiceError
 from fedul_flwr.training import train_local
 
 SPEC = importlib.util.spec_from_file_location("reproduce", Path(__file__).parent.parent / "scripts" / "reproduce.py")
@@ -43,6 +48,13 @@ SPEC.loader.exec_module(reproduce)
 
 TINY = {"samples-per-client": 200, "num-rounds": 1}  # 2 clients x 200 images of the embedded sample
 VAL = 0.05  # 600 labeled validation images of the embedded sample
+UNLABELED = frozenset(FedUL.requires)  # the parts every label-free method asks for
+IDENTITY = nn.ModuleDict({"f": nn.Identity()})  # f(x) = x: the inputs are the logits
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    """``to_input`` of float (non-image) test inputs."""
+    return x
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -129,12 +141,14 @@ def test_proportion_loss_alone_learns_a_classifier_from_bags() -> None:
     x = centres[y] + torch.randn(m * n, k, generator=gen)
     pi_emp = torch.stack([torch.bincount(y[s == j], minlength=k) / n for j in range(m)])
     torch.manual_seed(0)
-    model = nn.Linear(k, k)
-    task = LocalTask(
-        inputs=x, targets=s, loss=lambda f, xb, sb: proportion_loss(f(xb), sb, pi_emp), batches=set_stratified_batches(s, 64)
-    )
-    train_local(model, task, epochs=60, batch_size=64, lr=0.05)
-    accuracy = (model(x).argmax(1) == y).float().mean().item()
+    models = nn.ModuleDict({"f": nn.Linear(k, k)})
+
+    def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+        return proportion_loss(models["f"](batch["bags"]["x"]), batch["bags"]["s"], pi_emp)
+
+    bags = Stream({"x": x, "s": s}, 64, batches=set_stratified_batches(s, 64), images=())
+    train_local(models, LocalTask({"bags": bags}, loss), epochs=60, lr=0.05, to_input=_identity)
+    accuracy = (models["f"](x).argmax(1) == y).float().mean().item()
     assert accuracy > 0.9
 
 
@@ -153,6 +167,66 @@ def test_vat_loss_is_zero_without_perturbation_and_leaves_bn_statistics_alone() 
     assert model[2].track_running_stats
 
 
+def _vat_setup() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(16, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+    x = torch.randn(10, 1, 4, 4)
+    model.train()
+    return model, x, model(x)
+
+
+def test_vat_loss_draws_its_direction_only_from_the_given_generator() -> None:
+    model, x, logits = _vat_setup()
+
+    def value(node_key: int, global_seed: int, server_round: int = 1) -> float:
+        torch.manual_seed(global_seed)  # torch's global RNG in another state every call
+        before = torch.get_rng_state()
+        generator = RoundContext(seed=0, server_round=server_round, node_key=node_key).generator
+        out = vat_loss(model, x, logits, epsilon=1.0, generator=generator).item()
+        assert torch.equal(torch.get_rng_state(), before)  # the global RNG was not touched
+        return out
+
+    reference = value(0, global_seed=1)
+    assert value(0, global_seed=2) == reference  # same (seed, round, node): the same d, bit for bit
+    assert value(1, global_seed=1) != reference  # another node: another direction
+    assert value(0, global_seed=1, server_round=2) != reference  # another round: another direction
+    # without a generator d comes from torch's global RNG: the draw really changes the value
+    torch.manual_seed(1)
+    first = vat_loss(model, x, logits, epsilon=1.0).item()
+    torch.manual_seed(2)
+    assert vat_loss(model, x, logits, epsilon=1.0).item() != first
+
+
+def test_fedllp_vat_loss_draws_from_the_round_context() -> None:
+    cfg = resolve_config({**TINY, "method": "fedllp-vat", "vat-weight": 1.0, "vat-epsilon": 3.0})
+    client = load_client(cfg, 0, 2, frozenset(FedLLPVAT.requires))
+    torch.manual_seed(0)
+    models = nn.ModuleDict({"f": nn.Sequential(nn.Flatten(), nn.Linear(28 * 28, 10))})
+    rows = torch.arange(0, 200, 5)  # 40 rows of several sets
+    batch = {"usets": {"x": client.to_input(client.unlabeled[rows]), "set": client.usets.set_index[rows]}}
+    assert len(batch["usets"]["set"].unique()) > 1
+
+    def value(node_key: int, global_seed: int) -> float:
+        ctx = RoundContext(seed=cfg.seed, server_round=1, node_key=node_key)
+        loss = FedLLPVAT(cfg).local_task(client, models, ctx).loss
+        torch.manual_seed(global_seed)
+        before = torch.get_rng_state()
+        out = loss(models, batch).item()
+        assert torch.equal(torch.get_rng_state(), before)
+        return out
+
+    reference = value(0, global_seed=1)
+    assert value(0, global_seed=2) == reference
+    assert value(1, global_seed=1) != reference
+    # proportion loss + vat-weight * VAT with d from the context's generator
+    ctx = RoundContext(seed=cfg.seed, server_round=1, node_key=0)
+    x, s = batch["usets"]["x"], batch["usets"]["set"]
+    logits = models["f"](x)
+    priors = torch.as_tensor(client.usets.priors, dtype=torch.float32)
+    expected = proportion_loss(logits, s, priors) + vat_loss(models["f"], x, logits, 3.0, cfg.option("vat-xi"), ctx.generator)
+    assert reference == pytest.approx(expected.item(), rel=1e-6)
+
+
 # --------------------------------------------------------------------------- FedPL
 
 
@@ -162,51 +236,120 @@ def test_fedpl_pseudo_labels_are_the_argmax_of_the_set_prior() -> None:
     assert set_pseudo_labels(priors, s).tolist() == [2, 1, 1, 0, 2]
 
 
-def _fedpl_loss(**cfg: object):
-    client = load_client(resolve_config(TINY), 0, 2)  # the loss closure only reads the config
-    return FedPL(resolve_config({**TINY, **cfg})).local_task(client, torch.device("cpu")).loss
+def _fedpl_loss(ctx: RoundContext | None = None, **cfg: object):
+    """FedPL's loss closure ``loss(models, batch)`` for client 0 (it reads only the config and ctx)."""
+    client = load_client(resolve_config(TINY), 0, 2, frozenset(FedPL.requires))
+    ctx = RoundContext(seed=0, server_round=1, node_key=0) if ctx is None else ctx
+    return FedPL(resolve_config({**TINY, "method": "fedpl", **cfg})).local_task(client, IDENTITY, ctx).loss
+
+
+def _usets(x: torch.Tensor, y: torch.Tensor) -> Batch:
+    return {"usets": {"x": x, "y": y}}
+
+
+def test_fedpl_task_targets_the_pseudo_labels_of_the_client_sets() -> None:
+    cfg = resolve_config({**TINY, "method": "fedpl"})
+    client = load_client(cfg, 0, 2, frozenset(FedPL.requires))
+    task = FedPL(cfg).local_task(client, IDENTITY, RoundContext(seed=0, server_round=1, node_key=0))
+    stream = task.streams["usets"]
+    assert torch.equal(stream.tensors["x"], client.unlabeled) and stream.batch_size == cfg.batch_size
+    assert torch.equal(stream.tensors["y"], set_pseudo_labels(client.usets.priors, client.usets.set_index))
 
 
 def test_fedpl_loss_warm_start_fix_and_mix_terms() -> None:
     loss = _fedpl_loss(**{"fedpl-mixup-alpha": 1e6})  # Beta(a, a) ~ 0.5
-    identity = nn.Identity()  # f(x) = x: the inputs are the logits
     y = torch.tensor([0, 1])
     # nobody confident (uniform predictions, tau = 0.4): warm start = CE on all rows
     uniform = torch.zeros(2, 3)
-    assert loss(identity, uniform, y).item() == pytest.approx(math.log(3), rel=1e-6)
+    assert loss(IDENTITY, _usets(uniform, y)).item() == pytest.approx(math.log(3), rel=1e-6)
     # everybody confident: plain CE, no mix term
     sure = torch.tensor([[5.0, 0.0, 0.0], [0.0, 5.0, 0.0]])
-    assert loss(identity, sure, y).item() == pytest.approx(F.cross_entropy(sure, y).item(), rel=1e-6)
+    assert loss(IDENTITY, _usets(sure, y)).item() == pytest.approx(F.cross_entropy(sure, y).item(), rel=1e-6)
     # row 0 confident in its pseudo label, row 1 not: fix on row 0 + 0.3 * mixup(row 0, row 1)
     mixed = torch.tensor([[5.0, 0.0, 0.0], [3.0, 0.0, 0.0]])
     xm = 0.5 * (mixed[0] + mixed[1])[None]
     expected = F.cross_entropy(mixed[:1], y[:1]) + 0.3 * (
         0.5 * F.cross_entropy(xm, y[:1]) + 0.5 * F.cross_entropy(xm, y[1:])
     )
-    assert loss(identity, mixed, y).item() == pytest.approx(expected.item(), abs=1e-3)
+    assert loss(IDENTITY, _usets(mixed, y)).item() == pytest.approx(expected.item(), abs=1e-3)
     no_mix = _fedpl_loss(**{"fedpl-mix-weight": 0.0})
-    assert no_mix(identity, mixed, y).item() == pytest.approx(F.cross_entropy(mixed[:1], y[:1]).item(), rel=1e-6)
+    assert no_mix(IDENTITY, _usets(mixed, y)).item() == pytest.approx(F.cross_entropy(mixed[:1], y[:1]).item(), rel=1e-6)
+
+
+# 4 confident rows (softmax of the pseudo label >= tau = 0.4) and 4 unsure ones: the mixup
+# partners (4 draws from 4) and lam ~ Beta(0.75, 0.75) both change the loss
+_PL_X = torch.tensor([[4.0, 0, 0], [0, 3, 0], [0, 0, 5], [2, 0, 0], [0, 3, 0], [3, 0, 0], [0, 0, 2], [1, 1, 1]])
+_PL_Y = torch.tensor([0, 1, 2, 0, 0, 2, 1, 0])
+
+
+def test_fedpl_loss_draws_only_from_the_round_context() -> None:
+    def value(node_key: int = 1, global_seed: int = 1, server_round: int = 3, seed: int = 0) -> float:
+        loss = _fedpl_loss(RoundContext(seed=seed, server_round=server_round, node_key=node_key))
+        torch.manual_seed(global_seed)  # torch's and numpy's global RNGs in another state every call
+        np.random.seed(global_seed)
+        torch_before, numpy_before = torch.get_rng_state(), np.random.get_state()
+        out = loss(IDENTITY, _usets(_PL_X, _PL_Y)).item()
+        assert torch.equal(torch.get_rng_state(), torch_before)  # the global RNGs were not touched
+        assert all(np.array_equal(a, b) for a, b in zip(np.random.get_state(), numpy_before))
+        return out
+
+    reference = value()
+    assert value(global_seed=2) == reference  # same (seed, round, node): the same draws, bit for bit
+    assert value(node_key=2) != reference  # another node: another mixup draw
+    assert value(server_round=4) != reference and value(seed=1) != reference
+
+    # the draws are those of the context: partners uniform with replacement from its torch
+    # generator, lam from its numpy generator (module doc of fedpl)
+    fresh = RoundContext(seed=0, server_round=3, node_key=1)
+    confident = torch.tensor([True, True, True, True, False, False, False, False])
+    assert torch.equal(F.softmax(_PL_X, 1).gather(1, _PL_Y[:, None]).squeeze(1) >= 0.4, confident)
+    pos, neg = torch.nonzero(confident).flatten(), torch.nonzero(~confident).flatten()
+    partner = pos[torch.randint(len(pos), (len(neg),), generator=fresh.generator)]
+    lam = float(fresh.rng.beta(0.75, 0.75))
+    expected = F.cross_entropy(_PL_X[pos], _PL_Y[pos]) + 0.3 * mixup_loss(
+        nn.Identity(), _PL_X[partner], _PL_Y[partner], _PL_X[neg], _PL_Y[neg], lam
+    )
+    assert reference == pytest.approx(expected.item(), rel=1e-6)
+
+    # within one round the context's generators advance: every batch gets new draws
+    loss = _fedpl_loss(RoundContext(seed=0, server_round=3, node_key=1))
+    first, second = (loss(IDENTITY, _usets(_PL_X, _PL_Y)).item() for _ in range(2))
+    assert first == reference and second != first
 
 
 # --------------------------------------------------------------------------- labels
 
 
 def test_labels_reach_only_the_supervised_method() -> None:
-    assert [n for n, cls in METHODS.items() if cls.needs_labels] == ["supervised"]
+    assert [n for n, cls in METHODS.items() if "labeled" in cls.requires] == ["supervised"]
+    assert all({"unlabeled", "usets"} <= set(cls.requires) for n, cls in METHODS.items() if n != "supervised")
     cfg = resolve_config(TINY)
-    plain = load_client(cfg, 0, 2)
-    assert plain.labels is None  # what FedUL and the weak baselines get
-    labeled = load_client(cfg, 0, 2, with_labels=True)
-    assert load_client(cfg, 0, 2).labels is None  # the cache keeps both apart
-    assert torch.equal(labeled.x, plain.x) and torch.equal(labeled.set_index, plain.set_index)
+    plain = load_client(cfg, 0, 2, UNLABELED)
+    assert plain.labeled is None and plain.parts() == ("unlabeled", "usets")  # what FedUL and the weak baselines get
+    labeled = load_client(cfg, 0, 2, frozenset(Supervised.requires))
+    assert load_client(cfg, 0, 2, UNLABELED).labeled is None  # the cache keeps both apart
+    assert "labeled" in labeled.parts()
+    assert torch.equal(labeled.labeled.x, plain.unlabeled) and torch.equal(labeled.usets.set_index, plain.usets.set_index)
     usets, _ = client_usets(cfg, 0, 2)
-    counts = np.stack([np.bincount(labeled.labels[labeled.set_index == m].numpy(), minlength=10) for m in range(10)])
+    y, s = labeled.labeled.y, labeled.usets.set_index
+    counts = np.stack([np.bincount(y[s == m].numpy(), minlength=10) for m in range(10)])
     assert np.array_equal(counts, usets.class_counts)  # labels are the true labels of x, in order
-    with pytest.raises(ValueError, match="needs ClientData.labels"):
-        Supervised(cfg).local_task(plain, torch.device("cpu"))
-    task = Supervised(resolve_config({**TINY, "label-fraction": 0.1})).local_task(labeled, torch.device("cpu"))
+    # the boundary the ClientApp uses: each method gets the parts it requires, and no more
+    node = {"partition-id": 0, "num-partitions": 2}
+    assert client_from_node_config(cfg, node, method="fedul", parts=FedUL.requires).labeled is None
+    assert client_from_node_config(cfg, node, method="supervised", parts=Supervised.requires).labeled is not None
+    plain.require("fedul", FedUL.requires)  # holds all FedUL needs: no error
+    with pytest.raises(MissingPartError) as missing:
+        plain.require("supervised", Supervised.requires)
+    message = str(missing.value)
+    assert "'supervised'" in message and "'labeled'" in message and plain.node in message
+    assert plain.node == "simulated partition 0 of 2"
+    sup_cfg = resolve_config({**TINY, "method": "supervised", "label-fraction": 0.1})
+    task = Supervised(sup_cfg).local_task(labeled, IDENTITY, RoundContext(seed=0, server_round=1, node_key=0))
     rows = labeled_subset(200, 0.1, 0)
-    assert task.num_examples == 20 and torch.equal(task.targets, labeled.labels[rows])
+    stream = task.streams["labeled"]
+    assert task.num_examples == 20 and torch.equal(stream.tensors["y"], labeled.labeled.y[rows])
+    assert torch.equal(stream.tensors["x"], labeled.labeled.x[rows])
 
 
 # --------------------------------------------------------------------------- data knobs
@@ -221,41 +364,59 @@ def test_noisy_priors_follow_the_formula_and_leave_the_sets_alone() -> None:
     assert np.allclose(noisy, raw / raw.sum(1, keepdims=True))
     heavy = noisy_priors(pi, 1.6, np.random.default_rng(1))
     assert np.all(heavy >= 0) and np.allclose(heavy.sum(1), 1)
-    clean = load_client(resolve_config(TINY), 1, 2)
-    seen = load_client(resolve_config({**TINY, "prior-noise": 0.8}), 1, 2)
-    assert torch.equal(clean.x, seen.x) and torch.equal(clean.set_index, seen.set_index)
-    assert not np.allclose(clean.priors, seen.priors) and np.allclose(seen.priors.sum(1), 1)
-    assert np.array_equal(seen.priors, load_client(resolve_config({**TINY, "prior-noise": 0.8}), 1, 2).priors)
+    clean = load_client(resolve_config(TINY), 1, 2, UNLABELED)
+    seen = load_client(resolve_config({**TINY, "prior-noise": 0.8}), 1, 2, UNLABELED)
+    assert torch.equal(clean.unlabeled, seen.unlabeled) and torch.equal(clean.usets.set_index, seen.usets.set_index)
+    assert not np.allclose(clean.usets.priors, seen.usets.priors) and np.allclose(seen.usets.priors.sum(1), 1)
+    again = load_client(resolve_config({**TINY, "prior-noise": 0.8}), 1, 2, UNLABELED)
+    assert np.array_equal(seen.usets.priors, again.usets.priors)
 
 
 def test_told_priors_are_checked_for_rank(monkeypatch, caplog) -> None:
     """Noise that leaves Pi~_c column-rank deficient (f not identifiable) is warned about."""
-    from fedul_flwr.data import client_data
-
     cfg = resolve_config({**TINY, "prior-noise": 0.3})
     load_client.cache_clear()
-    with caplog.at_level(logging.INFO, logger=client_data.__name__):
-        load_client(cfg, 0, 2)
+    with caplog.at_level(logging.INFO, logger=simulated.__name__):
+        load_client(cfg, 0, 2, UNLABELED)
     told = [r for r in caplog.records if "told priors" in r.getMessage()]
     assert len(told) == 1 and told[0].levelno == logging.INFO and "cond(Pi~_c)=inf" not in told[0].getMessage()
     flat = lambda pi, eps, rng: np.full_like(pi, 1 / pi.shape[1])  # noqa: E731  every set told the same mix
-    monkeypatch.setattr(client_data, "noisy_priors", flat)
+    monkeypatch.setattr(simulated, "noisy_priors", flat)
     load_client.cache_clear()
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger=client_data.__name__):
-        load_client(cfg, 0, 2)
+    with caplog.at_level(logging.INFO, logger=simulated.__name__):
+        load_client(cfg, 0, 2, UNLABELED)
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "column-rank deficient" in warned[0].getMessage()
     load_client.cache_clear()
 
 
 def test_samples_per_client_and_knob_validation() -> None:
-    assert load_client(resolve_config(TINY), 0, 2).num_examples == 200
+    client = load_client(resolve_config(TINY), 0, 2, UNLABELED)
+    assert len(client.unlabeled) == 200 and len(client.usets.set_index) == 200
     with pytest.raises(ValueError, match="samples-per-client"):
-        load_client(resolve_config({"samples-per-client": 7000}), 0, 2)
-    for bad in ({"label-fraction": 0.0}, {"prior-noise": -1.0}, {"method": "nope"}, {"llp-batches": "x"}):
+        load_client(resolve_config({"samples-per-client": 7000}), 0, 2, UNLABELED)
+    for bad in ({"prior-noise": -1.0}, {"method": "nope"}):
         with pytest.raises(ConfigError):
             resolve_config(bad)
+    with pytest.raises(UnknownChoiceError, match="fedul"):  # lists the registered methods
+        get_method("nope")
+    # a method validates its own options, and the error names the key and the method
+    for method, bad in (
+        ("supervised", {"label-fraction": 0.0}),
+        ("fedllp", {"llp-batches": "x"}),
+        ("fedllp-vat", {"llp-batches": "x"}),
+        ("fedllp-vat", {"vat-xi": 0.0}),
+        ("fedpl", {"fedpl-threshold": 1.5}),
+        ("fedpl", {"fedpl-mixup-alpha": 0.0}),
+        ("fedul", {"loss": "x"}),
+    ):
+        (key,) = bad
+        with pytest.raises(ConfigError, match=f"{key}=.*method '{method}'"):
+            resolve_config({"method": method, **bad})
+    assert resolve_config({"method": "supervised", "label-fraction": 0.5}).option("label-fraction") == 0.5
+    with pytest.raises(KeyError):
+        resolve_config({}).option("no-such-option")
 
 
 # --------------------------------------------------------------------------- federations
@@ -272,7 +433,7 @@ def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(server_app, "load_run_dataset", load)
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(METHODS.names()))
 def test_every_method_runs_a_round_and_records_validation(method: str, tmp_path: Path, small_test_set: None) -> None:
     rc = {**TINY, "method": method, "val-fraction": VAL, "output-dir": str(tmp_path), "run-name": method,
           "label-fraction": 0.5}  # fmt: skip

@@ -14,14 +14,15 @@ import torch
 from PIL import Image
 
 from fedul_flwr.config import resolve_config
-from fedul_flwr.data.client_data import client_from_node_config, client_usets, load_run_dataset, run_dataset_info
-from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.node_dir import (
+    LAYOUTS,
     NodeDataError,
     load_node_dir,
     validate_node_dir,
     write_node_dir,
 )
+from fedul_flwr.data.simulated import client_usets, load_run_dataset
+from fedul_flwr.data.sources import client_from_node_config, run_dataset_info
 from fedul_flwr.node_data import main as node_data_main
 from fedul_flwr.node_data import write_nodes
 
@@ -63,6 +64,31 @@ def _validate(root: Path):
     return validate_node_dir(root, CLASSES, SIZE, CHANNELS)
 
 
+def _load(root: Path):
+    return load_node_dir(root, class_names=CLASSES, image_size=SIZE, channels=CHANNELS, mean=(0.5,), std=(0.25,))
+
+
+def _labeled_images(n: int, offset: int = 100) -> tuple[np.ndarray, np.ndarray]:
+    """uint8 [n, 8, 8] images whose pixels equal offset + i, and labels i mod K."""
+    x = np.full((n, SIZE, SIZE), offset + np.arange(n)[:, None, None], dtype=np.uint8)
+    return x, np.arange(n) % len(CLASSES)
+
+
+def _add_labeled(root: Path, n: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    x, y = _labeled_images(n)
+    (root / "labeled").mkdir(parents=True)
+    np.save(root / "labeled" / "images.npy", x)
+    np.save(root / "labeled" / "labels.npy", y)
+    return x, y
+
+
+def _add_unlabeled(root: Path, n: int = 4) -> np.ndarray:
+    x = np.full((n, SIZE, SIZE), 200 + np.arange(n)[:, None, None], dtype=np.uint8)
+    (root / "unlabeled").mkdir(parents=True)
+    np.save(root / "unlabeled" / "images.npy", x)
+    return x
+
+
 def _expect(root: Path, *fragments: str) -> str:
     with pytest.raises(NodeDataError) as err:
         _validate(root)
@@ -90,20 +116,23 @@ def test_valid_folder_report(tmp_path: Path, fmt: str) -> None:
     np.testing.assert_allclose(report.priors, PRIORS)
     assert 1.0 <= report.condition_number < 10
     assert report.num_test == 0 and report.absent_classes == ()
+    assert report.num_labeled == 0 and report.num_unlabeled == 0
+    assert report.parts == ("unlabeled", "usets")
     assert "4 sets, 22 images" in report.summary()
 
 
 def test_load_gives_surrogate_labels_in_csv_order(tmp_path: Path) -> None:
     root = _make_node(tmp_path / "n", fmt="png")
-    client = load_node_dir(
-        root, class_names=CLASSES, image_size=SIZE, channels=CHANNELS, mean=(0.5,), std=(0.25,), test_prior=np.ones(3) / 3
-    )
-    assert client.x.shape == (22, 1, SIZE, SIZE) and client.x.dtype == torch.float32
-    assert client.set_index.tolist() == [0] * 5 + [1] * 6 + [2] * 7 + [3] * 4
-    # set 2, image 3 has pixel value 23, normalised with (x/255 - 0.5) / 0.25
-    assert client.x[11 + 3, 0, 0, 0].item() == pytest.approx((23 / 255 - 0.5) / 0.25)
-    np.testing.assert_allclose(client.surrogate_prior, np.array([5, 6, 7, 4]) / 22)
-    assert client.class_names == CLASSES and client.labels is None
+    client = _load(root)
+    assert client.unlabeled.shape == (22, 1, SIZE, SIZE) and client.unlabeled.dtype == torch.uint8
+    assert client.usets.set_index.tolist() == [0] * 5 + [1] * 6 + [2] * 7 + [3] * 4
+    # set 2, image 3 has pixel value 23, kept as uint8 (normalised per batch, not at load time)
+    assert client.unlabeled[11 + 3, 0, 0, 0].item() == 23
+    np.testing.assert_allclose(client.usets.priors, PRIORS)
+    np.testing.assert_allclose(client.usets.surrogate_prior, np.array([5, 6, 7, 4]) / 22)
+    assert client.class_names == CLASSES and client.labeled is None and client.test is None
+    assert client.parts() == ("unlabeled", "usets")
+    assert client.node == str(root.resolve()) and client.mean == (0.5,) and client.std == (0.25,)
 
 
 def test_rows_within_tolerance_are_renormalised(node: Path) -> None:
@@ -142,7 +171,153 @@ def test_validation_modifies_nothing(node: Path) -> None:
     assert set(before) - set(after_break) == {str(node / "sets" / "s1" / "images.npy")}
 
 
+def test_labeled_only_node(tmp_path: Path) -> None:
+    root = tmp_path / "n"
+    x, y = _add_labeled(root, n=7)
+    report = _validate(root)
+    assert report.parts == ("labeled",)
+    assert report.num_labeled == 7 and report.num_unlabeled == 0 and report.num_images == 0
+    assert report.set_names == report.set_sizes == report.set_formats == ()
+    assert report.priors.shape == (0, 3) and np.isnan(report.condition_number)
+    text = report.summary()
+    assert "labeled: 7 images" in text and "sets" not in text and "cond(Pi)" not in text
+    client = _load(root)
+    assert client.parts() == ("labeled",)
+    assert client.unlabeled is None and client.usets is None
+    assert client.labeled.x.dtype == torch.uint8 and client.labeled.x.shape == (7, 1, SIZE, SIZE)
+    torch.testing.assert_close(client.labeled.x[:, 0], torch.from_numpy(x))
+    assert client.labeled.y.dtype == torch.int64 and client.labeled.y.tolist() == y.tolist()
+    assert client.image_shape == (1, SIZE, SIZE)
+
+
+def test_node_with_sets_and_labeled_part(node: Path) -> None:
+    x, y = _add_labeled(node, n=6)
+    report = _validate(node)
+    assert report.parts == ("labeled", "unlabeled", "usets")
+    assert report.num_labeled == 6 and report.num_unlabeled == 0 and report.num_images == 22
+    text = report.summary()
+    assert "labeled: 6 images" in text and "4 sets, 22 images" in text
+    client = _load(node)
+    assert client.parts() == ("labeled", "unlabeled", "usets")
+    assert len(client.unlabeled) == 22 and len(client.usets.set_index) == 22
+    torch.testing.assert_close(client.labeled.x[:, 0], torch.from_numpy(x))
+    assert client.labeled.y.tolist() == y.tolist()
+
+
+def test_plain_unlabeled_node(tmp_path: Path) -> None:
+    root = tmp_path / "n"
+    x = _add_unlabeled(root, n=4)
+    report = _validate(root)
+    assert report.parts == ("unlabeled",) and report.num_unlabeled == 4 and report.num_sets == 0
+    client = _load(root)
+    assert client.parts() == ("unlabeled",) and client.usets is None
+    torch.testing.assert_close(client.unlabeled[:, 0], torch.from_numpy(x))
+    _add_labeled(root, n=3)  # labeled + plain unlabeled is accepted too
+    assert _validate(root).parts == ("labeled", "unlabeled")
+    assert _load(root).parts() == ("labeled", "unlabeled")
+
+
+def test_write_node_dir_with_labeled_part(tmp_path: Path) -> None:
+    cfg = resolve_config({"num-sets": 10, "seed": 4})
+    data = load_run_dataset(cfg)
+    usets, _ = client_usets(cfg, 1, 3)
+    idx = torch.from_numpy(np.concatenate(usets.indices)[:9])
+    root = write_node_dir(
+        tmp_path / "n",
+        data.train_x,
+        usets,
+        data.class_names,
+        max_set_size=2,
+        labeled=(data.train_x[idx], data.train_y[idx]),
+    )
+    info = run_dataset_info(cfg)
+    report = validate_node_dir(root, info.class_names, info.image_size, info.channels)
+    assert report.parts == ("labeled", "unlabeled", "usets")
+    assert report.num_labeled == 9 and report.set_sizes == (2,) * 10
+    client = load_node_dir(root, class_names=info.class_names, image_size=info.image_size, channels=info.channels,
+                           mean=info.mean, std=info.std)
+    torch.testing.assert_close(client.labeled.x, data.train_x[idx])
+    torch.testing.assert_close(client.labeled.y, data.train_y[idx])
+
+
 # --------------------------------------------------------------------------- bad folders
+
+
+def test_unlabeled_folder_with_usets_names_both(node: Path) -> None:
+    _add_unlabeled(node)
+    _expect(node, str(node / "unlabeled"), str(node / "sets"), "not both", "ambiguous")
+
+
+def test_priors_csv_without_sets_folder(tmp_path: Path) -> None:
+    root = tmp_path / "n"
+    root.mkdir()
+    _write_priors(root, _rows())
+    _expect(root, str(root / "sets"), "missing", "priors.csv")
+
+
+def test_sets_folder_without_priors_csv_next_to_labeled(node: Path) -> None:
+    (node / "priors.csv").unlink()
+    _add_labeled(node)  # a labeled part does not excuse half a U-set layout
+    _expect(node, str(node / "priors.csv"), "missing")
+
+
+@pytest.mark.parametrize("extra", [None, "meta", "test"])
+def test_folder_without_training_data_lists_the_layouts(tmp_path: Path, extra: str | None) -> None:
+    root = tmp_path / "n"
+    root.mkdir()
+    if extra == "meta":
+        (root / "meta.json").write_text(json.dumps({"image_size": SIZE}))
+    elif extra == "test":  # a local test split alone is no training data
+        (root / "test").mkdir()
+        np.save(root / "test" / "images.npy", np.zeros((2, SIZE, SIZE), dtype=np.uint8))
+        np.save(root / "test" / "labels.npy", np.array([0, 1]))
+    _expect(root, str(root), "no training data", *LAYOUTS)
+    assert "priors.csv + sets/" in LAYOUTS[0]
+    assert "labeled/labels.npy" in LAYOUTS[1] and "unlabeled/images.npy" in LAYOUTS[2]
+
+
+def test_labeled_label_out_of_range(tmp_path: Path) -> None:
+    root = tmp_path / "n"
+    _add_labeled(root, n=4)
+    np.save(root / "labeled" / "labels.npy", np.array([0, 1, 2, -1]))
+    _expect(root, str(root / "labeled" / "labels.npy"), "label -1 at position 3", "0..2")
+    np.save(root / "labeled" / "labels.npy", np.array([0, 7, 2, 1]))
+    _expect(root, str(root / "labeled" / "labels.npy"), "label 7 at position 1")
+
+
+def test_labeled_part_missing_labels(node: Path) -> None:
+    _add_labeled(node)
+    (node / "labeled" / "labels.npy").unlink()
+    _expect(node, str(node / "labeled" / "labels.npy"), "missing", "labeled part")
+
+
+def test_labeled_part_label_count_and_dtype(tmp_path: Path) -> None:
+    root = tmp_path / "n"
+    _add_labeled(root, n=4)
+    np.save(root / "labeled" / "labels.npy", np.array([0, 1, 2]))
+    _expect(root, str(root / "labeled" / "labels.npy"), "3 labels for 4 images")
+    np.save(root / "labeled" / "labels.npy", np.array([0.0, 1.0, 2.0, 0.0]))
+    _expect(root, str(root / "labeled" / "labels.npy"), "float64", "integer labels")
+
+
+def test_labeled_and_unlabeled_folders_reject_stray_files(tmp_path: Path) -> None:
+    root = tmp_path / "n"
+    _add_labeled(root)
+    (root / "labeled" / "extra.png").write_bytes(b"x")
+    _expect(root, str(root / "labeled"), "['extra.png']")
+    (root / "labeled" / "extra.png").unlink()
+    (root / "unlabeled").mkdir()
+    _expect(root, str(root / "unlabeled" / "images.npy"), "missing")
+    np.save(root / "unlabeled" / "images.npy", np.zeros((2, SIZE, SIZE), dtype=np.float32))
+    _expect(root, str(root / "unlabeled" / "images.npy"), "float32", "uint8")
+
+
+def test_empty_labeled_folder(tmp_path: Path) -> None:
+    root = tmp_path / "n"
+    (root / "labeled").mkdir(parents=True)
+    _expect(root, str(root / "labeled"), "empty")
+
+
 
 
 def test_missing_folder(tmp_path: Path) -> None:
@@ -308,17 +483,20 @@ def test_round_trip_from_the_run_dataset(tmp_path: Path, fmt: str) -> None:
         report = validate_node_dir(path, info.class_names, info.image_size, info.channels)
         assert report.num_sets == 10 and report.num_test == len(local_test)
         np.testing.assert_allclose(report.priors, usets.priors, rtol=0, atol=1e-15)
-        client = client_from_node_config(cfg, {"data-dir": str(path)})
-        np.testing.assert_allclose(client.priors, usets.priors, rtol=0, atol=1e-15)
+        client = client_from_node_config(cfg, {"data-dir": str(path)}, method="fedul", parts=("unlabeled", "usets"))
+        assert client.parts() == ("unlabeled", "usets")
+        np.testing.assert_allclose(client.usets.priors, usets.priors, rtol=0, atol=1e-15)
+        assert client.mean == tuple(info.mean) and client.std == tuple(info.std)
         if fmt == "npy":  # every image of every set, in set order
             assert report.set_sizes == tuple(usets.set_sizes.tolist())
             order, ybar = usets.surrogate_dataset()
-            torch.testing.assert_close(client.x, normalize(data.train_x[torch.from_numpy(order)], data.mean, data.std))
-            assert client.set_index.tolist() == ybar.tolist()
-            torch.testing.assert_close(client.test_y, data.train_y[torch.from_numpy(local_test)])
+            torch.testing.assert_close(client.unlabeled, data.train_x[torch.from_numpy(order)])
+            assert client.usets.set_index.tolist() == ybar.tolist()
+            torch.testing.assert_close(client.test.y, data.train_y[torch.from_numpy(local_test)])
+            torch.testing.assert_close(client.test.x, data.train_x[torch.from_numpy(local_test)])
         else:
             assert report.set_sizes == (6,) * 10
-            assert client.set_index.tolist() == np.repeat(np.arange(10), 6).tolist()
+            assert client.usets.set_index.tolist() == np.repeat(np.arange(10), 6).tolist()
 
 
 def test_cli_write_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -349,6 +527,33 @@ def test_cli_write_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert "do not match the run's class names" in capsys.readouterr().err
 
 
+def test_cli_write_labeled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nodes"
+    assert node_data_main(["write", "--out", str(out), "--num-nodes", "2", "--max-set-size", "2", "--labeled",
+                           "--run-config", "num-sets=10 seed=5"]) == 0
+    text = capsys.readouterr().out
+    assert "'labeled', 'unlabeled', 'usets'" in text
+    cfg = resolve_config({"num-sets": 10, "seed": 5})
+    data = load_run_dataset(cfg)
+    info = run_dataset_info(cfg)
+    for i in range(2):
+        path = out / f"node-{i}"
+        usets, _ = client_usets(cfg, i, 2)
+        idx = np.concatenate(usets.indices)
+        labels = np.load(path / "labeled" / "labels.npy")
+        # the whole pool, in set order, with its true labels (--max-set-size cuts the sets only)
+        assert labels.dtype == np.int64 and labels.tolist() == data.train_y[torch.from_numpy(idx)].tolist()
+        report = validate_node_dir(path, info.class_names, info.image_size, info.channels)
+        assert report.num_labeled == len(idx) > report.num_images == 20
+        client = client_from_node_config(cfg, {"data-dir": str(path)}, method="supervised", parts=("labeled",))
+        torch.testing.assert_close(client.labeled.x, data.train_x[torch.from_numpy(idx)])
+        torch.testing.assert_close(client.labeled.y, data.train_y[torch.from_numpy(idx)])
+    # without --labeled no labeled part is written
+    assert node_data_main(["write", "--out", str(tmp_path / "plain"), "--num-nodes", "1", "--max-set-size", "2",
+                           "--run-config", "num-sets=10 seed=5"]) == 0
+    assert not (tmp_path / "plain" / "node-0" / "labeled").exists()
+
+
 def test_node_config_without_data_names_the_keys() -> None:
     with pytest.raises(ValueError, match="data-dir=/path"):
-        client_from_node_config(resolve_config({}), {"something": 1})
+        client_from_node_config(resolve_config({}), {"something": 1}, method="fedul", parts=("unlabeled", "usets"))

@@ -11,14 +11,18 @@ import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import resolve_config
-from fedul_flwr.data.client_data import client_usets, node_key, run_dataset_info
+from fedul_flwr.data.simulated import client_usets
+from fedul_flwr.data.sources import node_key, run_dataset_info
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.models import build_model
 from fedul_flwr.node_data import write_nodes
 from fedul_flwr.server_app import run_federation
-from fedul_flwr.strategies import NODE_RECORD, NoSuccessfulReplyError
+from fedul_flwr.strategies import NoSuccessfulReplyError
+
+NODE_RECORD = wire.NODE_RECORD
 
 ALLOWED_METRICS = {"train-loss", "num-examples", "uniform-weight", "num-steps"}
 
@@ -100,8 +104,10 @@ def test_reply_holds_only_f_arrays_and_scalar_metrics(node_dirs: list[Path], tmp
     cfg = resolve_config(run_config)
     info = run_dataset_info(cfg)
     model = build_model(cfg.model, info.channels, len(info.class_names), info.image_size)
+    wire_state = {f"f.{k}": v for k, v in model.state_dict().items()}  # f's arrays, keyed as on the wire
     grid = InProcessGrid(client_app, 1, run_config, node_configs=[{"data-dir": str(node_dirs[0])}])
-    content = RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord({"server-round": 1})})
+    config = ConfigRecord({wire.SERVER_ROUND: 1, wire.RUN_CONFIG: cfg.to_json()})
+    content = RecordDict({"arrays": ArrayRecord(wire_state), "config": config})
     msg = grid.create_message(content, "train", dst_node_id=1, group_id="1")
     (reply,) = grid.send_and_receive([msg])
     assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
@@ -112,9 +118,9 @@ def test_reply_holds_only_f_arrays_and_scalar_metrics(node_dirs: list[Path], tmp
     assert set(records.config_records) == {NODE_RECORD} and len(records) == 3
     assert dict(records.config_records[NODE_RECORD]) == {"node-key": node_key({"data-dir": str(node_dirs[0])}, 1)}
     arrays = records.array_records["arrays"]
-    assert list(arrays.keys()) == list(model.state_dict().keys())
+    assert list(arrays.keys()) == list(wire_state.keys())
     for key, arr in arrays.to_torch_state_dict().items():
-        assert arr.shape == model.state_dict()[key].shape
+        assert arr.shape == wire_state[key].shape
     metrics = records.metric_records["metrics"]
     assert set(metrics) <= ALLOWED_METRICS
     for key, value in metrics.items():

@@ -1,7 +1,7 @@
-"""Correctness of the speed-ups of issue #6 (their speed is measured by scripts/benchmark.py,
+"""Correctness of the speed-ups (their speed is measured by scripts/benchmark.py,
 never by tests): the numpy IID split equals Flower Datasets' IidPartitioner, and the
-ClientApp's per-process caches (model module, resolved config) carry nothing over between
-clients or rounds."""
+ClientApp's per-process caches (model modules, parsed run configuration) carry nothing over
+between clients or rounds."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from torch import nn
 
 import fedul_flwr.client_app as client_module
-from fedul_flwr.config import resolve_config
+from fedul_flwr import wire
+from fedul_flwr.config import RunConfig, resolve_config
 from fedul_flwr.data.partition import _label_dataset, iid_partition
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.models import build_model
@@ -32,35 +34,45 @@ def test_iid_partition_matches_flower_datasets(n: int, parts: int, seed: int) ->
         np.testing.assert_array_equal(g, e)
 
 
-def _train(grid: InProcessGrid, node: int, state: dict[str, torch.Tensor], server_round: int) -> dict[str, torch.Tensor]:
-    content = RecordDict({"arrays": ArrayRecord(state), "config": ConfigRecord({"server-round": server_round})})
+def _train(
+    grid: InProcessGrid, cfg: RunConfig, node: int, state: dict[str, torch.Tensor], server_round: int
+) -> dict[str, torch.Tensor]:
+    """One train message to ``node`` as the ServerApp sends it; the reply's arrays."""
+    config = ConfigRecord({wire.SERVER_ROUND: server_round, wire.RUN_CONFIG: cfg.to_json()})
+    content = RecordDict({wire.ARRAYS: ArrayRecord(state), wire.CONFIG: config})
     (reply,) = grid.send_and_receive([grid.create_message(content, "train", node, "g")])
     assert not reply.has_error(), reply.error.reason
-    return reply.content["arrays"].to_torch_state_dict()
+    return reply.content[wire.ARRAYS].to_torch_state_dict()
+
+
+def _weights(seed: int) -> dict[str, torch.Tensor]:
+    """FedUL's one exchanged model ``f`` (small-cnn on MNIST), keyed as on the wire."""
+    return nn.ModuleDict({"f": build_model("small-cnn", 1, 10, 28, seed=seed)}).state_dict()
 
 
 def test_cached_model_carries_nothing_between_messages() -> None:
-    run_config = resolve_config({"samples-per-client": 40, "num-sets": 10, "batch-size": 16}).as_dict()
-    grid = InProcessGrid(client_module.app, 2, run_config)
-    torch.manual_seed(0)
-    a = build_model("small-cnn", 1, 10, 28).state_dict()
-    torch.manual_seed(1)
-    b = build_model("small-cnn", 1, 10, 28).state_dict()
+    cfg = resolve_config({"samples-per-client": 40, "num-sets": 10, "batch-size": 16})
+    grid = InProcessGrid(client_module.app, 2, cfg.as_dict())
+    a, b = _weights(0), _weights(1)
+    assert all(key.startswith(wire.model_prefix("f")) for key in a)
     client_module._module.cache_clear()
-    first = _train(grid, 1, a, 1)
-    _train(grid, 2, b, 2)  # another client, other weights, through the same cached module
-    again = _train(grid, 1, a, 1)
+    first = _train(grid, cfg, 1, a, 1)
+    _train(grid, cfg, 2, b, 2)  # another client, other weights, through the same cached module
+    again = _train(grid, cfg, 1, a, 1)
     client_module._module.cache_clear()  # a freshly built module
-    fresh = _train(grid, 1, a, 1)
+    fresh = _train(grid, cfg, 1, a, 1)
+    assert first.keys() == a.keys()
     for key in first:
         torch.testing.assert_close(again[key], first[key], rtol=0, atol=1e-6)
         torch.testing.assert_close(fresh[key], first[key], rtol=0, atol=1e-6)
     assert client_module._module.cache_info().currsize == 1
 
 
-def test_resolved_config_is_cached_per_run_config() -> None:
-    base = resolve_config({}).as_dict()
-    one = client_module._resolve(base)
-    assert client_module._resolve(dict(base)) is one
-    other = client_module._resolve({**base, "seed": 5})
+def test_run_config_is_parsed_once_per_text() -> None:
+    base = resolve_config({})
+    text = base.to_json()
+    one = client_module._config(text)
+    assert one == base  # the client runs with exactly the server's resolution
+    assert client_module._config(base.to_json()) is one  # an equal text: the cached object
+    other = client_module._config(resolve_config({"seed": 5}).to_json())
     assert other.seed == 5 and one.seed == 0

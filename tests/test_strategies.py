@@ -1,5 +1,6 @@
-"""Swappable server strategies (issue #4): FedProx, SCAFFOLD, FedNova and Flower's server
-optimisers, with their client-side work in :mod:`fedul_flwr.client_update`.
+"""Swappable server strategies: FedProx, SCAFFOLD, FedNova, Flower's server
+optimisers and robust aggregators, with their client-side work in
+:mod:`fedul_flwr.client_update`.
 
 Most tests run a tiny linear-regression federation (4 clients with different least-squares
 optima and different Hessians, full-batch local SGD) through the real strategies, the real
@@ -10,7 +11,7 @@ every strategy name through the real FedUL ClientApp on the embedded MNIST sampl
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -20,22 +21,22 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
-from fedul_flwr.client_update import (
-    CLIENT_CV_STATE_KEY,
-    CV_ROUNDS_KEY,
-    ProximalTerm,
-    full_gradient,
-    prepare_client_update,
-)
-from fedul_flwr.config import CHOICES, ConfigError, resolve_config
+from fedul_flwr import wire
+from fedul_flwr.client_update import ProximalTerm, full_gradient, prepare_client_update, shared_parameters
+from fedul_flwr.config import ConfigError, resolve_config
 from fedul_flwr.inprocess import InProcessGrid
-from fedul_flwr.methods.base import LocalTask
-from fedul_flwr.strategies import NODE_RECORD, build_strategy, reply_order, strict
+from fedul_flwr.methods.base import Batch, LocalTask, Stream
+from fedul_flwr.strategies import STRATEGIES, build_strategy, reply_order, strict
 from fedul_flwr.strategies.fednova import FedNova, is_statistic
-from fedul_flwr.strategies.scaffold import CV_DELTA_KEY, SERVER_CV_KEY
 from fedul_flwr.training import train_local
 
 DIM, ROWS, LR = 4, 16, 0.1
+CPU = torch.device("cpu")
+
+
+def _identity(x: torch.Tensor) -> torch.Tensor:
+    """``to_input`` of the linear problem: its inputs are float features, not uint8 images."""
+    return x
 
 
 # --------------------------------------------------------------------------- linear problem
@@ -48,19 +49,21 @@ def _problem(partition_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, x @ w_star
 
 
-def _half_mse(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return 0.5 * ((model(x).squeeze(-1) - y) ** 2).mean()
+def _half_mse(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+    b = batch["rows"]
+    return 0.5 * ((models["f"](b["x"]).squeeze(-1) - b["y"]) ** 2).mean()
 
 
-def _task(partition_id: int) -> LocalTask:
+def _task(partition_id: int, batch_size: int = ROWS) -> LocalTask:
     x, y = _problem(partition_id)
-    return LocalTask(inputs=x, targets=y, loss=_half_mse)
+    return LocalTask({"rows": Stream({"x": x, "y": y}, batch_size, images=())}, _half_mse)
 
 
-def _linear() -> nn.Module:
+def _linear() -> nn.ModuleDict:
+    """The method's models as the apps hold them: one exchanged model ``f`` (wire keys ``f.*``)."""
     model = nn.Linear(DIM, 1, bias=False)
     nn.init.zeros_(model.weight)
-    return model
+    return nn.ModuleDict({"f": model})
 
 
 def _global_gap(w: torch.Tensor, num_clients: int) -> float:
@@ -80,17 +83,22 @@ def _linear_train(msg: Message, context: Context) -> Message:
     """A ClientApp like ours (prepare_client_update + train_local) on the linear problem."""
     pid = int(context.node_config["partition-id"])
     task = _task(pid)
-    model = _linear()
-    model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-    update = prepare_client_update(msg.content, context.state, model, task, lr=LR, batch_size=ROWS, device="cpu")
+    models = _linear()
+    models.load_state_dict(msg.content[wire.ARRAYS].to_torch_state_dict())
+    update = prepare_client_update(
+        msg.content, context.state, models, ["f"], lambda: task, lr=LR, device=CPU, to_input=_identity
+    )
     result = train_local(
-        model, task, epochs=int(context.node_config["epochs"]), batch_size=ROWS, lr=LR, hooks=update.hooks, optimizer="sgd"
-    )
-    extra = update.reply_records(model, result)
+        models, task, epochs=int(context.node_config["epochs"]), lr=LR, to_input=_identity, hooks=update.hooks,
+        optimizer="sgd",
+    )  # fmt: skip
+    extra = update.reply_records(result, ("f",))
     metrics = MetricRecord(
-        {"num-examples": result.num_examples, "uniform-weight": 1, "num-steps": result.num_steps, **update.metrics}
+        {wire.NUM_EXAMPLES: result.num_examples, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: result.num_steps, **update.metrics}
     )
-    return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()), "metrics": metrics, **extra}), reply_to=msg)
+    content = {wire.ARRAYS: ArrayRecord(models.state_dict()), wire.METRICS: metrics,
+               wire.NODE_RECORD: ConfigRecord({wire.NODE_KEY: pid}), **extra}  # fmt: skip
+    return Message(RecordDict(content), reply_to=msg)
 
 
 def _grid(epochs: Sequence[int], app: ClientApp = linear_app) -> InProcessGrid:
@@ -107,20 +115,23 @@ def _federate(strategy, rounds: int, epochs: Sequence[int] = (10, 10, 10, 10)) -
     random.seed(0)  # Flower samples nodes with the global `random`
     grid = _grid(epochs)
     initial = ArrayRecord(_linear().state_dict())
+    assert list(initial.keys()) == ["f.weight"]  # arrays travel keyed "<model>.<parameter>"
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds, train_config=ConfigRecord())
-    return torch.as_tensor(result.arrays["weight"].numpy()), grid
+    return torch.as_tensor(result.arrays["f.weight"].numpy()), grid
 
 
 def _weight(record: ArrayRecord) -> np.ndarray:
-    return record["weight"].numpy().astype(np.float64)
+    return record["f.weight"].numpy().astype(np.float64)
 
 
 # --------------------------------------------------------------------------- config + factory
 def test_every_strategy_name_builds_a_strict_flower_strategy() -> None:
-    for name in CHOICES["strategy"]:
+    assert {"fedavg", "fedprox", "scaffold", "fednova", "fedmedian", "fedtrimmedavg"} <= set(STRATEGIES.names())
+    for name in STRATEGIES.names():
         strategy = build_strategy(resolve_config({"strategy": name}))
         assert type(strategy).__name__.startswith("Strict")
-        assert type(strategy) is strict(type(strategy).__mro__[4])  # one cached class per strategy (Strict, 3 mixins, base)
+        base = STRATEGIES.get(name)(resolve_config({"strategy": name}))[0]
+        assert type(strategy).__mro__[4] is base  # Strict, 3 mixins, the registered strategy class
     assert _strategy(strategy="fedprox", **{"proximal-mu": 0.1}).proximal_mu == 0.1
     fedadam = _strategy(strategy="fedadam")
     assert (fedadam.eta, fedadam.beta_1, fedadam.beta_2, fedadam.tau) == (0.1, 0.9, 0.99, 1e-3)  # Flower's defaults
@@ -131,6 +142,43 @@ def test_every_strategy_name_builds_a_strict_flower_strategy() -> None:
     assert (scaffold.option, scaffold.global_learning_rate) == ("I", 0.5)
     sampled = _strategy(**{"fraction-train": 0.5, "min-train-nodes": 1})
     assert (sampled.fraction_train, sampled.min_train_nodes) == (0.5, 1)
+    uniform = _strategy(**{"aggregation-weights": "uniform"})
+    assert (uniform.weighted_by_key, _strategy().weighted_by_key) == (wire.UNIFORM_WEIGHT, wire.NUM_EXAMPLES)
+
+
+def test_strict_makes_one_class_per_strategy_and_mixin() -> None:
+    """``strict`` is cached: every way of asking for the same combination gets the same class
+    (the one ``build_strategy`` instantiates), whether the absent mixin is passed or not."""
+    for name in STRATEGIES.names():
+        strategy = build_strategy(resolve_config({"strategy": name}))
+        base = type(strategy).__mro__[4]
+        assert strict(base) is strict(base, None) is strict(base, method_mixin=None), name
+        assert type(strategy) is strict(base), name
+
+
+def test_a_method_aggregation_mixin_runs_on_checked_ordered_replies_before_the_strategy() -> None:
+    seen: list[list[int]] = []
+
+    class Recording:  # stands in for a method's ``aggregation()``
+        def aggregate_train(self, server_round, replies):
+            replies = list(replies)
+            seen.append([reply_order(m)[1] for m in replies])
+            return super().aggregate_train(server_round, replies)
+
+    strategy = build_strategy(resolve_config({"min-available-nodes": 3}), Recording)
+    mro = type(strategy).__mro__
+    assert mro[4] is Recording and mro[5] is FedAvg  # after the checks and the ordering, before the strategy
+    assert type(strategy) is strict(FedAvg, Recording) and strict(FedAvg, Recording) is not strict(FedAvg)
+    replies = {node: RecordDict({wire.ARRAYS: ArrayRecord({"f.w": Array(np.full(3, float(key), dtype=np.float32))}),
+                                 wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: 1}),
+                                 wire.NODE_RECORD: ConfigRecord({wire.NODE_KEY: key})})
+               for node, key in ((1, 2), (2, 0), (3, 1))}  # fmt: skip
+    grid = InProcessGrid(_scripted_app(replies), 3, {})
+    zero = ArrayRecord({"f.w": Array(np.zeros(3, dtype=np.float32))})
+    msgs = list(grid.send_and_receive(strategy.configure_train(1, zero, ConfigRecord(), grid)))
+    out, _ = strategy.aggregate_train(1, msgs[::-1])
+    assert seen == [[0, 1, 2]]  # the mixin saw the replies in node-key order
+    np.testing.assert_allclose(out["f.w"].numpy(), np.ones(3))  # and the strategy still did the arithmetic
 
 
 def test_strategy_knobs_are_validated() -> None:
@@ -145,6 +193,8 @@ def test_strategy_knobs_are_validated() -> None:
     ):
         with pytest.raises(ConfigError):
             resolve_config(bad)
+    with pytest.raises(ConfigError, match="fedsgd"):  # the registry's names are the valid values
+        resolve_config({"strategy": "fedsgd"})
     cfg = resolve_config({"local-epochs-per-client": "1, 2,5", "local-epochs": 3})
     assert [cfg.local_epochs_of(i) for i in range(4)] == [1, 2, 5, 1]
     assert resolve_config({"local-epochs": 3}).local_epochs_of(7) == 3
@@ -186,10 +236,10 @@ def test_aggregation_does_not_depend_on_reply_order_or_node_ids() -> None:
     values = [(rng.normal(size=64) * 10.0 ** rng.integers(-3, 4, size=64)).astype(np.float32) for _ in range(5)]
 
     def reply(key: int) -> RecordDict:  # what client ``node-key`` = key sends
-        return RecordDict({"arrays": ArrayRecord({"w": Array(values[key])}), "m": MetricRecord({"num-examples": 7 + key}),
-                           NODE_RECORD: ConfigRecord({"node-key": key})})  # fmt: skip
+        return RecordDict({"arrays": ArrayRecord({"f.w": Array(values[key])}), "m": MetricRecord({"num-examples": 7 + key}),
+                           wire.NODE_RECORD: ConfigRecord({wire.NODE_KEY: key})})  # fmt: skip
 
-    zero = ArrayRecord({"w": Array(np.zeros(64, dtype=np.float32))})
+    zero = ArrayRecord({"f.w": Array(np.zeros(64, dtype=np.float32))})
     plain, ordered = FedAvg(min_available_nodes=5), strict(FedAvg)(min_available_nodes=5)
     received = []
     for node_of_key in (lambda k: k + 1, lambda k: 5 - k):  # two runs: the same clients under other node ids
@@ -197,7 +247,7 @@ def test_aggregation_does_not_depend_on_reply_order_or_node_ids() -> None:
         msgs = list(grid.send_and_receive(plain.configure_train(1, zero, ConfigRecord(), grid)))
         received += [sorted(msgs, key=lambda m: m.metadata.src_node_id)]  # each run in node-id order
         received += [[msgs[i] for i in np.random.default_rng(s).permutation(5)] for s in range(3)]
-    as_bytes = lambda strategy, msgs: strategy.aggregate_train(1, msgs)[0]["w"].numpy().tobytes()  # noqa: E731
+    as_bytes = lambda strategy, msgs: strategy.aggregate_train(1, msgs)[0]["f.w"].numpy().tobytes()  # noqa: E731
     assert as_bytes(plain, received[0]) != as_bytes(plain, received[4])  # node-id order differs between runs
     assert len({as_bytes(plain, o) for o in received}) > 2  # Flower's FedAvg alone: order matters
     assert len({as_bytes(ordered, o) for o in received}) == 1  # ours: one result, in node-key order
@@ -206,9 +256,9 @@ def test_aggregation_does_not_depend_on_reply_order_or_node_ids() -> None:
 
 def test_fednova_aggregation_follows_its_update_rule() -> None:
     x = {
-        "w": np.array([1.0, -2.0, 0.5], dtype=np.float32),
-        "bn.running_mean": np.array([0.1, 0.2], dtype=np.float32),
-        "bn.num_batches_tracked": np.array(7, dtype=np.int64),
+        "f.w": np.array([1.0, -2.0, 0.5], dtype=np.float32),
+        "f.bn.running_mean": np.array([0.1, 0.2], dtype=np.float32),
+        "f.bn.num_batches_tracked": np.array(7, dtype=np.int64),
     }
     rng = np.random.default_rng(0)
     steps, sizes = [2, 6, 12], [10, 30, 20]
@@ -223,12 +273,12 @@ def test_fednova_aggregation_follows_its_update_rule() -> None:
     out, metrics = strategy.aggregate_train(1, grid.send_and_receive(strategy.configure_train(1, arrays, ConfigRecord(), grid)))
     p = np.array(sizes) / sum(sizes)
     tau_eff = p @ np.array(steps)
-    expected_w = x["w"] - tau_eff * sum(pi * (x["w"] - y["w"]) / t for pi, y, t in zip(p, ys, steps))
-    np.testing.assert_allclose(out["w"].numpy(), expected_w, rtol=1e-6)
-    for key in ("bn.running_mean", "bn.num_batches_tracked"):  # statistics: plain weighted average
+    expected_w = x["f.w"] - tau_eff * sum(pi * (x["f.w"] - y["f.w"]) / t for pi, y, t in zip(p, ys, steps))
+    np.testing.assert_allclose(out["f.w"].numpy(), expected_w, rtol=1e-6)
+    for key in ("f.bn.running_mean", "f.bn.num_batches_tracked"):  # statistics: plain weighted average
         np.testing.assert_allclose(out[key].numpy(), sum(pi * y[key] for pi, y in zip(p, ys)), rtol=1e-6)
     assert metrics["num-steps"] == pytest.approx(tau_eff)
-    assert is_statistic("bn.running_var", x["w"]) and not is_statistic("conv.weight", x["w"])
+    assert is_statistic("f.bn.running_var", x["f.w"]) and not is_statistic("f.conv.weight", x["f.w"])
 
 
 # --------------------------------------------------------------------------- SCAFFOLD
@@ -246,9 +296,9 @@ def test_scaffold_beats_fedavg_on_heterogeneous_least_squares() -> None:
 def _scaffold_content(x: torch.Tensor, c: torch.Tensor, option: str) -> RecordDict:
     return RecordDict(
         {
-            "arrays": ArrayRecord({"weight": x.clone()}),
-            SERVER_CV_KEY: ArrayRecord({"weight": c.clone()}),
-            "config": ConfigRecord({"server-round": 2, "scaffold-option": option}),
+            wire.ARRAYS: ArrayRecord({"f.weight": x.clone()}),
+            wire.SERVER_CV: ArrayRecord({"f.weight": c.clone()}),
+            wire.CONFIG: ConfigRecord({wire.SERVER_ROUND: 2, wire.SCAFFOLD_OPTION: option}),
         }
     )
 
@@ -257,13 +307,22 @@ def _scaffold_content(x: torch.Tensor, c: torch.Tensor, option: str) -> RecordDi
 def test_scaffold_client_update_equations(option: str) -> None:
     g = torch.Generator().manual_seed(1)
     x, c, c_i = (torch.randn(1, DIM, generator=g) for _ in range(3))
-    state = RecordDict({CLIENT_CV_STATE_KEY: ArrayRecord({"weight": c_i.clone()})})
+    state = RecordDict({wire.CLIENT_CV_STATE: ArrayRecord({"f.weight": c_i.clone()})})
     task, k = _task(1), 7
-    model = _linear()
-    model.load_state_dict({"weight": x.clone()})
-    update = prepare_client_update(_scaffold_content(x, c, option), state, model, task, lr=LR, batch_size=5, device="cpu")
-    result = train_local(model, task, epochs=k, batch_size=ROWS, lr=LR, hooks=update.hooks, optimizer="sgd")
-    records = update.reply_records(model, result)
+    models = _linear()
+    models["f"].load_state_dict({"weight": x.clone()})
+    built: list[LocalTask] = []
+
+    def gradient_task() -> LocalTask:  # option I's pass, in uneven batches (5, 5, 5, 1): weighted by size
+        built.append(_task(1, batch_size=5))
+        return built[-1]
+
+    update = prepare_client_update(
+        _scaffold_content(x, c, option), state, models, ["f"], gradient_task, lr=LR, device=CPU, to_input=_identity
+    )
+    assert len(built) == (1 if option == "I" else 0)  # only option I needs the extra pass
+    result = train_local(models, task, epochs=k, lr=LR, to_input=_identity, hooks=update.hooks, optimizer="sgd")
+    records = update.reply_records(result, ("f",))
 
     # local steps follow y <- y - lr (g_i(y) + c - c_i)
     inputs, targets = _problem(1)
@@ -271,15 +330,42 @@ def test_scaffold_client_update_equations(option: str) -> None:
     for _ in range(k):
         grad = ((inputs @ y.T).squeeze(1) - targets) @ inputs / ROWS
         y = y - LR * (grad + c - c_i)
-    torch.testing.assert_close(model.weight.detach(), y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(models["f"].weight.detach(), y, rtol=1e-5, atol=1e-5)
 
     if option == "II":  # c_i+ = c_i - c + (x - y_i) / (K lr)
-        expected = c_i - c + (x - model.weight.detach()) / (result.num_steps * LR)
+        expected = c_i - c + (x - models["f"].weight.detach()) / (result.num_steps * LR)
     else:  # c_i+ = g_i(x), over all local data
         expected = (((inputs @ x.T).squeeze(1) - targets) @ inputs / ROWS).unsqueeze(0)
-    new_c_i = state[CLIENT_CV_STATE_KEY]["weight"].numpy()
+    assert set(state[wire.CLIENT_CV_STATE].keys()) == set(records[wire.CV_DELTA].keys()) == {"f.weight"}
+    new_c_i = state[wire.CLIENT_CV_STATE]["f.weight"].numpy()
     np.testing.assert_allclose(new_c_i, expected.numpy(), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(records[CV_DELTA_KEY]["weight"].numpy(), new_c_i - c_i.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(records[wire.CV_DELTA]["f.weight"].numpy(), new_c_i - c_i.numpy(), rtol=1e-5, atol=1e-6)
+    assert update.metrics[wire.CV_ROUNDS] == 1.0  # first update of this node's c_i
+
+
+def test_scaffold_reports_no_delta_for_a_model_the_client_does_not_send() -> None:
+    """Two exchanged models; the client sends only ``f``: ``g``'s c_i is kept, no Delta for it."""
+    models = nn.ModuleDict({"f": nn.Linear(DIM, 1, bias=False), "g": nn.Linear(DIM, 1, bias=False)})
+    for m in models.values():
+        nn.init.zeros_(m.weight)
+    x, y = _problem(0)
+
+    def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+        b = batch["rows"]
+        out = models["f"](b["x"]).squeeze(-1) + models["g"](b["x"]).squeeze(-1)
+        return 0.5 * ((out - b["y"]) ** 2).mean()
+
+    task = LocalTask({"rows": Stream({"x": x, "y": y}, ROWS, images=())}, loss)
+    c_i = {"f.weight": torch.full((1, DIM), 0.5), "g.weight": torch.full((1, DIM), -0.5)}
+    state = RecordDict({wire.CLIENT_CV_STATE: ArrayRecord({k: v.clone() for k, v in c_i.items()})})
+    content = RecordDict({wire.SERVER_CV: ArrayRecord(), wire.CONFIG: ConfigRecord({wire.SCAFFOLD_OPTION: "II"})})
+    update = prepare_client_update(content, state, models, ["f", "g"], lambda: task, lr=LR, device=CPU, to_input=_identity)
+    result = train_local(models, task, epochs=2, lr=LR, to_input=_identity, hooks=update.hooks, optimizer="sgd")
+    records = update.reply_records(result, ("f",))
+    assert set(records[wire.CV_DELTA].keys()) == {"f.weight"}
+    stored = state[wire.CLIENT_CV_STATE]
+    assert torch.equal(torch.as_tensor(stored["g.weight"].numpy()), c_i["g.weight"])  # g's c_i kept
+    assert not torch.equal(torch.as_tensor(stored["f.weight"].numpy()), c_i["f.weight"])  # f's c_i updated
 
 
 def test_scaffold_server_update_equations_with_partial_participation() -> None:
@@ -291,12 +377,12 @@ def test_scaffold_server_update_equations_with_partial_participation() -> None:
     for server_round in (1, 2):
         messages = list(strategy.configure_train(server_round, x, ConfigRecord(), grid))
         assert len(messages) == 2
-        sent_c = messages[0].content[SERVER_CV_KEY]
-        np.testing.assert_allclose(sent_c["weight"].numpy() if len(sent_c) else np.zeros((1, DIM)), c, atol=1e-7)
+        sent_c = messages[0].content[wire.SERVER_CV]
+        np.testing.assert_allclose(sent_c["f.weight"].numpy() if len(sent_c) else np.zeros((1, DIM)), c, atol=1e-7)
         replies = list(grid.send_and_receive(messages))
         new_x, _ = strategy.aggregate_train(server_round, replies)
-        mean_dy = np.mean([_weight(r.content["arrays"]) - _weight(x) for r in replies], axis=0)
-        mean_dc = np.mean([_weight(r.content[CV_DELTA_KEY]) for r in replies], axis=0)
+        mean_dy = np.mean([_weight(r.content[wire.ARRAYS]) - _weight(x) for r in replies], axis=0)
+        mean_dc = np.mean([_weight(r.content[wire.CV_DELTA]) for r in replies], axis=0)
         np.testing.assert_allclose(_weight(new_x), _weight(x) + 0.5 * mean_dy, rtol=1e-5, atol=1e-6)  # eta_g = 0.5
         c = c + (2 / 4) * mean_dc  # |S| / N = 2 / 4
         np.testing.assert_allclose(_weight(strategy.server_cv), c, rtol=1e-5, atol=1e-6)
@@ -306,70 +392,78 @@ def test_scaffold_server_update_equations_with_partial_participation() -> None:
 def test_client_control_variate_survives_rounds_in_the_inprocess_grid() -> None:
     strategy = _strategy(strategy="scaffold")
     _, grid = _federate(strategy, rounds=1, epochs=(3, 3))
-    after_1 = {n: _weight(ctx.state[CLIENT_CV_STATE_KEY]) for n, ctx in grid.contexts.items()}
+    after_1 = {n: _weight(ctx.state[wire.CLIENT_CV_STATE]) for n, ctx in grid.contexts.items()}
     # round 2 on the same grid: each node starts from its stored c_i
-    x = ArrayRecord({"weight": torch.as_tensor(strategy.current_arrays["weight"].numpy())})
+    x = ArrayRecord({"f.weight": torch.as_tensor(strategy.current_arrays["f.weight"].numpy())})
     replies = list(grid.send_and_receive(strategy.configure_train(2, x, ConfigRecord(), grid)))
     for reply in replies:
         node = reply.metadata.src_node_id
-        after_2 = _weight(grid.contexts[node].state[CLIENT_CV_STATE_KEY])
+        after_2 = _weight(grid.contexts[node].state[wire.CLIENT_CV_STATE])
         assert not np.allclose(after_2, after_1[node])
         # the reply's delta is relative to the stored round-1 c_i: it was read back, not reset
-        np.testing.assert_allclose(_weight(reply.content[CV_DELTA_KEY]), after_2 - after_1[node], rtol=1e-5, atol=1e-6)
-        assert reply.content["metrics"][CV_ROUNDS_KEY] == 2.0  # the node's round counter, from its state
+        np.testing.assert_allclose(_weight(reply.content[wire.CV_DELTA]), after_2 - after_1[node], rtol=1e-5, atol=1e-6)
+        assert reply.content[wire.METRICS][wire.CV_ROUNDS] == 2.0  # the node's round counter, from its state
 
 
 def test_proximal_term_adds_mu_times_distance_to_the_gradient() -> None:
-    model = _linear()
-    model.load_state_dict({"weight": torch.ones(1, DIM)})
-    hook = ProximalTerm(0.3, model)
+    models = _linear()
+    models["f"].load_state_dict({"weight": torch.ones(1, DIM)})
+    params = shared_parameters(models, ["f"])
+    assert list(params) == ["f.weight"] and params["f.weight"] is models["f"].weight  # keyed as on the wire
+    hook = ProximalTerm(0.3, params)
     with torch.no_grad():
-        model.weight.add_(torch.arange(DIM, dtype=torch.float32))
-    model.weight.grad = torch.full((1, DIM), 2.0)
-    hook.after_backward(model)
-    torch.testing.assert_close(model.weight.grad, 2.0 + 0.3 * torch.arange(DIM, dtype=torch.float32).unsqueeze(0))
+        models["f"].weight.add_(torch.arange(DIM, dtype=torch.float32))
+    models["f"].weight.grad = torch.full((1, DIM), 2.0)
+    hook.after_backward()
+    torch.testing.assert_close(models["f"].weight.grad, 2.0 + 0.3 * torch.arange(DIM, dtype=torch.float32).unsqueeze(0))
 
 
 def test_full_gradient_leaves_the_model_and_batchnorm_statistics_alone() -> None:
-    model = nn.Sequential(nn.Linear(DIM, 3), nn.BatchNorm1d(3), nn.Linear(3, 1))
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    grads = full_gradient(model, _task(0), batch_size=4, device="cpu")
-    assert set(grads) == {name for name, _ in model.named_parameters()}
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-    assert all(p.grad is None for p in model.parameters())
+    models = nn.ModuleDict({"f": nn.Sequential(nn.Linear(DIM, 3), nn.BatchNorm1d(3), nn.Linear(3, 1))})
+    before = {k: v.clone() for k, v in models.state_dict().items()}
+    params = shared_parameters(models, ["f"])
+    grads = full_gradient(models, params, _task(0, batch_size=4), CPU, _identity)
+    assert set(grads) == {f"f.{name}" for name, _ in models["f"].named_parameters()}
+    assert grads["f.2.weight"].abs().sum() > 0  # a real gradient was taken
+    assert all(torch.equal(before[k], v) for k, v in models.state_dict().items())
+    assert all(p.grad is None for p in models.parameters())
 
 
 # --------------------------------------------------------------------------- the real app
 @pytest.mark.slow
-@pytest.mark.parametrize("name", CHOICES["strategy"])
+@pytest.mark.parametrize("name", STRATEGIES.names())
 def test_every_strategy_trains_fedul_through_the_real_client_app(name: str) -> None:
     """One round of the real FedUL ClientApp per strategy (one config change each) on 2
     nodes; ``samples-per-client`` keeps it cheap (500 embedded-sample images per client)."""
     from fedul_flwr.client_app import app as client_app
-    from fedul_flwr.models import build_model
+    from fedul_flwr.methods import get_method
+    from fedul_flwr.server_app import global_models
 
     rc = {"strategy": name, "samples-per-client": 500}
     cfg = resolve_config(rc)
+    method = get_method(cfg.method)(cfg)
     grid = InProcessGrid(client_app, 2, rc)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, 1, 10, 28)
-    initial = ArrayRecord(model.state_dict())
+    models = global_models(cfg, method, 1, 10, 28)
+    initial = ArrayRecord(models.state_dict())
+    assert all(k.startswith("f.") for k in initial.keys())
     random.seed(0)
-    result = build_strategy(cfg).start(grid=grid, initial_arrays=initial, num_rounds=1, train_config=ConfigRecord())
-    model.load_state_dict(result.arrays.to_torch_state_dict())  # loads back into f
-    changed = [k for k in initial if not np.allclose(initial[k].numpy(), result.arrays[k].numpy())]
-    assert changed and all(np.isfinite(result.arrays[k].numpy()).all() for k in result.arrays)
+    settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json()})  # what the ServerApp sends
+    result = build_strategy(cfg, method.aggregation()).start(
+        grid=grid, initial_arrays=initial, num_rounds=1, train_config=settings
+    )
+    models.load_state_dict(result.arrays.to_torch_state_dict())  # loads back into f
+    changed = [k for k in initial.keys() if not np.allclose(initial[k].numpy(), result.arrays[k].numpy())]
+    assert changed and all(np.isfinite(result.arrays[k].numpy()).all() for k in result.arrays.keys())
     assert result.train_metrics_clientapp[1]["num-steps"] > 0
-    stored = [ctx.state for ctx in grid.contexts.values() if CLIENT_CV_STATE_KEY in ctx.state]
+    stored = [ctx.state for ctx in grid.contexts.values() if wire.CLIENT_CV_STATE in ctx.state]
     if name == "scaffold":  # c_i of every sampled node, one array per trainable parameter of f
         assert len(stored) == 2
-        assert set(stored[0][CLIENT_CV_STATE_KEY].keys()) == {n for n, _ in model.named_parameters()}
+        assert set(stored[0][wire.CLIENT_CV_STATE].keys()) == {f"f.{n}" for n, _ in models["f"].named_parameters()}
     else:
         assert not stored
 
-
 # --------------------------------------------------------------------------- comparison script
-def test_compare_script_parses_overrides_and_renders_the_table() -> None:
+def _compare_script():
     import importlib.util
     from pathlib import Path
 
@@ -378,6 +472,11 @@ def test_compare_script_parses_overrides_and_renders_the_table() -> None:
     assert spec and spec.loader
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
+    return script
+
+
+def test_compare_script_parses_overrides_and_renders_the_table() -> None:
+    script = _compare_script()
     common, per = script._parse_sets(["lr=0.05", "fedprox:proximal-mu=0.1", "local-epochs-per-client=1,2,5"])
     assert common == {"lr": "0.05", "local-epochs-per-client": "1,2,5"} and per == {"fedprox": {"proximal-mu": "0.1"}}
     with pytest.raises(SystemExit):
@@ -388,6 +487,18 @@ def test_compare_script_parses_overrides_and_renders_the_table() -> None:
     table = script.render(records, "title")
     assert "| fedavg | - | 11.00 (1.41) | 10.00 (1.41) | 2 |" in table
     assert "| fedprox | proximal-mu=0.01 | 20.00 | 15.00 | 1 |" in table
+
+
+def test_compare_script_command_line_offers_the_registered_strategies_and_datasets(capsys) -> None:
+    script = _compare_script()
+    with pytest.raises(SystemExit) as exit_info:
+        script.main(["--help"])
+    assert exit_info.value.code == 0
+    usage = capsys.readouterr().out
+    assert "fedmedian" in usage and "fedtrimmedavg" in usage and "mnist-sample" in usage
+    with pytest.raises(SystemExit) as exit_info:  # argparse rejects a name no registry holds
+        script.main(["--strategies", "fedsgd"])
+    assert exit_info.value.code == 2 and "fedsgd" in capsys.readouterr().err
 
 
 @pytest.mark.slow

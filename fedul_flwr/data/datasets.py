@@ -35,7 +35,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -44,6 +44,8 @@ from urllib.request import url2pathname
 
 import numpy as np
 import torch
+
+from fedul_flwr.registry import Registry
 
 __all__ = [
     "DATASETS",
@@ -56,8 +58,9 @@ __all__ = [
     "normalize",
 ]
 
-DATASETS: tuple[str, ...] = ("mnist-sample", "mnist", "fashion-mnist", "cifar10")
-"""Valid dataset names for :func:`load_dataset`."""
+DATASETS: Registry[Callable[[str, bool], "ImageDataset"]] = Registry("dataset")
+"""Dataset loaders ``(torchvision root, download) -> ImageDataset`` by name (registered at the
+end of this module)."""
 
 _DIST_NAME = "fedul-flwr"
 _SAMPLE_RELPATH = "fedul_flwr/assets/mnist_sample.npz"
@@ -527,10 +530,17 @@ def _resolve_root(spec: _Spec, data_dir: str, download: bool) -> Path:
 
 @functools.lru_cache(maxsize=8)
 def _load_cached(name: str, root: str, download: bool) -> ImageDataset:
-    if name == "mnist-sample":
-        return _load_sample(embedded_sample_path())
+    return DATASETS.get(name)(root, download)
+
+
+def _load_named_torchvision(name: str, root: str, download: bool) -> ImageDataset:
     spec = _spec(name)
     return _load_torchvision(spec, _resolve_root(spec, root, download))
+
+
+DATASETS.add("mnist-sample", lambda root, download: _load_sample(embedded_sample_path()))
+for _name in ("mnist", "fashion-mnist", "cifar10"):
+    DATASETS.add(_name, functools.partial(_load_named_torchvision, _name))
 
 
 def load_dataset(name: str, data_dir: str = "", download: bool = False) -> ImageDataset:

@@ -1,31 +1,60 @@
-"""One deployed node's unlabeled sets and priors, as a folder on its own disk.
+"""One deployed node's data, as a folder on its own disk.
 
 In a real federation each organisation runs a SuperNode next to its data and starts it with
-``flower-supernode --node-config "data-dir=/path/to/node"``. The folder holds::
+``flower-supernode --node-config "data-dir=/path/to/node"``. The folder holds one or more of
+three *parts* (the parts of :class:`~fedul_flwr.data.client_data.ClientData` it provides),
+plus optional metadata and a local test split::
 
+    U sets ("unlabeled" + "usets" parts; both files or neither):
     <dir>/priors.csv              header ``set,<class name 1>,...,<class name K>``; one row
                                   per U set: the set's name, then its K class priors
                                   Pi_c[m, :] (non-negative, summing to 1 within 1e-3)
     <dir>/sets/<set name>/        one folder per row of priors.csv, holding EITHER image
                                   files (``*.png``, ``*.jpg``, ``*.jpeg``; any file names)
                                   OR one ``images.npy``: uint8 ``[n, H, W]`` or ``[n, H, W, C]``
+
+    labeled images ("labeled" part; optional):
+    <dir>/labeled/images.npy      uint8 ``[n_l, H, W]`` or ``[n_l, H, W, C]``
+    <dir>/labeled/labels.npy      int labels ``[n_l]`` in ``0..K-1`` (both files)
+
+    plain unlabeled images ("unlabeled" part without set structure; optional):
+    <dir>/unlabeled/images.npy    uint8 ``[n_u, H, W]`` or ``[n_u, H, W, C]``; only allowed
+                                  when the node has no U sets (else the "unlabeled" part
+                                  would be ambiguous)
+
     <dir>/meta.json               optional: ``{"dataset": ..., "image_size": H,
                                   "channels": C, "class_names": [...]}``; checked against
                                   the run when present
-    <dir>/test/images.npy         optional labeled local test split: uint8 images as above
-    <dir>/test/labels.npy         and int labels ``[n_t]`` in ``0..K-1`` (both or neither)
+    <dir>/test/images.npy         optional labeled local test split (client-side evaluation
+    <dir>/test/labels.npy         only): uint8 images and int labels ``[n_t]`` as in labeled/
+
+Accepted combinations: U sets, labeled, or plain unlabeled images alone; U sets + labeled;
+labeled + plain unlabeled. A node with U sets provides the parts ``unlabeled`` (the set
+images concatenated in ``priors.csv`` row order) and ``usets`` (the set index of every one of
+those images and the prior matrix); ``labeled/`` provides ``labeled`` (e.g. the same pool
+with its true labels, for the supervised reference); ``unlabeled/`` provides ``unlabeled``.
 
 The row order of ``priors.csv`` gives the set index m, i.e. the surrogate label ybar = m of
 every image in ``sets/<name of row m>/`` (Lu et al., ICLR 2022, Eq. 6). Image files of a
 set are decoded with PIL (8-bit grey ``L`` or colour ``RGB``) in sorted file-name order.
-Hidden files (``.*``) are ignored; any other file is an error, so no image is silently
-skipped.
+Hidden files (``.*``) are ignored; any other file in ``sets/<name>/``, ``labeled/`` or
+``unlabeled/`` is an error, so no image is silently skipped. Images stay uint8 (the model
+input is computed per batch, :meth:`ClientData.to_input`).
 
 :func:`validate_node_dir` reads everything and checks it; it never writes, moves or deletes
 anything. Every problem raises :class:`NodeDataError`, whose message names the file, the row
-(CSV line) or the value. :func:`load_node_dir` validates and returns a
-:class:`~fedul_flwr.data.client_data.ClientData`. :func:`write_node_dir` writes such a folder
-from a labeled dataset and simulated U sets (demos, tests), refusing to overwrite.
+(CSV line) or the value; in particular:
+
+- ``priors.csv`` without ``sets/`` or ``sets/`` without ``priors.csv`` (names the missing one);
+- ``unlabeled/`` together with U sets (names both paths);
+- none of U sets, ``labeled/``, ``unlabeled/`` (names the folder, lists the three layouts);
+- a malformed CSV row, a set folder without row or row without folder, an unreadable or
+  wrongly shaped image, a label outside ``0..K-1`` (file and position), a ``meta.json``
+  that contradicts the run.
+
+:func:`load_node_dir` validates and returns a :class:`~fedul_flwr.data.client_data.ClientData`.
+:func:`write_node_dir` writes such a folder from a labeled dataset and simulated U sets
+(demos, tests), optionally with a labeled part, refusing to overwrite.
 """
 
 from __future__ import annotations
@@ -48,6 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "IMAGE_SUFFIXES",
+    "LAYOUTS",
     "NodeDataError",
     "NodeDataReport",
     "NodeImages",
@@ -62,11 +92,20 @@ PRIORS_FILE = "priors.csv"
 SETS_DIR = "sets"
 META_FILE = "meta.json"
 TEST_DIR = "test"
+LABELED_DIR = "labeled"
+UNLABELED_DIR = "unlabeled"
 ARRAY_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
 IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg")
 PRIOR_ROW_TOLERANCE = 1e-3
 """Largest accepted |sum of a priors.csv row - 1|; accepted rows are renormalised exactly."""
+LAYOUTS: tuple[str, ...] = (
+    f"U sets: {PRIORS_FILE} + {SETS_DIR}/<set name>/",
+    f"labeled images: {LABELED_DIR}/{ARRAY_FILE} + {LABELED_DIR}/{LABELS_FILE}",
+    f"plain unlabeled images: {UNLABELED_DIR}/{ARRAY_FILE}",
+)
+"""The three accepted data layouts of a node folder (at least one must be present)."""
+_PART_ORDER: tuple[str, ...] = ("labeled", "unlabeled", "usets")
 
 
 class NodeDataError(ValueError):
@@ -83,23 +122,32 @@ class NodeDataReport:
     path : pathlib.Path
         The node's folder (resolved).
     set_names : tuple[str, ...]
-        The M_c set names, in ``priors.csv`` row order (= surrogate label order).
+        The M_c set names, in ``priors.csv`` row order (= surrogate label order); empty for
+        a node without U sets.
     set_sizes : tuple[int, ...]
         Number of images of each set.
     set_formats : tuple[str, ...]
         ``"npy"`` or ``"files"`` per set.
     priors : np.ndarray
-        float64 ``[M_c, K]`` prior matrix, rows renormalised to sum to 1.
+        float64 ``[M_c, K]`` prior matrix, rows renormalised to sum to 1 (``[0, K]`` without
+        U sets).
     class_names : tuple[str, ...]
         The K class names (the run's, equal to the CSV header).
     channels, image_size : int
         Image shape ``[C, H, H]``.
     condition_number : float
-        2-norm condition number of the prior matrix over the classes present.
+        2-norm condition number of the prior matrix over the classes present (``nan``
+        without U sets).
     absent_classes : tuple[str, ...]
-        Classes whose priors column is all zero (the node holds none of them).
+        Classes whose priors column is all zero (the node's sets hold none of them); empty
+        without U sets.
     num_test : int
         Size of the labeled local test split (0 when absent).
+    num_labeled : int
+        Size of the labeled part ``labeled/`` (0 when absent).
+    num_unlabeled : int
+        Number of plain unlabeled images ``unlabeled/`` (0 when absent); the images of the
+        U sets are counted by ``set_sizes``.
     """
 
     path: Path
@@ -113,10 +161,12 @@ class NodeDataReport:
     condition_number: float
     absent_classes: tuple[str, ...]
     num_test: int
+    num_labeled: int = 0
+    num_unlabeled: int = 0
 
     @property
     def num_sets(self) -> int:
-        """M_c."""
+        """M_c (0 without U sets)."""
         return len(self.set_names)
 
     @property
@@ -124,22 +174,43 @@ class NodeDataReport:
         """n_c, images over all sets."""
         return int(sum(self.set_sizes))
 
+    @property
+    def parts(self) -> tuple[str, ...]:
+        """The :class:`~fedul_flwr.data.client_data.ClientData` parts this node provides, in
+        the order ``("labeled", "unlabeled", "usets")``."""
+        held = {
+            "labeled": self.num_labeled > 0,
+            "unlabeled": self.num_unlabeled + self.num_images > 0,
+            "usets": self.num_sets > 0,
+        }
+        return tuple(p for p in _PART_ORDER if held[p])
+
     def summary(self) -> str:
         """A human-readable multi-line summary (for the ``validate`` command)."""
+        shape = f"{self.channels}x{self.image_size}x{self.image_size}"
         lines = [
             f"{self.path}: OK",
-            f"  {self.num_sets} sets, {self.num_images} images of {self.channels}x{self.image_size}x{self.image_size}, "
-            f"K={len(self.class_names)} classes, cond(Pi)={self.condition_number:.2f}",
+            f"  parts {list(self.parts)}, images of {shape}, K={len(self.class_names)} classes",
         ]
-        if self.absent_classes:
-            lines.append(f"  classes absent from this node (zero priors column): {list(self.absent_classes)}")
-        lines.append(f"  labeled local test split: {self.num_test} images" if self.num_test else "  no local test split")
-        width = max(len(n) for n in self.set_names)
-        for name, size, fmt, row in zip(self.set_names, self.set_sizes, self.set_formats, self.priors):
-            top = int(np.argmax(row))
+        if self.num_labeled:
+            lines.append(f"  labeled: {self.num_labeled} images with labels")
+        if self.num_unlabeled:
+            lines.append(f"  unlabeled: {self.num_unlabeled} images without set structure")
+        if self.num_sets:
             lines.append(
-                f"  {name:<{width}}  {size:>7} images ({fmt})  max prior {row[top]:.3f} ({self.class_names[top]})"
+                f"  U sets: {self.num_sets} sets, {self.num_images} images of {shape}, "
+                f"cond(Pi)={self.condition_number:.2f}"
             )
+        if self.absent_classes:
+            lines.append(f"  classes absent from this node's sets (zero priors column): {list(self.absent_classes)}")
+        lines.append(f"  labeled local test split: {self.num_test} images" if self.num_test else "  no local test split")
+        if self.num_sets:
+            width = max(len(n) for n in self.set_names)
+            for name, size, fmt, row in zip(self.set_names, self.set_sizes, self.set_formats, self.priors):
+                top = int(np.argmax(row))
+                lines.append(
+                    f"  {name:<{width}}  {size:>7} images ({fmt})  max prior {row[top]:.3f} ({self.class_names[top]})"
+                )
         return "\n".join(lines)
 
 
@@ -150,7 +221,7 @@ def _read_priors(path: Path, class_names: Sequence[str]) -> tuple[list[str], np.
     """Parse and check ``priors.csv``: header, one row per set, K finite non-negative
     priors per row summing to 1 (tolerance). Returns (set names, ``[M, K]`` float64)."""
     if not path.is_file():
-        raise NodeDataError(f"{path}: missing; every node folder needs a {PRIORS_FILE} (header 'set,<class names>')")
+        raise NodeDataError(f"{path}: missing or not a file; U sets need a {PRIORS_FILE} (header 'set,<class names>')")
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:  # -sig: spreadsheet BOMs
             rows = [(i, r) for i, r in enumerate(csv.reader(fh), start=1) if any(c.strip() for c in r)]
@@ -307,13 +378,28 @@ def _check_meta(path: Path, class_names: Sequence[str], image_size: int, channel
     return meta
 
 
-def _read_test(folder: Path, num_classes: int, channels: int, image_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _read_labeled(
+    folder: Path, num_classes: int, channels: int, image_size: int, what: str
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``images.npy`` + ``labels.npy`` of ``folder`` (the local test split or the labeled part).
+
+    Returns
+    -------
+    (np.ndarray, np.ndarray) or None
+        uint8 ``[n, C, H, W]`` images and int64 ``[n]`` labels; ``None`` if neither file exists.
+
+    Raises
+    ------
+    NodeDataError
+        If only one of the two files exists, either is unreadable or mis-shaped, the counts
+        differ, or a label is outside ``0..K-1`` (naming the file and the position).
+    """
     images, labels = folder / ARRAY_FILE, folder / LABELS_FILE
     if not images.exists() and not labels.exists():
         return None
     for have, missing in ((images, labels), (labels, images)):
         if have.exists() and not missing.exists():
-            raise NodeDataError(f"{missing}: missing; the local test split needs both {ARRAY_FILE} and {LABELS_FILE}")
+            raise NodeDataError(f"{missing}: missing; {what} needs both {ARRAY_FILE} and {LABELS_FILE}")
     x = _read_npy(images, channels, image_size)
     try:
         y = np.load(labels, allow_pickle=False)
@@ -329,18 +415,64 @@ def _read_test(folder: Path, num_classes: int, channels: int, image_size: int) -
     return x, y.astype(np.int64)
 
 
+def _check_part_folder(folder: Path, allowed: tuple[str, ...], what: str) -> None:
+    """``folder`` is a folder holding only ``allowed`` files (hidden files ignored)."""
+    if not folder.is_dir():
+        raise NodeDataError(f"{folder}: is not a folder; {what} is a folder holding {list(allowed)}")
+    stray = sorted(p.name for p in folder.iterdir() if not p.name.startswith(".") and p.name not in allowed)
+    if stray:
+        raise NodeDataError(f"{folder}: holds {stray[:5]}; {what} holds only {list(allowed)}")
+
+
 @dataclass(frozen=True)
 class NodeImages:
-    """The images of a validated node folder (uint8 ``[n, C, H, W]``, set order) and report."""
+    """The data of a validated node folder and its report.
+
+    Attributes
+    ----------
+    report : NodeDataReport
+        The description.
+    unlabeled : np.ndarray or None
+        uint8 ``[n_u, C, H, W]``: the U sets' images concatenated in ``priors.csv`` row order,
+        or the plain ``unlabeled/`` images; ``None`` if the node has neither.
+    set_index : np.ndarray or None
+        int64 ``[n_u]`` set index m of every unlabeled image; ``None`` without U sets.
+    labeled : (np.ndarray, np.ndarray) or None
+        uint8 ``[n_l, C, H, W]`` images and int64 ``[n_l]`` labels of ``labeled/``.
+    test : (np.ndarray, np.ndarray) or None
+        The local test split, same types.
+    """
 
     report: NodeDataReport
-    x: np.ndarray
-    set_index: np.ndarray
+    unlabeled: np.ndarray | None
+    set_index: np.ndarray | None
+    labeled: tuple[np.ndarray, np.ndarray] | None
     test: tuple[np.ndarray, np.ndarray] | None
 
 
+def _read_usets(
+    root: Path, class_names: Sequence[str], channels: int, image_size: int
+) -> tuple[list[str], np.ndarray, list[np.ndarray], list[str]]:
+    """``priors.csv`` and ``sets/``: (set names, priors ``[M, K]``, images per set, formats)."""
+    set_names, priors = _read_priors(root / PRIORS_FILE, class_names)
+    sets_dir = root / SETS_DIR
+    if not sets_dir.is_dir():
+        raise NodeDataError(f"{sets_dir}: is not a folder; it must hold one folder per set of {root / PRIORS_FILE}")
+    extra = sorted(p.name for p in sets_dir.iterdir() if not p.name.startswith(".") and p.name not in set_names)
+    if extra:
+        raise NodeDataError(
+            f"{sets_dir}: folder(s) {extra} have no row in {root / PRIORS_FILE}; add their priors or move them away"
+        )
+    images, formats = [], []
+    for name in set_names:
+        arr, fmt = _read_set(sets_dir / name, name, channels, image_size)
+        images.append(arr)
+        formats.append(fmt)
+    return set_names, priors, images, formats
+
+
 def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int, channels: int) -> NodeImages:
-    """Read and check a node folder (read-only), returning its images and report.
+    """Read and check a node folder (read-only), returning its data and report.
 
     Parameters
     ----------
@@ -356,13 +488,16 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
     Returns
     -------
     NodeImages
-        ``x`` uint8 ``[n_c, C, H, W]`` (sets concatenated in ``priors.csv`` order),
-        ``set_index`` int64 ``[n_c]``, optional ``test`` (uint8 images, int64 labels).
+        ``unlabeled`` uint8 ``[n_u, C, H, W]`` (U sets concatenated in ``priors.csv`` order,
+        or ``unlabeled/``), ``set_index`` int64 ``[n_u]`` (U sets only), optional
+        ``labeled`` and ``test`` (uint8 images, int64 labels).
 
     Raises
     ------
     NodeDataError
-        For every problem, naming the file, CSV line or value.
+        For every problem, naming the file, CSV line or value; in particular when
+        ``priors.csv`` and ``sets/`` do not come together, when ``unlabeled/`` comes with U
+        sets, or when the folder holds none of the three layouts of :data:`LAYOUTS`.
     """
     root = Path(path).expanduser()
     if not root.exists():
@@ -371,23 +506,59 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
         raise NodeDataError(f"{root}: is not a folder")
     root = root.resolve()
     _check_meta(root / META_FILE, class_names, image_size, channels)
-    set_names, priors = _read_priors(root / PRIORS_FILE, class_names)
-    sets_dir = root / SETS_DIR
-    if not sets_dir.is_dir():
-        raise NodeDataError(f"{sets_dir}: missing; it must hold one folder per set of {root / PRIORS_FILE}")
-    extra = sorted(p.name for p in sets_dir.iterdir() if not p.name.startswith(".") and p.name not in set_names)
-    if extra:
+
+    # which layouts are there: decided on names alone, before reading any data
+    priors_path, sets_dir = root / PRIORS_FILE, root / SETS_DIR
+    labeled_dir, unlabeled_dir = root / LABELED_DIR, root / UNLABELED_DIR
+    has_usets = priors_path.exists() or sets_dir.exists()
+    if has_usets and not priors_path.exists():
         raise NodeDataError(
-            f"{sets_dir}: folder(s) {extra} have no row in {root / PRIORS_FILE}; add their priors or move them away"
+            f"{priors_path}: missing; {sets_dir} holds U sets, which need a {PRIORS_FILE} "
+            "(header 'set,<class names>', one row of class priors per set)"
         )
-    images, formats = [], []
-    for name in set_names:
-        arr, fmt = _read_set(sets_dir / name, name, channels, image_size)
-        images.append(arr)
-        formats.append(fmt)
-    sizes = tuple(len(a) for a in images)
-    test = _read_test(root / TEST_DIR, len(class_names), channels, image_size)
-    present = np.any(priors > 0, axis=0)
+    if has_usets and not sets_dir.exists():
+        raise NodeDataError(f"{sets_dir}: missing; it must hold one folder per set of {priors_path}")
+    if has_usets and unlabeled_dir.exists():
+        raise NodeDataError(
+            f"{unlabeled_dir} and {sets_dir}: a node holds either plain unlabeled images or U sets "
+            f"({priors_path} + {sets_dir}), not both; the 'unlabeled' part would be ambiguous"
+        )
+    if not (has_usets or labeled_dir.exists() or unlabeled_dir.exists()):
+        raise NodeDataError(
+            f"{root}: holds no training data; a node folder needs at least one of: " + "; ".join(LAYOUTS)
+        )
+
+    num_classes = len(class_names)
+    unlabeled = set_index = None
+    set_names: list[str] = []
+    formats: list[str] = []
+    sizes: tuple[int, ...] = ()
+    priors = np.zeros((0, num_classes), dtype=np.float64)
+    cond = math.nan
+    absent: tuple[str, ...] = ()
+    if has_usets:
+        set_names, priors, images, formats = _read_usets(root, class_names, channels, image_size)
+        sizes = tuple(len(a) for a in images)
+        unlabeled = np.concatenate(images)
+        set_index = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        present = np.any(priors > 0, axis=0)
+        cond = condition_number(priors, present)
+        absent = tuple(c for c, p in zip(class_names, present) if not p)
+    num_unlabeled = 0
+    if unlabeled_dir.exists():
+        _check_part_folder(unlabeled_dir, (ARRAY_FILE,), f"the plain unlabeled part {UNLABELED_DIR}/")
+        if not (unlabeled_dir / ARRAY_FILE).is_file():
+            raise NodeDataError(f"{unlabeled_dir / ARRAY_FILE}: missing; {unlabeled_dir} must hold one {ARRAY_FILE}")
+        unlabeled = _read_npy(unlabeled_dir / ARRAY_FILE, channels, image_size)
+        num_unlabeled = len(unlabeled)
+    labeled = None
+    if labeled_dir.exists():
+        what = f"the labeled part {LABELED_DIR}/"
+        _check_part_folder(labeled_dir, (ARRAY_FILE, LABELS_FILE), what)
+        labeled = _read_labeled(labeled_dir, num_classes, channels, image_size, what)
+        if labeled is None:
+            raise NodeDataError(f"{labeled_dir}: empty; {what} needs {ARRAY_FILE} and {LABELS_FILE}")
+    test = _read_labeled(root / TEST_DIR, num_classes, channels, image_size, "the local test split")
     report = NodeDataReport(
         path=root,
         set_names=tuple(set_names),
@@ -397,12 +568,13 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
         class_names=tuple(class_names),
         channels=channels,
         image_size=image_size,
-        condition_number=condition_number(priors, present),
-        absent_classes=tuple(c for c, p in zip(class_names, present) if not p),
+        condition_number=cond,
+        absent_classes=absent,
         num_test=0 if test is None else len(test[1]),
+        num_labeled=0 if labeled is None else len(labeled[1]),
+        num_unlabeled=num_unlabeled,
     )
-    set_index = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-    return NodeImages(report, np.concatenate(images), set_index, test)
+    return NodeImages(report, unlabeled, set_index, labeled, test)
 
 
 def validate_node_dir(path: str | Path, class_names: Sequence[str], image_size: int, channels: int) -> NodeDataReport:
@@ -422,9 +594,8 @@ def load_node_dir(
     channels: int,
     mean: Sequence[float],
     std: Sequence[float],
-    test_prior: np.ndarray,
 ) -> ClientData:
-    """Validate a node folder and turn it into the client's training data.
+    """Validate a node folder and turn it into the client's data.
 
     Parameters
     ----------
@@ -433,37 +604,40 @@ def load_node_dir(
     class_names, image_size, channels
         The run's dataset facts (see :func:`read_node_dir`).
     mean, std : sequence of float
-        Per-channel normalisation constants of the run's dataset (``len == channels``).
-    test_prior : np.ndarray
-        float ``[K]`` test class prior pi (a run setting).
+        Per-channel normalisation constants of the run's dataset (``len == channels``),
+        stored in the container (applied per batch, not here).
 
     Returns
     -------
     ClientData
-        ``x`` float32 ``[n_c, C, H, W]`` normalised, ``set_index`` int64 ``[n_c]``,
-        ``priors`` ``[M_c, K]`` from ``priors.csv``, and the optional local test split.
+        ``node`` = the folder path; uint8 images throughout: ``unlabeled`` ``[n_u, C, H, W]``
+        and ``usets`` (set index int64 ``[n_u]``, priors ``[M_c, K]`` from ``priors.csv``)
+        when the node has U sets, ``unlabeled`` alone for ``unlabeled/``, ``labeled`` for
+        ``labeled/``, ``test`` for ``test/``.
 
     Raises
     ------
     NodeDataError
         See :func:`read_node_dir`.
     """
-    from fedul_flwr.data.client_data import ClientData
-    from fedul_flwr.data.datasets import normalize
+    from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
 
     node = read_node_dir(path, class_names, image_size, channels)
-    test_x = test_y = None
-    if node.test is not None:
-        test_x = normalize(torch.from_numpy(node.test[0]), mean, std)
-        test_y = torch.from_numpy(node.test[1])
+
+    def labeled(pair: tuple[np.ndarray, np.ndarray] | None) -> LabeledImages | None:
+        return None if pair is None else LabeledImages(torch.from_numpy(pair[0]), torch.from_numpy(pair[1]))
+
     return ClientData(
-        x=normalize(torch.from_numpy(node.x), mean, std),
-        set_index=torch.from_numpy(node.set_index),
-        priors=node.report.priors,
-        test_prior=np.asarray(test_prior, dtype=np.float64),
+        node=str(node.report.path),
         class_names=tuple(class_names),
-        test_x=test_x,
-        test_y=test_y,
+        mean=tuple(float(m) for m in mean),
+        std=tuple(float(s) for s in std),
+        labeled=labeled(node.labeled),
+        unlabeled=None if node.unlabeled is None else torch.from_numpy(node.unlabeled),
+        usets=None
+        if node.set_index is None
+        else USetIndex(torch.from_numpy(node.set_index), node.report.priors),
+        test=labeled(node.test),
     )
 
 
@@ -478,6 +652,18 @@ def _to_nhwc(images: torch.Tensor | np.ndarray) -> np.ndarray:
     return arr[..., 0] if arr.shape[3] == 1 else arr
 
 
+def _write_labeled(folder: Path, pair: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray]) -> None:
+    """``folder/images.npy`` (uint8 ``[n, H, W(, C)]``) and ``folder/labels.npy`` (int64 ``[n]``)."""
+    x, y = pair
+    labels = np.asarray(torch.as_tensor(y), dtype=np.int64)
+    images = _to_nhwc(torch.as_tensor(x))
+    if labels.shape != images.shape[:1]:
+        raise ValueError(f"{folder}: {labels.shape} labels for {len(images)} images")
+    folder.mkdir()
+    np.save(folder / ARRAY_FILE, images)
+    np.save(folder / LABELS_FILE, labels)
+
+
 def write_node_dir(
     out: str | Path,
     images: torch.Tensor | np.ndarray,
@@ -486,6 +672,7 @@ def write_node_dir(
     *,
     image_format: str = "npy",
     max_set_size: int | None = None,
+    labeled: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray] | None = None,
     test: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray] | None = None,
     meta: dict[str, Any] | None = None,
     rng: np.random.Generator | None = None,
@@ -507,6 +694,10 @@ def write_node_dir(
     max_set_size : int or None
         Keep at most this many images per set, drawn uniformly at random with ``rng``
         (a random subset of a set still follows the set's class priors): tiny demo nodes.
+        Does not apply to ``labeled`` or ``test``.
+    labeled : (images, labels) or None
+        Optional labeled part ``labeled/``: uint8 ``[n_l, C, H, W]`` and int ``[n_l]``
+        (written as ``images.npy`` + ``labels.npy``, like the test split).
     test : (images, labels) or None
         Optional labeled local test split: uint8 ``[n_t, C, H, W]`` and int ``[n_t]``.
     meta : dict or None
@@ -524,7 +715,7 @@ def write_node_dir(
     NodeDataError
         If ``out`` exists and is not an empty folder.
     ValueError
-        On a bad ``image_format``, ``max_set_size`` or image array.
+        On a bad ``image_format``, ``max_set_size`` or image / label array.
     """
     if image_format not in ("npy", "png"):
         raise ValueError(f"image_format must be 'npy' or 'png', got {image_format!r}")
@@ -558,11 +749,10 @@ def write_node_dir(
         writer.writerow(["set", *class_names])
         for name, row in zip(set_names, usets.priors):
             writer.writerow([name, *(repr(float(v)) for v in row)])
+    if labeled is not None:
+        _write_labeled(root / LABELED_DIR, labeled)
     if test is not None:
-        tx, ty = test
-        (root / TEST_DIR).mkdir()
-        np.save(root / TEST_DIR / ARRAY_FILE, _to_nhwc(torch.as_tensor(tx)))
-        np.save(root / TEST_DIR / LABELS_FILE, np.asarray(torch.as_tensor(ty), dtype=np.int64))
+        _write_labeled(root / TEST_DIR, test)
     info = {"class_names": list(class_names), "image_size": int(height), "channels": int(channels), **(meta or {})}
     (root / META_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return root

@@ -21,10 +21,16 @@ Everything is deterministic from ``seed``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import numpy as np
 
-PARTITIONS = ("iid", "noniid", "dirichlet")
+from fedul_flwr.registry import Registry
+
+Partitioner = Callable[..., list[np.ndarray]]
+PARTITIONS: Registry[Partitioner] = Registry("partition")
+"""Partition schemes by name: ``scheme(labels, num_partitions, num_classes, seed, *, dirichlet_alpha,
+noniid_majority, noniid_minority_fraction) -> list of index arrays`` (each uses what it needs)."""
 
 log = logging.getLogger(__name__)
 
@@ -227,19 +233,30 @@ def partition_pool(
     Raises
     ------
     ValueError
-        On an unknown scheme (names the valid ones) or invalid scheme parameters.
+        On an unknown scheme (:class:`~fedul_flwr.registry.UnknownChoiceError`, naming the
+        valid ones) or invalid scheme parameters.
     """
-    if scheme == "iid":
-        parts = iid_partition(labels, num_partitions, seed)
-    elif scheme == "dirichlet":
-        parts = dirichlet_partition(labels, num_partitions, dirichlet_alpha, seed)
-    elif scheme == "noniid":
-        parts = noniid_partition(
-            labels, num_partitions, num_classes, seed, noniid_majority, noniid_minority_fraction
-        )
-    else:
-        raise ValueError(f"partition={scheme!r} is not one of {PARTITIONS}")
-    return parts
+    return PARTITIONS.get(scheme)(
+        labels,
+        num_partitions,
+        num_classes,
+        seed,
+        dirichlet_alpha=dirichlet_alpha,
+        noniid_majority=noniid_majority,
+        noniid_minority_fraction=noniid_minority_fraction,
+    )
+
+
+PARTITIONS.add("iid", lambda labels, n, k, seed, **_: iid_partition(labels, n, seed))
+PARTITIONS.add(
+    "noniid",
+    lambda labels, n, k, seed, *, noniid_majority, noniid_minority_fraction, **_: noniid_partition(
+        labels, n, k, seed, noniid_majority, noniid_minority_fraction
+    ),
+)
+PARTITIONS.add(
+    "dirichlet", lambda labels, n, k, seed, *, dirichlet_alpha, **_: dirichlet_partition(labels, n, dirichlet_alpha, seed)
+)
 
 
 def _check_num_partitions(num_partitions: int, pool_size: int) -> None:

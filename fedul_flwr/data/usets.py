@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedul_flwr.registry import Registry
+
 log = logging.getLogger(__name__)
 
 __all__ = [
@@ -131,10 +133,10 @@ def uniform_priors(
     return raw / raw.sum(axis=1, keepdims=True)
 
 
-PRIOR_SCHEMES: dict[str, Callable[..., np.ndarray]] = {
-    "dominant": dominant_class_priors,
-    "uniform": uniform_priors,
-}
+PRIOR_SCHEMES: Registry[Callable[..., np.ndarray]] = Registry("prior-scheme")
+"""Prior-matrix shapes by name: ``scheme(num_sets, num_classes, rng, **options) -> [M, K]``."""
+PRIOR_SCHEMES.add("dominant", dominant_class_priors)
+PRIOR_SCHEMES.add("uniform", uniform_priors)
 
 
 # --------------------------------------------------------------------------- fitting
@@ -414,11 +416,6 @@ class USets:
         sizes = self.set_sizes.astype(np.float64)
         return sizes / sizes.sum()
 
-    @property
-    def present_classes(self) -> np.ndarray:
-        """bool [K]: classes with at least one sample in the client's pool."""
-        return self.class_counts.sum(axis=0) > 0
-
     def surrogate_dataset(self) -> tuple[np.ndarray, np.ndarray]:
         """The surrogate labeled dataset of Eq. (6).
 
@@ -521,8 +518,7 @@ def build_usets(
     Classes absent from the pool get zero columns; the rank condition is then checked over
     the present classes only, and a warning names the absent classes.
     """
-    if scheme not in PRIOR_SCHEMES:
-        raise ValueError(f"unknown prior scheme {scheme!r}; valid: {sorted(PRIOR_SCHEMES)}")
+    PRIOR_SCHEMES.get(scheme)  # raises on an unknown scheme, naming the valid ones
     labels = np.asarray(labels)
     indices = np.asarray(indices)
     if labels.ndim != 1 or indices.ndim != 1 or labels.shape != indices.shape:
@@ -545,7 +541,7 @@ def build_usets(
     if scheme == "dominant":
         raw = dominant_class_priors(num_sets, num_classes, rng, factor=dominant_factor)
     else:
-        raw = PRIOR_SCHEMES[scheme](num_sets, num_classes, rng)
+        raw = PRIOR_SCHEMES.get(scheme)(num_sets, num_classes, rng)
 
     target = np.full(num_sets, n_c // num_sets, dtype=np.int64)
     target[: n_c % num_sets] += 1

@@ -1,29 +1,41 @@
-"""Learning methods behind one interface (:class:`fedul_flwr.methods.base.Method`)."""
+"""Learning methods behind one interface (:class:`fedul_flwr.methods.base.Method`).
+
+Every module (or sub-package) of this package that defines a method registers it in
+:data:`METHODS` with :func:`~fedul_flwr.methods.base.register_method`; all of them are
+imported here, so adding a method means adding its module, nothing else.
+"""
 
 from __future__ import annotations
 
-from fedul_flwr.methods.base import LocalTask, Method
-from fedul_flwr.methods.fedllp import FedLLP
-from fedul_flwr.methods.fedllp_vat import FedLLPVAT
-from fedul_flwr.methods.fedpl import FedPL
-from fedul_flwr.methods.fedul import FedUL
-from fedul_flwr.methods.supervised import Supervised
+import importlib
+import pkgutil
 
-METHODS: dict[str, type[Method]] = {cls.name: cls for cls in (FedUL, FedPL, FedLLP, FedLLPVAT, Supervised)}
+from fedul_flwr.methods.base import (
+    METHODS,
+    LocalTask,
+    Method,
+    ModelSpec,
+    RoundContext,
+    Stream,
+    method_class,
+    register_method,
+)
+
+for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    if _module.name != "base":
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def get_method(name: str) -> type[Method]:
-    """The method class registered as ``name``.
+    """The method class of ``name``: a registered name or ``"module:Class"``
+    (:func:`~fedul_flwr.methods.base.method_class`).
 
     Raises
     ------
-    ValueError
+    UnknownChoiceError
         If no method has that name (lists the registered ones).
     """
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise ValueError(f"method={name!r} is not one of {sorted(METHODS)}") from None
+    return method_class(name)
 
 
-__all__ = ["METHODS", "FedLLP", "FedLLPVAT", "FedPL", "FedUL", "Supervised", "LocalTask", "Method", "get_method"]
+__all__ = ["METHODS", "LocalTask", "Method", "ModelSpec", "RoundContext", "Stream", "get_method", "register_method"]

@@ -1,30 +1,134 @@
-"""The method interface: what a learning method brings to the shared client loop.
+"""The method interface: what a learning method brings to the federation.
 
-A *method* (FedUL, later its baselines and FedPU / FedDB / HASSLE) decides
+A *method* (FedUL and its baselines; later FedPU, FixMatch / FedDB, HASSLE) owns
 
-- how a client's data becomes training batches (``local_task``: inputs and targets),
-- the loss of a batch (``LocalTask.loss``), possibly through fixed modules of its own
-  (FedUL's transition layer Q_c) or extra models,
-- which arrays leave the client (``exchanged_state``; default: f's whole state dict),
-- per-client state kept across rounds (``context.state``, via ``LocalTask.state``),
-- and, if it needs one, its own aggregation (``server_strategy_class``).
+- the parts of a client's data it needs (``requires``; checked at the boundary, see
+  :meth:`fedul_flwr.data.client_data.ClientData.require`) and those it uses where a client
+  has them (``uses``; e.g. labels on some clients only);
+- its options (``options``: run-config keys it owns, validated by it);
+- its named models (``model_specs``): each built from the model registry and marked
+  *exchanged* (sent to and aggregated by the server), *kept* (stays on the node across
+  rounds, in ``context.state``) and *trained* (optimised by the local loop);
+- its local round (``local_update``; by default the shared loop of
+  :mod:`fedul_flwr.training` on the :class:`LocalTask` of ``local_task``: batches drawn from
+  one or several streams, a loss over all models);
+- which exchanged models a client sends (``sent_models``; default all) and what else its
+  reply carries (``uploads``: scalars or K-vectors in the reply's metrics);
+- optionally its server aggregation (``aggregation``: a strategy mixin class, in Flower's
+  style, composed with the run's strategy);
+- its predictors (``predictors``): the functions evaluated centrally every round.
 
-The local optimisation loop itself lives once, in :mod:`fedul_flwr.training`; methods
-never copy it.
+The apps only wire these together; they never branch on a method's name. A method is
+registered in :data:`fedul_flwr.methods.METHODS` by the module that defines it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
 import torch
 from torch import nn
 
-from fedul_flwr.config import RunConfig
+from fedul_flwr.config import Option, RunConfig
 from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.registry import Registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedul_flwr.training import LocalLoop, TrainResult
+
+__all__ = ["METHODS", "method_class", "Batch", "LocalTask", "Method", "ModelSpec", "Predictor", "RoundContext", "Stream", "register_method"]
+
+Batch = dict[str, dict[str, torch.Tensor]]
+"""One training step's data: stream name -> tensor name -> ``[B, ...]`` batch on the training
+device (image tensors already turned into float model inputs)."""
+
+Predictor = Callable[[nn.ModuleDict, torch.Tensor], torch.Tensor]
+"""``predict(models, x [B, C, H, W] float input) -> logits [B, K]``."""
+
+# entropy words of the per-round random streams of a client (see RoundContext)
+_METHOD_TORCH_STREAM = 11
+_METHOD_NUMPY_STREAM = 12
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model a method trains or uses.
+
+    Attributes
+    ----------
+    name : str
+        Its name (``"f"``, ``"w_S"``, ...); the key prefix of its arrays on the wire.
+    arch : str | None
+        A name of the model registry (:data:`fedul_flwr.models.MODELS`); ``None``: the run's
+        ``model``.
+    exchanged : bool
+        Sent to the clients and aggregated by the server every round.
+    kept : bool
+        Kept on the node across rounds in ``context.state`` (never sent); initialised from
+        a seed of (run seed, node key, model) in the node's first round.
+    trained : bool
+        Optimised by the local loop.
+
+    Raises
+    ------
+    ValueError
+        If a model is both exchanged and kept, or neither (a model must live somewhere).
+    """
+
+    name: str
+    arch: str | None = None
+    exchanged: bool = True
+    kept: bool = False
+    trained: bool = True
+
+    def __post_init__(self) -> None:
+        if self.exchanged == self.kept:
+            raise ValueError(f"model {self.name!r}: exactly one of exchanged / kept must be set")
+        if not self.name or "." in self.name:
+            raise ValueError(f"model name {self.name!r} must be non-empty and contain no '.'")
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One source of training batches: row-aligned tensors of the client's data.
+
+    Attributes
+    ----------
+    tensors : Mapping[str, torch.Tensor]
+        ``[n, ...]`` tensors with the same first dimension (CPU); e.g. ``{"x": uint8
+        images, "y": int64 labels}``.
+    batch_size : int
+        Rows per batch B >= 1.
+    batches : Callable[[torch.Generator], Iterable[torch.Tensor]] | None
+        Optional order of one pass: ``batches(generator)`` yields int64 row-index tensors
+        (e.g. set-stratified batches). ``None``: a random permutation cut into batches of
+        ``batch_size``.
+    images : tuple[str, ...]
+        Keys of uint8 image tensors, turned into float model inputs per batch on the
+        training device (``ClientData.to_input``).
+    """
+
+    tensors: Mapping[str, torch.Tensor]
+    batch_size: int
+    batches: Callable[[torch.Generator], Iterable[torch.Tensor]] | None = None
+    images: tuple[str, ...] = ("x",)
+
+    def __post_init__(self) -> None:
+        sizes = {k: int(v.shape[0]) for k, v in self.tensors.items()}
+        if len(set(sizes.values())) > 1:
+            raise ValueError(f"stream tensors differ in length: {sizes}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+
+    @property
+    def num_rows(self) -> int:
+        """n, the rows of the stream."""
+        return int(next(iter(self.tensors.values())).shape[0]) if self.tensors else 0
 
 
 @dataclass
@@ -33,54 +137,187 @@ class LocalTask:
 
     Attributes
     ----------
-    inputs : torch.Tensor
-        ``[n, ...]`` model inputs batches are drawn from (rows).
-    targets : torch.Tensor
-        ``[n]`` training targets (FedUL: surrogate labels = set indices).
-    loss : Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-        ``loss(model, x_batch [B, ...], y_batch [B]) -> scalar`` (mean over the batch).
-    modules : dict[str, nn.Module]
-        Fixed or auxiliary modules the loss uses (moved to the training device).
-    state : dict[str, torch.Tensor]
-        Extra per-client tensors the method keeps between rounds.
-    batches : Callable[[torch.Generator], Iterable[torch.Tensor]] | None
-        Optional batch order of one epoch: ``batches(generator)`` yields int64 row-index
-        tensors into ``inputs`` (e.g. set-stratified batches for label-proportion losses).
-        ``None`` (default): a uniform random permutation cut into batches of ``batch_size``.
+    streams : dict[str, Stream]
+        Named batch sources. The *first* stream drives an epoch (one pass over its rows);
+        the others are cycled, re-shuffled each time they run out (e.g. FixMatch: B labeled
+        + mu * B unlabeled images per step).
+    loss : Callable[[nn.ModuleDict, Batch], torch.Tensor]
+        ``loss(models, batch) -> scalar`` (mean over the batch), for all models at once.
     """
 
-    inputs: torch.Tensor
-    targets: torch.Tensor
-    loss: Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
-    modules: dict[str, nn.Module] = field(default_factory=dict)
-    state: dict[str, torch.Tensor] = field(default_factory=dict)
-    batches: Callable[[torch.Generator], Iterable[torch.Tensor]] | None = None
+    streams: dict[str, Stream]
+    loss: Callable[[nn.ModuleDict, Batch], torch.Tensor]
+
+    def __post_init__(self) -> None:
+        if not self.streams:
+            raise ValueError("a local task needs at least one stream")
 
     @property
     def num_examples(self) -> int:
-        """n, the number of training rows."""
-        return int(self.inputs.shape[0])
+        """n, the rows of the first stream (one epoch)."""
+        return next(iter(self.streams.values())).num_rows
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """Who trains in which round, and the random generators of that round.
+
+    Every random draw of a client comes from here -- batch order, augmentation, mixup, VAT
+    noise --, seeded from (run seed, round, node key): metrics never depend on which
+    process (Ray actor) ran the client or what it ran before.
+
+    Attributes
+    ----------
+    seed : int
+        The run's seed.
+    server_round : int
+        The round being trained (from 1).
+    node_key : int
+        The node's stable key (:func:`fedul_flwr.data.sources.node_key`).
+    device : torch.device
+        The training device.
+    """
+
+    seed: int
+    server_round: int
+    node_key: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def batch_seed(self) -> int:
+        """Seed of the batch order (the training loop's own generator)."""
+        return int(np.random.SeedSequence([self.seed, self.server_round, self.node_key]).generate_state(1)[0])
+
+    @cached_property
+    def generator(self) -> torch.Generator:
+        """A CPU torch generator for the method's own draws (mixup partners, noise, ...)."""
+        words = [self.seed, self.server_round, self.node_key, _METHOD_TORCH_STREAM]
+        return torch.Generator().manual_seed(int(np.random.SeedSequence(words).generate_state(1)[0]))
+
+    @cached_property
+    def rng(self) -> np.random.Generator:
+        """A numpy generator for the method's scalar draws (e.g. a Beta mixing weight)."""
+        return np.random.default_rng([self.seed, self.server_round, self.node_key, _METHOD_NUMPY_STREAM])
 
 
 class Method(ABC):
-    """Base class of learning methods; subclasses register a ``name``.
+    """Base class of learning methods (see the module docstring).
 
-    ``needs_labels``: a method that trains on true labels (the supervised reference) sets it
-    to True; only then does :func:`~fedul_flwr.data.client_data.load_client` fill
-    ``ClientData.labels``. FedUL and the weakly supervised baselines never see labels.
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run configuration; the method's own options are read with ``cfg.option(key)``.
     """
 
     name: ClassVar[str]
-    needs_labels: ClassVar[bool] = False
+    requires: ClassVar[tuple[str, ...]] = ("unlabeled", "usets")
+    uses: ClassVar[tuple[str, ...]] = ()
+    options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
 
-    @abstractmethod
-    def local_task(self, client: ClientData, device: torch.device) -> LocalTask:
-        """Turn a client's data into its :class:`LocalTask` (tensors stay on the CPU;
-        the training loop moves batches)."""
+    @classmethod
+    def check_options(cls, cfg: RunConfig) -> None:
+        """Validate the method's own options in ``cfg``.
 
-    def exchanged_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Arrays sent to the server after local training: f's state dict (no Q_c)."""
-        return model.state_dict()
+        Raises
+        ------
+        ConfigError
+            Naming the key, the value and the rule.
+        """
+        for option in cls.options:
+            option.validate(cfg, cls.name)
+
+    def option(self, key: str) -> Any:
+        """The value of one of the method's options."""
+        return self.cfg.option(key)
+
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        """The method's models; default: one exchanged, trained classifier ``f``."""
+        return (ModelSpec("f"),)
+
+    @abstractmethod
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
+        """The client's :class:`LocalTask` for this round (tensors stay on the CPU; the loop
+        moves batches).
+
+        Parameters
+        ----------
+        client : ClientData
+            Holds every part in ``requires``.
+        models : nn.ModuleDict
+            All the method's models, on ``ctx.device``, with this round's weights.
+        ctx : RoundContext
+            Round, node and the random generators to draw from.
+        """
+
+    def local_update(
+        self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop
+    ) -> TrainResult:
+        """One local round: by default the shared loop on :meth:`local_task`, optimising
+        every trained model. A method with several phases calls ``loop.run`` several times."""
+        trained = [spec.name for spec in self.model_specs() if spec.trained]
+        return loop.run(models, self.local_task(client, models, ctx), trained=trained)
+
+    def sent_models(self, client: ClientData, ctx: RoundContext) -> tuple[str, ...]:
+        """The exchanged models this client sends back (default: all of them)."""
+        return tuple(spec.name for spec in self.model_specs() if spec.exchanged)
+
+    def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
+        """Extra values of the train reply (in its metrics), after local training: scalars or
+        K-vectors. Every client must send the same keys (Flower's validation)."""
+        return {}
+
+    def aggregation(self) -> type | None:
+        """A strategy mixin class for the server side (its ``aggregate_train`` runs before
+        the strategy's own), or ``None`` for the run's strategy as it is."""
+        return None
+
+    def predictors(self) -> dict[str, Predictor]:
+        """The predictors evaluated centrally every round, by name; the first is the
+        method's headline (``test-accuracy``), the others are recorded as
+        ``test-accuracy-<name>``. Default: argmax of ``f``."""
+        return {"f": lambda models, x: models["f"](x)}
+
+
+METHODS: Registry[type[Method]] = Registry("method")
+"""Method classes by name; a method's module registers it with :func:`register_method`."""
+
+
+def register_method(cls: type[Method]) -> type[Method]:
+    """Class decorator: register ``cls`` in :data:`METHODS` under ``cls.name``.
+
+    Raises
+    ------
+    ValueError
+        If the name is taken.
+    """
+    METHODS.add(cls.name, cls)
+    return cls
+
+
+def method_class(name: str) -> type[Method]:
+    """The method class of the run setting ``method``: a registered name, or the import path
+    ``"package.module:Class"`` of a :class:`Method` subclass defined outside this package
+    (it must be importable on every node).
+
+    Raises
+    ------
+    UnknownChoiceError
+        For an unregistered name without ``":"`` (lists the registered ones).
+    ValueError
+        If an import path does not name a Method subclass (or does not import).
+    """
+    if ":" not in name:
+        return METHODS.get(name)
+    import importlib
+
+    module, _, attr = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"method={name!r}: cannot import {attr!r} from {module!r} ({exc})") from exc
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise ValueError(f"method={name!r} is not a subclass of fedul_flwr.methods.Method")
+    return cls

@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import LocalTask, Method
+from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
 
 __all__ = ["FedLLP", "proportion_loss", "set_stratified_batches"]
 
@@ -144,26 +145,35 @@ def set_stratified_batches(
     return batches
 
 
+@register_method
 class FedLLP(Method):
     """FedLLP (Dulac-Arnold et al., 2019, federated as in Lu et al., App. D): bag
     label-proportion loss per U set, set-stratified batches, FedAvg on the server."""
 
     name = "fedllp"
+    requires = ("unlabeled", "usets")
+    options: tuple[Option, ...] = (Option("llp-batches", lambda v: v in LLP_BATCHES, f"one of {LLP_BATCHES}"),)
 
-    def regulariser(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
+    def regulariser(
+        self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor, ctx: RoundContext
+    ) -> torch.Tensor | None:
         """Extra loss term added to the proportion loss (none for plain FedLLP)."""
         return None
 
-    def local_task(self, client: ClientData, device: torch.device) -> LocalTask:
-        """Rows x with their set index as target; loss = :func:`proportion_loss` against the
-        client's (possibly noisy) prior matrix Pi_c ``[M_c, K]``, plus :meth:`regulariser`."""
-        priors = torch.as_tensor(np.asarray(client.priors), dtype=torch.float32, device=device)
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
+        """Rows x with their set index; loss = :func:`proportion_loss` against the client's
+        (possibly noisy) prior matrix Pi_c ``[M_c, K]``, plus :meth:`regulariser`."""
+        assert client.usets is not None and client.unlabeled is not None  # ``requires``
+        priors = torch.as_tensor(np.asarray(client.usets.priors), dtype=torch.float32, device=ctx.device)
 
-        def loss(model: nn.Module, x: torch.Tensor, set_index: torch.Tensor) -> torch.Tensor:
-            logits = model(x)
-            value = proportion_loss(logits, set_index, priors)
-            extra = self.regulariser(model, x, logits)
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            b = batch["usets"]
+            logits = models["f"](b["x"])
+            value = proportion_loss(logits, b["set"], priors)
+            extra = self.regulariser(models["f"], b["x"], logits, ctx)
             return value if extra is None else value + extra
 
-        batches = set_stratified_batches(client.set_index, self.cfg.batch_size, self.cfg.llp_batches)
-        return LocalTask(inputs=client.x, targets=client.set_index, loss=loss, batches=batches)
+        set_index = client.usets.set_index
+        batches = set_stratified_batches(set_index, self.cfg.batch_size, self.option("llp-batches"))
+        stream = Stream({"x": client.unlabeled, "set": set_index}, self.cfg.batch_size, batches=batches)
+        return LocalTask({"usets": stream}, loss)

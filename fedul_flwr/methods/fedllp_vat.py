@@ -12,8 +12,9 @@ fixed. App. D: alpha = 5e-4 and perturbation size mu = 1e-2 on MNIST (alpha = 0.
 mu = 6.0 on CIFAR-10) -- knobs ``vat-weight``, ``vat-epsilon``; ``vat-xi`` is the
 finite-difference step of the power iteration (1e-6, VAT's default). Norms are per sample
 over all pixels (of the normalised image). The perturbed passes use batch statistics but
-do not update batch-norm running statistics. Randomness (d) comes from torch's global RNG,
-which the in-process runner seeds, so runs repeat exactly.
+do not update batch-norm running statistics. The random direction d is drawn from the
+client's round generator (``RoundContext.generator``: run seed, round, node), so a run
+repeats itself wherever its clients run.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedul_flwr.config import Option
+from fedul_flwr.methods.base import RoundContext, register_method
 from fedul_flwr.methods.fedllp import FedLLP
 
 __all__ = ["FedLLPVAT", "vat_loss"]
@@ -49,7 +52,14 @@ def _unit(d: torch.Tensor) -> torch.Tensor:
     return d / norm.view(-1, *([1] * (d.ndim - 1)))
 
 
-def vat_loss(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, epsilon: float, xi: float = 1e-6) -> torch.Tensor:
+def vat_loss(
+    model: nn.Module,
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    epsilon: float,
+    xi: float = 1e-6,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """Virtual adversarial consistency loss (local distributional smoothness).
 
     Parameters
@@ -64,6 +74,8 @@ def vat_loss(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, epsilon: f
         Radius mu of the adversarial perturbation (L2 per sample).
     xi : float
         Step of the finite-difference power iteration.
+    generator : torch.Generator | None
+        CPU generator of the random direction d (``None``: torch's global RNG).
 
     Returns
     -------
@@ -73,7 +85,7 @@ def vat_loss(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, epsilon: f
     p = F.softmax(logits.detach(), dim=1)
     log_p = F.log_softmax(logits.detach(), dim=1)
     with _frozen_bn_stats(model):
-        d = (xi * _unit(torch.randn(x.shape).to(x))).requires_grad_()
+        d = (xi * _unit(torch.randn(x.shape, generator=generator).to(x))).requires_grad_()
         log_q = F.log_softmax(model(x + d), dim=1)
         distance = (p * (log_p - log_q)).sum(dim=1).mean()
         (grad,) = torch.autograd.grad(distance, d)
@@ -82,14 +94,23 @@ def vat_loss(model: nn.Module, x: torch.Tensor, logits: torch.Tensor, epsilon: f
     return (p * (log_p - log_q)).sum(dim=1).mean()
 
 
+@register_method
 class FedLLPVAT(FedLLP):
     """FedLLP-VAT (Tsai & Lin, 2020, federated as in Lu et al., App. D): proportion loss +
     ``vat-weight`` * VAT consistency of radius ``vat-epsilon``."""
 
     name = "fedllp-vat"
+    options = FedLLP.options + (
+        Option("vat-weight", lambda v: v >= 0, ">= 0"),
+        Option("vat-epsilon", lambda v: v >= 0, ">= 0"),
+        Option("vat-xi", lambda v: v > 0, "> 0"),
+    )
 
-    def regulariser(self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor | None:
-        """alpha * l_cons(f) of Eq. (19)."""
-        if self.cfg.vat_weight == 0:
+    def regulariser(
+        self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor, ctx: RoundContext
+    ) -> torch.Tensor | None:
+        """alpha * l_cons(f) of Eq. (19), with d drawn from the round's generator."""
+        weight = self.option("vat-weight")
+        if weight == 0:
             return None
-        return self.cfg.vat_weight * vat_loss(model, x, logits, self.cfg.vat_epsilon, self.cfg.vat_xi)
+        return weight * vat_loss(model, x, logits, self.option("vat-epsilon"), self.option("vat-xi"), ctx.generator)

@@ -26,8 +26,9 @@ Our reading of what the paper leaves open (documented, not from the authors' cod
   uniformly with replacement; one lam_mix per batch (as in mixup); L_fix and each part of
   L_mix are batch means of the rows they cover.
 
-Randomness (lam_mix, the pairing) comes from torch's global RNG, which the in-process runner
-seeds, so runs repeat exactly.
+Randomness comes from the client's round generators (``RoundContext``: run seed, round,
+node): the pairing from ``ctx.generator``, lam_mix from ``ctx.rng``, so a run repeats itself
+wherever its clients run.
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import LocalTask, Method
+from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
 
 __all__ = ["FedPL", "mixup_loss", "set_pseudo_labels"]
 
@@ -95,19 +97,29 @@ def mixup_loss(
     return lam * F.cross_entropy(logits, y_pos) + (1.0 - lam) * F.cross_entropy(logits, y_neg)
 
 
+@register_method
 class FedPL(Method):
     """FedPL (Diao et al., 2021, as set up in Lu et al., App. D): set-level pseudo labels,
     confident fix loss + lambda * confident/unconfident mixup loss, FedAvg on the server."""
 
     name = "fedpl"
+    requires = ("unlabeled", "usets")
+    options = (
+        Option("fedpl-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+        Option("fedpl-mixup-alpha", lambda v: v > 0, "> 0"),
+        Option("fedpl-mix-weight", lambda v: v >= 0, ">= 0"),
+    )
 
-    def local_task(self, client: ClientData, device: torch.device) -> LocalTask:
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Rows x with their set's pseudo label as target; loss of Eq. (14)."""
-        tau, weight = self.cfg.fedpl_threshold, self.cfg.fedpl_mix_weight
-        beta = torch.distributions.Beta(self.cfg.fedpl_mixup_alpha, self.cfg.fedpl_mixup_alpha)
+        assert client.usets is not None and client.unlabeled is not None  # ``requires``
+        tau, weight = self.option("fedpl-threshold"), self.option("fedpl-mix-weight")
+        alpha = self.option("fedpl-mixup-alpha")
 
-        def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            logits = model(x)
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            f = models["f"]
+            x, y = batch["usets"]["x"], batch["usets"]["y"]
+            logits = f(x)
             with torch.no_grad():
                 confidence = F.softmax(logits, dim=1).gather(1, y[:, None]).squeeze(1)
             confident = confidence >= tau
@@ -118,9 +130,9 @@ class FedPL(Method):
             if weight == 0 or not bool(unsure.any()):
                 return fix
             pos, neg = torch.nonzero(confident).flatten(), torch.nonzero(unsure).flatten()
-            partner = pos[torch.randint(len(pos), (len(neg),)).to(pos.device)]
-            lam = float(beta.sample())
-            return fix + weight * mixup_loss(model, x[partner], y[partner], x[neg], y[neg], lam)
+            partner = pos[torch.randint(len(pos), (len(neg),), generator=ctx.generator).to(pos.device)]
+            lam = float(ctx.rng.beta(alpha, alpha))
+            return fix + weight * mixup_loss(f, x[partner], y[partner], x[neg], y[neg], lam)
 
-        targets = set_pseudo_labels(client.priors, client.set_index)
-        return LocalTask(inputs=client.x, targets=targets, loss=loss)
+        targets = set_pseudo_labels(client.usets.priors, client.usets.set_index)
+        return LocalTask({"usets": Stream({"x": client.unlabeled, "y": targets}, self.cfg.batch_size)}, loss)

@@ -10,35 +10,46 @@ cross-entropy of the surrogate posterior (App. C.4):
     J_c(f) = E_(x, ybar) [ -log Q_c(softmax f(x))[ybar] ].
 
 Only f is trained and exchanged; any supervised aggregation works on top (FedAvg by
-default). Prediction is argmax f(x). ``loss='ce-prob'`` is the authors' code's variant
-(cross-entropy applied to the probabilities Q_c).
+default). Prediction is argmax f(x). Options: ``loss`` (a name of
+:data:`fedul_flwr.transition.LOSSES`): ``nll`` (the paper) or ``ce-prob`` (the authors'
+code: cross-entropy applied to the probabilities Q_c); ``test-prior`` (pi of Q_c) is a run
+setting parsed with the configuration.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
+from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import LocalTask, Method
-from fedul_flwr.transition import TransitionLayer, surrogate_loss
+from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
+from fedul_flwr.transition import LOSSES, TransitionLayer, surrogate_loss
 
 
+@register_method
 class FedUL(Method):
     """FedUL (Lu et al., ICLR 2022): surrogate labels + fixed transition layer Q_c."""
 
     name = "fedul"
+    requires = ("unlabeled", "usets")
+    options = (Option("loss", lambda v: v in LOSSES, f"one of {LOSSES.names()}"),)
 
-    def local_task(self, client: ClientData, device: torch.device) -> LocalTask:
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Surrogate dataset (x, ybar) and the loss -log Q_c(softmax f(x))[ybar].
 
         Q_c is built from the client's prior matrix Pi_c ``[M_c, K]``, surrogate prior
-        pibar_c ``[M_c]`` and test prior pi ``[K]``; it never leaves the client.
+        pibar_c ``[M_c]`` and the test prior pi ``[K]``; it never leaves the client.
         """
-        q = TransitionLayer(client.priors, client.surrogate_prior, client.test_prior).to(device)
-        kind = self.cfg.loss
+        assert client.usets is not None and client.unlabeled is not None  # ``requires``
+        q = TransitionLayer(client.usets.priors, client.usets.surrogate_prior, np.asarray(self.cfg.test_prior))
+        q = q.to(ctx.device)
+        kind = self.option("loss")
 
-        def loss(model: nn.Module, x: torch.Tensor, ybar: torch.Tensor) -> torch.Tensor:
-            return surrogate_loss(q(model(x)), ybar, kind)
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            b = batch["usets"]
+            return surrogate_loss(q(models["f"](b["x"])), b["ybar"], kind)
 
-        return LocalTask(inputs=client.x, targets=client.set_index, loss=loss, modules={"transition": q})
+        stream = Stream({"x": client.unlabeled, "ybar": client.usets.set_index}, self.cfg.batch_size)
+        return LocalTask({"usets": stream}, loss)

@@ -5,9 +5,9 @@ with ordinary cross-entropy on 10% of the training data *with true labels*
 (``label-fraction = 0.1``); with ``label-fraction = 1.0`` it is the fully supervised FL
 optimum that Theorem 4 says FedUL reaches ("as if the data had been labeled").
 
-This is the only method with ``needs_labels = True``: the client data it receives carries the
-true labels of the U-set images (``ClientData.labels``); every other method gets ``None``.
-Each client keeps a fixed random subset of ``round(label-fraction * n_c)`` of its images
+It is the only method that requires the ``labeled`` part of a client's data: in simulation
+the true labels of the client's U-set images (the same images FedUL trains on), on a deployed
+node its ``labeled/`` folder; every other method never sees a label. Each client keeps a fixed random subset of ``round(label-fraction * n_c)`` of its images
 (at least 1), drawn once from ``seed`` (the same subset every round), so a 10% client also
 takes ~10% of the local steps per epoch.
 """
@@ -18,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import LocalTask, Method
+from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
 
 __all__ = ["Supervised", "labeled_subset"]
 
@@ -44,28 +45,25 @@ def labeled_subset(num_examples: int, fraction: float, seed: int) -> torch.Tenso
     return torch.randperm(num_examples, generator=generator)[:keep].sort().values
 
 
+@register_method
 class Supervised(Method):
     """Supervised FedAvg with true labels on ``label-fraction`` of each client's images."""
 
     name = "supervised"
-    needs_labels = True
+    requires = ("labeled",)
+    options = (Option("label-fraction", lambda v: 0.0 < v <= 1.0, "in (0, 1]"),)
 
-    def local_task(self, client: ClientData, device: torch.device) -> LocalTask:
-        """(x, y) on the labeled subset; loss = cross-entropy of f.
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
+        """(x, y) on the labeled subset; loss = cross-entropy of f."""
+        assert client.labeled is not None  # ``requires``
+        labeled = client.labeled
+        rows = labeled_subset(len(labeled), self.option("label-fraction"), self.cfg.seed)
+        full = len(rows) == len(labeled)
+        x = labeled.x if full else labeled.x[rows]
+        y = labeled.y if full else labeled.y[rows]
 
-        Raises
-        ------
-        ValueError
-            If the client data was loaded without labels (``with_labels=False``).
-        """
-        if client.labels is None:
-            raise ValueError("method 'supervised' needs ClientData.labels; load the client with with_labels=True")
-        rows = labeled_subset(client.num_examples, self.cfg.label_fraction, self.cfg.seed)
-        full = len(rows) == client.num_examples
-        inputs = client.x if full else client.x[rows]
-        targets = client.labels if full else client.labels[rows]
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            b = batch["labeled"]
+            return F.cross_entropy(models["f"](b["x"]), b["y"])
 
-        def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(model(x), y)
-
-        return LocalTask(inputs=inputs, targets=targets, loss=loss)
+        return LocalTask({"labeled": Stream({"x": x, "y": y}, self.cfg.batch_size)}, loss)

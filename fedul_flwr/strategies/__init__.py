@@ -12,11 +12,18 @@ are added to every strategy here:
   by n_c; ``uniform`` (the FedUL authors' code) gives each client 1/C. Clients report both
   weights; the strategy aggregates by the key the setting names.
 
-``strategy`` picks the server algorithm: Flower's FedAvg, FedProx (Li et al., MLSys 2020),
-FedAvgM (Hsu et al., 2019), FedAdam / FedYogi / FedAdagrad (Reddi et al., ICLR 2021), or
+``strategy`` picks the server algorithm from :data:`STRATEGIES`: Flower's FedAvg, FedProx
+(Li et al., MLSys 2020), FedAvgM (Hsu et al., 2019), FedAdam / FedYogi / FedAdagrad (Reddi
+et al., ICLR 2021), the robust FedMedian and FedTrimmedAvg (Yin et al., ICML 2018), or
 ours, :class:`~fedul_flwr.strategies.scaffold.Scaffold` (Karimireddy et al., ICML 2020)
 and :class:`~fedul_flwr.strategies.fednova.FedNova` (Wang et al., NeurIPS 2020). Their
 client-side work (prox term, control variates) is in :mod:`fedul_flwr.client_update`.
+
+Every strategy aggregates every exchanged model of the method: the models travel in one
+ArrayRecord (keys ``"<model>.<parameter>"``). A method that needs its own aggregation
+(per-model weights, clients that send only some models, uploaded vectors) supplies a mixin
+(``Method.aggregation``), composed here *before* the strategy in the MRO, so the strategy
+still does the arithmetic (see :mod:`fedul_flwr.strategies.per_model`).
 """
 
 from __future__ import annotations
@@ -28,13 +35,15 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedProx, FedYogi
+from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedMedian, FedProx, FedTrimmedAvg, FedYogi
 
+from fedul_flwr import wire
 from fedul_flwr.config import RunConfig
+from fedul_flwr.registry import Registry
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.scaffold import Scaffold
 
-WEIGHT_KEYS = {"num-examples": "num-examples", "uniform": "uniform-weight"}
+__all__ = ["STRATEGIES", "NoSuccessfulReplyError", "build_strategy", "reply_order", "strict"]
 
 
 class NoSuccessfulReplyError(RuntimeError):
@@ -65,15 +74,12 @@ class RequireReplies:
         return arrays, metrics
 
 
-NODE_RECORD = "node"  # ConfigRecord of a train reply: {"node-key": the node's stable key}
-
-
 def reply_order(reply: Message) -> tuple[int, int, int]:
     """Sort key of a training reply: its ``node-key`` (partition id in simulation, a hash of
-    the data folder in deployment; see :func:`~fedul_flwr.data.client_data.node_key`), then
+    the data folder in deployment; see :func:`~fedul_flwr.data.sources.node_key`), then
     its source node id. Replies without a key (errors, foreign clients) come last."""
-    if not reply.has_error() and NODE_RECORD in reply.content.config_records:
-        return 0, int(reply.content[NODE_RECORD]["node-key"]), reply.metadata.src_node_id
+    if not reply.has_error() and wire.NODE_RECORD in reply.content.config_records:
+        return 0, int(reply.content[wire.NODE_RECORD][wire.NODE_KEY]), reply.metadata.src_node_id
     return 1, 0, reply.metadata.src_node_id
 
 
@@ -117,53 +123,70 @@ class ResumedRounds:
         return super().aggregate_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
 
 
-@functools.cache
-def strict(strategy_class: type[FedAvg]) -> type[FedAvg]:
-    """``strategy_class`` with :class:`ResumedRounds`, :class:`RequireReplies` and
-    :class:`OrderedReplies` mixed in (one class per strategy).
+def strict(strategy_class: type[FedAvg], method_mixin: type | None = None) -> type[FedAvg]:
+    """``strategy_class`` with :class:`ResumedRounds`, :class:`RequireReplies`,
+    :class:`OrderedReplies` and the method's aggregation mixin (if any) mixed in.
 
     Parameters
     ----------
     strategy_class : type[FedAvg]
         Flower's FedAvg or a subclass of it.
+    method_mixin : type | None
+        ``Method.aggregation()``: runs after the replies are checked and ordered, before the
+        strategy's own ``aggregate_train``.
 
     Returns
     -------
     type[FedAvg]
-        ``Strict<Name>``, a subclass of both.
+        ``Strict<Name>`` (one class per combination).
     """
+    return _strict(strategy_class, method_mixin)
+
+
+@functools.cache
+def _strict(strategy_class: type[FedAvg], method_mixin: type | None) -> type[FedAvg]:
+    mixins = (ResumedRounds, RequireReplies, OrderedReplies) + ((method_mixin,) if method_mixin else ())
+    name = f"Strict{'' if method_mixin is None else method_mixin.__name__}{strategy_class.__name__}"
     return type(
-        f"Strict{strategy_class.__name__}",
-        (ResumedRounds, RequireReplies, OrderedReplies, strategy_class),
+        name,
+        (*mixins, strategy_class),
         {"__module__": __name__, "__doc__": f"{strategy_class.__name__} that fails loudly on an empty round."},
     )
 
 
-StrictFedAvg = strict(FedAvg)
+StrategyBuilder = Callable[[RunConfig], tuple[type[FedAvg], dict[str, Any]]]
+STRATEGIES: Registry[StrategyBuilder] = Registry("strategy")
+"""Server strategies by name: ``builder(cfg) -> (strategy class, its own constructor arguments)``."""
 
 # Server step size when ``server-lr = 0`` ("the strategy's default"): Flower's defaults,
 # and eta_g = 1 for SCAFFOLD (Karimireddy et al. 2020).
 DEFAULT_SERVER_LR = {"fedavgm": 1.0, "fedadam": 0.1, "fedyogi": 0.01, "fedadagrad": 0.1, "scaffold": 1.0}
 
 
-def _specific(cfg: RunConfig) -> tuple[type[FedAvg], dict[str, Any]]:
-    """Strategy class and its own constructor arguments for ``cfg.strategy``."""
-    lr = cfg.server_lr or DEFAULT_SERVER_LR.get(cfg.strategy, 1.0)
-    fedopt = {"eta": lr, "eta_l": cfg.lr, "tau": cfg.tau}
-    table: dict[str, Callable[[], tuple[type[FedAvg], dict[str, Any]]]] = {
-        "fedavg": lambda: (FedAvg, {}),
-        "fedprox": lambda: (FedProx, {"proximal_mu": cfg.proximal_mu}),
-        "fedavgm": lambda: (FedAvgM, {"server_learning_rate": lr, "server_momentum": cfg.server_momentum}),
-        "fedadam": lambda: (FedAdam, {**fedopt, "beta_1": cfg.beta_1, "beta_2": cfg.beta_2}),
-        "fedyogi": lambda: (FedYogi, {**fedopt, "beta_1": cfg.beta_1, "beta_2": cfg.beta_2}),
-        "fedadagrad": lambda: (FedAdagrad, fedopt),
-        "scaffold": lambda: (Scaffold, {"global_learning_rate": lr, "option": cfg.scaffold_option}),
-        "fednova": lambda: (FedNova, {}),
-    }
-    return table[cfg.strategy]()
+def _server_lr(cfg: RunConfig) -> float:
+    return cfg.server_lr or DEFAULT_SERVER_LR.get(cfg.strategy, 1.0)
 
 
-def build_strategy(cfg: RunConfig) -> FedAvg:
+def _fedopt(cfg: RunConfig) -> dict[str, Any]:
+    return {"eta": _server_lr(cfg), "eta_l": cfg.lr, "tau": cfg.tau}
+
+
+STRATEGIES.add("fedavg", lambda cfg: (FedAvg, {}))
+STRATEGIES.add("fedprox", lambda cfg: (FedProx, {"proximal_mu": cfg.proximal_mu}))
+STRATEGIES.add("scaffold", lambda cfg: (Scaffold, {"global_learning_rate": _server_lr(cfg), "option": cfg.scaffold_option}))
+STRATEGIES.add("fednova", lambda cfg: (FedNova, {}))
+STRATEGIES.add(
+    "fedavgm",
+    lambda cfg: (FedAvgM, {"server_learning_rate": _server_lr(cfg), "server_momentum": cfg.server_momentum}),
+)
+STRATEGIES.add("fedadam", lambda cfg: (FedAdam, {**_fedopt(cfg), "beta_1": cfg.beta_1, "beta_2": cfg.beta_2}))
+STRATEGIES.add("fedyogi", lambda cfg: (FedYogi, {**_fedopt(cfg), "beta_1": cfg.beta_1, "beta_2": cfg.beta_2}))
+STRATEGIES.add("fedadagrad", lambda cfg: (FedAdagrad, _fedopt(cfg)))
+STRATEGIES.add("fedmedian", lambda cfg: (FedMedian, {}))
+STRATEGIES.add("fedtrimmedavg", lambda cfg: (FedTrimmedAvg, {}))
+
+
+def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> FedAvg:
     """The server strategy of the run, strict about empty rounds.
 
     Parameters
@@ -175,11 +198,13 @@ def build_strategy(cfg: RunConfig) -> FedAvg:
         ``min-train-nodes`` and ``min-available-nodes``, ``aggregation-weights``, and
         ``client-test-fraction`` (client-side evaluation runs only when clients hold a
         labeled local test split).
+    method_mixin : type | None
+        The method's aggregation mixin (``Method.aggregation()``).
 
     Returns
     -------
     FedAvg
-        An instance of ``strict(<strategy class>)``.
+        An instance of ``strict(<strategy class>, method_mixin)``.
     """
     evaluate = 1.0 if cfg.client_test_fraction > 0 else 0.0
     if cfg.strategy == "scaffold" and cfg.local_optimizer != "sgd":
@@ -191,13 +216,13 @@ def build_strategy(cfg: RunConfig) -> FedAvg:
             "(README, 'Server strategies').",
             cfg.local_optimizer,
         )
-    strategy_class, specific = _specific(cfg)
-    return strict(strategy_class)(
+    strategy_class, specific = STRATEGIES.get(cfg.strategy)(cfg)
+    return strict(strategy_class, method_mixin)(
         fraction_train=cfg.fraction_train,
         fraction_evaluate=evaluate,
         min_train_nodes=cfg.min_train_nodes,
         min_evaluate_nodes=1 if evaluate else 0,
         min_available_nodes=cfg.min_available_nodes,
-        weighted_by_key=WEIGHT_KEYS[cfg.aggregation_weights],
+        weighted_by_key=wire.WEIGHT_KEYS[cfg.aggregation_weights],
         **specific,
     )

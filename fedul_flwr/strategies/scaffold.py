@@ -41,9 +41,8 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
-SERVER_CV_KEY = "server-cv"
-CV_DELTA_KEY = "cv-delta"
-OPTION_CONFIG_KEY = "scaffold-option"
+from fedul_flwr import wire
+
 OPTIONS = ("I", "II")
 
 
@@ -119,10 +118,10 @@ class Scaffold(FedAvg):
         """FedAvg's train messages plus the server control variate c and the option."""
         self.current_arrays = arrays
         self.num_nodes = len(list(grid.get_node_ids()))
-        config[OPTION_CONFIG_KEY] = self.option
+        config[wire.SCAFFOLD_OPTION] = self.option
         messages = list(super().configure_train(server_round, arrays, config, grid))
         for message in messages:
-            message.content[SERVER_CV_KEY] = self.server_cv
+            message.content[wire.SERVER_CV] = self.server_cv
         return messages
 
     def aggregate_train(
@@ -144,7 +143,7 @@ class Scaffold(FedAvg):
         contents = [msg.content for msg in valid]
         self._validate(contents)
         models = self._weighted_average(contents, self.arrayrecord_key)
-        deltas = self._weighted_average(contents, CV_DELTA_KEY)
+        deltas = self._weighted_average(contents, wire.CV_DELTA)
 
         x = self.current_arrays
         eta = self.global_learning_rate
@@ -168,7 +167,7 @@ class Scaffold(FedAvg):
         return aggregate_arrayrecords(views, self.weighted_by_key)
 
     def _validate(self, contents: list[RecordDict]) -> None:
-        for key in (self.arrayrecord_key, CV_DELTA_KEY):
+        for key in (self.arrayrecord_key, wire.CV_DELTA):
             if any(key not in c.array_records for c in contents):
                 raise InconsistentMessageReplies(reason=f"SCAFFOLD: every train reply needs an ArrayRecord {key!r}")
             keys = set(contents[0][key].keys())

@@ -1,0 +1,187 @@
+"""The simulated source of client data: dataset -> partition -> U sets -> :class:`ClientData`.
+
+    dataset (uint8 x, y)        fedul_flwr.data.datasets.load_dataset
+      -> partition (indices)    fedul_flwr.data.partition.partition_pool
+      -> the client's setting   U sets + prior matrix (fedul_flwr.data.usets.build_usets)
+      -> ClientData             fedul_flwr.data.client_data
+
+In simulation the labels of the pool are used to *make* the U sets and are then dropped: the
+client's ``unlabeled`` part holds the images of its U sets (concatenated in set order) and its
+``usets`` part their set indices and the prior matrix. Only a method that requires the
+``labeled`` part (the supervised reference) gets the same images with their true labels.
+Everything is a pure function of (config, partition id) and is cached per process, so a Ray
+actor builds its clients once, not every round.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import numpy as np
+import torch
+
+from fedul_flwr.config import RunConfig
+from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
+from fedul_flwr.data.datasets import ImageDataset, load_dataset
+from fedul_flwr.data.partition import holdout_split, partition_pool
+from fedul_flwr.data.prior_noise import noisy_priors
+from fedul_flwr.data.usets import USets, build_usets, condition_number
+
+__all__ = ["client_usets", "load_client", "load_run_dataset", "prior_noise_rng", "validation_indices"]
+
+log = logging.getLogger(__name__)
+
+# extra entropy words that give the optional random draws their own streams, so enabling
+# them leaves the U sets of the default path (rng = [seed, partition id]) unchanged
+_SUBSAMPLE_STREAM = 1
+_PRIOR_NOISE_STREAM = 2
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(name: str, data_dir: str, download: bool) -> ImageDataset:
+    return load_dataset(name, data_dir, download)
+
+
+def load_run_dataset(cfg: RunConfig) -> ImageDataset:
+    """The run's dataset (cached per process)."""
+    return _dataset(cfg.dataset, cfg.data_dir, cfg.download)
+
+
+@functools.lru_cache(maxsize=4)
+def _partitions(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    data = load_run_dataset(cfg)
+    labels = data.train_y.numpy()
+    pool, _ = holdout_split(labels, cfg.val_fraction, cfg.seed)
+    parts = partition_pool(
+        labels[pool],
+        num_partitions,
+        data.num_classes,
+        cfg.partition,
+        cfg.seed,
+        dirichlet_alpha=cfg.dirichlet_alpha,
+        noniid_majority=cfg.noniid_majority_classes,
+        noniid_minority_fraction=cfg.noniid_minority_fraction,
+    )
+    return pool, [pool[p] for p in parts]
+
+
+def validation_indices(cfg: RunConfig) -> np.ndarray:
+    """Indices of the labeled validation hold-out (``val-fraction`` of the training set)."""
+    return holdout_split(load_run_dataset(cfg).train_y.numpy(), cfg.val_fraction, cfg.seed)[1]
+
+
+def client_usets(cfg: RunConfig, partition_id: int, num_partitions: int) -> tuple[USets, np.ndarray]:
+    """U sets of client ``partition_id`` and the indices of its labeled local test split.
+
+    Returns
+    -------
+    (USets, np.ndarray)
+        The sets (indices into the training set) and int64 ``[n_t]`` local test indices.
+
+    Raises
+    ------
+    ValueError
+        If ``partition_id`` is out of range, or from partitioning / U-set validation.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id={partition_id} out of range for num-partitions={num_partitions}")
+    data = load_run_dataset(cfg)
+    labels = data.train_y.numpy()
+    _, parts = _partitions(cfg, num_partitions)
+    indices = parts[partition_id]
+    if cfg.samples_per_client > 0:  # App. E.2 / Table E.10: a fixed budget per client
+        if cfg.samples_per_client > len(indices):
+            raise ValueError(
+                f"samples-per-client={cfg.samples_per_client} but client {partition_id} holds only {len(indices)}"
+            )
+        sub_rng = np.random.default_rng([cfg.seed, partition_id, _SUBSAMPLE_STREAM])
+        indices = np.sort(sub_rng.choice(indices, cfg.samples_per_client, replace=False))
+    rng = np.random.default_rng([cfg.seed, partition_id])
+    local_test = np.zeros(0, dtype=np.int64)
+    if cfg.client_test_fraction > 0:
+        perm = rng.permutation(indices)
+        n_test = int(round(cfg.client_test_fraction * len(indices)))
+        local_test, indices = np.sort(perm[:n_test]), np.sort(perm[n_test:])
+    usets = build_usets(
+        labels[indices],
+        indices,
+        cfg.num_sets_of(partition_id),
+        data.num_classes,
+        cfg.prior_scheme,
+        rng,
+        dominant_factor=cfg.dominant_factor,
+    )
+    return usets, local_test
+
+
+def prior_noise_rng(seed: int, partition_id: int) -> np.random.Generator:
+    """The generator that draws gamma of ``prior-noise`` (Table E.9) for one client.
+
+    A function of (seed, partition id) only, separate from the U-set stream, so the same
+    client is told the same Pi~ in every run and the U sets do not change with eps.
+    """
+    return np.random.default_rng([seed, partition_id, _PRIOR_NOISE_STREAM])
+
+
+@functools.lru_cache(maxsize=64)
+def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+    """Build (once per process) the :class:`ClientData` of simulated client ``partition_id``.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        The run configuration (dataset, partition, U-set settings, seed).
+    partition_id, num_partitions : int
+        Which client of how many.
+    parts : frozenset[str]
+        The parts the method needs. The ``unlabeled`` and ``usets`` parts are always built
+        (the U-set setting); the ``labeled`` part -- the same images with their true labels,
+        in the same row order -- only when asked for, so a label-free method never holds
+        labels (the cache keys on ``parts``).
+
+    Returns
+    -------
+    ClientData
+        With prior-noise eps > 0 the ``usets`` part carries the perturbed matrix of
+        :func:`~fedul_flwr.data.prior_noise.noisy_priors` (the sets are unchanged).
+
+    Raises
+    ------
+    ValueError
+        See :func:`client_usets`.
+    """
+    data = load_run_dataset(cfg)
+    usets, local_test = client_usets(cfg, partition_id, num_partitions)
+    order, ybar = usets.surrogate_dataset()
+    log.info(
+        "client %d/%d: %d images in M_c=%d U sets (%s priors), cond(Pi_c)=%.1f",
+        partition_id,
+        num_partitions,
+        len(order),
+        usets.num_sets,
+        cfg.prior_scheme,
+        usets.condition_number,
+    )
+    told = noisy_priors(usets.priors, cfg.prior_noise, prior_noise_rng(cfg.seed, partition_id))
+    if cfg.prior_noise > 0:  # the method is told another matrix: is it still usable?
+        told_cond = condition_number(told, usets.present_classes)
+        log.info("client %d: told priors with prior-noise eps=%g: cond(Pi~_c)=%.1f", partition_id, cfg.prior_noise, told_cond)
+        if not np.isfinite(told_cond):
+            log.warning("client %d: the told priors Pi~_c are column-rank deficient: f is not identifiable", partition_id)
+    rows = torch.from_numpy(order)
+    images = data.train_x[rows]
+    test = None
+    if len(local_test):
+        test_rows = torch.from_numpy(local_test)
+        test = LabeledImages(data.train_x[test_rows], data.train_y[test_rows].clone())
+    return ClientData(
+        node=f"simulated partition {partition_id} of {num_partitions}",
+        class_names=data.class_names,
+        mean=data.mean,
+        std=data.std,
+        labeled=LabeledImages(images, data.train_y[rows].clone()) if "labeled" in parts else None,
+        unlabeled=images,
+        usets=USetIndex(torch.from_numpy(ybar), told),
+        test=test,
+    )
