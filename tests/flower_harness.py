@@ -34,7 +34,9 @@ def free_port() -> int:
 
 def flower_env(flwr_home: Path) -> dict[str, str]:
     """Environment for Flower CLIs: own FLWR_HOME, no telemetry, no update check, no
-    runtime dependency installation (offline), the venv's bin first on PATH."""
+    runtime dependency installation (offline), the venv's bin first on PATH, and the
+    repository on PYTHONPATH (the apps can then import test-only code such as
+    ``tests.dual_method``; the installed package is the same checkout)."""
     env = dict(os.environ)
     env.update(
         FLWR_HOME=str(flwr_home),
@@ -42,6 +44,7 @@ def flower_env(flwr_home: Path) -> dict[str, str]:
         FLWR_DISABLE_UPDATE_CHECK="1",
         FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
         PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
     )
     return env
 

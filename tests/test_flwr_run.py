@@ -37,3 +37,50 @@ def test_flwr_run_completes_writes_outputs_and_repeats_itself(tmp_path: Path) ->
     again = json.loads((out / "again" / "metrics.json").read_text())
     strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
     assert strip(again) == strip(metrics), logs["again"][-3000:]
+
+
+def test_flwr_run_multi_model_method_without_app_changes(tmp_path: Path) -> None:
+    """The test-only method of tests/dual_method.py through a real SuperLink and Ray: two
+    exchanged models with their own weights, a kept model, a client sending one model."""
+    out = tmp_path / "runs"
+    run_config = (
+        f"method='tests.dual_method:Dual' num-rounds=2 samples-per-client=96 batch-size=16 "
+        f"output-dir='{out}' run-name='dual'"
+    )
+    with superlink(tmp_path) as link:
+        record, log = link.run_app(
+            run_config, "num-supernodes=3 client-resources-num-cpus=1", timeout=420, done_file=out / "dual" / "model.pt"
+        )
+    assert record.get("status") == "finished:completed", (record, log[-3000:])
+    metrics = json.loads((out / "dual" / "metrics.json").read_text())
+    assert [row["round"] for row in metrics] == [0, 1, 2]
+    for column in ("test-accuracy", "test-accuracy-b", "test-accuracy-ensemble"):
+        assert column in metrics[2]
+    assert metrics[2]["test-accuracy"] > metrics[0]["test-accuracy"]  # a learned from the labeled clients
+    assert (out / "dual" / "model.pt").is_file() and (out / "dual" / "model-b.pt").is_file()
+    assert not (out / "dual" / "model-c.pt").exists()  # c never leaves the nodes
+
+
+def test_fedpl_metrics_do_not_depend_on_ray_actor_placement(tmp_path: Path) -> None:
+    """FedPL draws mixup partners and weights: with every draw from the round's generators,
+    two actors (1 CPU each) and one actor serving all clients give the same metrics. The
+    torch thread count is pinned (client-threads=1): it changes float reduction order. A low
+    threshold (0.1) makes about half of every batch unconfident from round 1 on, so each step
+    draws partners and a mixing weight."""
+    out = tmp_path / "runs"
+    metrics = {}
+    with superlink(tmp_path) as link:
+        for cpus in (1, 2):
+            name = f"cpus{cpus}"
+            run_config = (
+                f"method='fedpl' fedpl-threshold=0.1 num-rounds=2 samples-per-client=400 client-threads=1 "
+                f"output-dir='{out}' run-name='{name}'"
+            )
+            record, log = link.run_app(
+                run_config, f"num-supernodes=3 client-resources-num-cpus={cpus}", timeout=420, done_file=out / name / "model.pt"
+            )
+            assert record.get("status") == "finished:completed", (record, log[-3000:])
+            metrics[cpus] = json.loads((out / name / "metrics.json").read_text())
+    strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
+    assert strip(metrics[1]) == strip(metrics[2])
+    assert metrics[1][2]["test-accuracy"] > metrics[1][0]["test-accuracy"]
