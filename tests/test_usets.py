@@ -214,7 +214,7 @@ def test_build_rejects_too_few_sets_and_bad_scheme() -> None:
     labels, indices = _iid_pool(50)
     with pytest.raises(PriorMatrixError, match="M_c=5 sets < K=10"):
         build_usets(labels, indices, 5, K, "uniform", np.random.default_rng(0))
-    with pytest.raises(ValueError, match="unknown prior scheme 'paper'"):
+    with pytest.raises(ValueError, match="prior-scheme=.paper. is not one of"):
         build_usets(labels, indices, 10, K, "paper", np.random.default_rng(0))
     with pytest.raises(ValueError, match="labels must lie in"):
         build_usets(labels + 1, indices, 10, K, "uniform", np.random.default_rng(0))

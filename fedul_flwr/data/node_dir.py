@@ -65,15 +65,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 
+from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
 from fedul_flwr.data.usets import PriorMatrixError, USets, condition_number, validate_prior_matrix
-
-if TYPE_CHECKING:  # pragma: no cover
-    from fedul_flwr.data.client_data import ClientData
 
 __all__ = [
     "IMAGE_SUFFIXES",
@@ -620,8 +618,6 @@ def load_node_dir(
     NodeDataError
         See :func:`read_node_dir`.
     """
-    from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
-
     node = read_node_dir(path, class_names, image_size, channels)
 
     def labeled(pair: tuple[np.ndarray, np.ndarray] | None) -> LabeledImages | None:

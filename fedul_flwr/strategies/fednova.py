@@ -36,6 +36,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 
+from fedul_flwr import wire
+
 STATISTIC_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked")
 
 
@@ -80,7 +82,7 @@ class FedNova(FedAvg):
         configrecord_key: str = "config",
         train_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
         evaluate_metrics_aggr_fn: Callable[[list[RecordDict], str], MetricRecord] | None = None,
-        steps_key: str = "num-steps",
+        steps_key: str = wire.NUM_STEPS,
         is_plain: Callable[[str, np.ndarray], bool] = is_statistic,
     ) -> None:
         super().__init__(
