@@ -406,8 +406,8 @@ def describe_sources(values: Mapping[str, Any], sources: Mapping[str, str]) -> s
         chosen = [f"{k}={values[k]!r}" for k in sorted(values) if sources.get(k) == kind]
         return ", ".join(chosen) or "none"
 
-    preset = values.get("preset") or "none"
-    return f"run configuration: preset={preset!r}; from the preset: {keys('preset')}; typed by the user: {keys('user')}"
+    preset = repr(values["preset"]) if values.get("preset") else "none"
+    return f"run configuration: preset={preset}; from the preset: {keys('preset')}; typed by the user: {keys('user')}"
 
 
 def _check(condition: bool, message: str) -> None:
