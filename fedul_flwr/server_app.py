@@ -123,7 +123,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         initial_arrays=initial_arrays,
         num_rounds=cfg.num_rounds - start_round,
         train_config=settings,
-        evaluate_config=ConfigRecord({wire.RUN_CONFIG: cfg.to_json()}),
+        evaluate_config=settings,
         evaluate_fn=central_evaluate,
     )
     for server_round, metrics in result.train_metrics_clientapp.items():

@@ -89,7 +89,7 @@ from fedul_flwr.data.simulated import load_client, load_run_dataset  # noqa: E40
 from fedul_flwr.methods import Method, RoundContext, get_method  # noqa: E402
 from fedul_flwr.methods.base import Predictor  # noqa: E402
 from fedul_flwr.server_app import global_models  # noqa: E402
-from fedul_flwr.training import evaluate, train_local  # noqa: E402
+from fedul_flwr.training import LocalLoop, evaluate  # noqa: E402
 
 SECTIONS = ("qc", "client", "flower", "scale", "gpu")
 State = dict[str, torch.Tensor]
@@ -382,18 +382,8 @@ def bare_round(fed: Federation, method: Method, global_state: State, server_roun
         fed.models.load_state_dict(global_state)
         ctx = RoundContext(cfg.seed, server_round, pid, fed.device)
         epochs = cfg.local_epochs_of(pid)
-        result = train_local(
-            fed.models,
-            method.local_task(client, fed.models, ctx),
-            epochs=epochs,
-            lr=cfg.lr,
-            to_input=client.to_input,
-            trained=trained,
-            l1_weight=cfg.l1_weight,
-            seed=ctx.batch_seed,
-            device=fed.device,
-            optimizer=cfg.local_optimizer,
-        )
+        loop = LocalLoop(epochs, cfg.lr, cfg.l1_weight, cfg.local_optimizer, ctx.batch_seed, fed.device, client.to_input)
+        result = loop.run(fed.models, method.local_task(client, fed.models, ctx), trained=trained)
         states.append({k: v.detach().clone() for k, v in fed.models.state_dict().items()})
         weights.append(result.num_examples if cfg.aggregation_weights == "num-examples" else 1.0)
         samples += result.num_examples * epochs

@@ -103,6 +103,13 @@ class SuperLink:
         log = self.flwr("log", run_id, self.connection, "--show").stdout
         return record, log
 
+    def run_to_completion(self, run_config: str, federation_config: str, run_dir: Path, timeout: float = 420) -> str:
+        """:meth:`run_app` of a run writing ``run_dir`` (waits for its ``model.pt``); asserts
+        that the run finished as completed and returns its log."""
+        record, log = self.run_app(run_config, federation_config, timeout=timeout, done_file=run_dir / "model.pt")
+        assert record.get("status") == "finished:completed", (record, log[-3000:])
+        return log
+
 
 @contextmanager
 def superlink(tmp_path: Path) -> Iterator[SuperLink]:

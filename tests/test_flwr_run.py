@@ -48,10 +48,7 @@ def test_flwr_run_multi_model_method_without_app_changes(tmp_path: Path) -> None
         f"output-dir='{out}' run-name='dual'"
     )
     with superlink(tmp_path) as link:
-        record, log = link.run_app(
-            run_config, "num-supernodes=3 client-resources-num-cpus=1", timeout=420, done_file=out / "dual" / "model.pt"
-        )
-    assert record.get("status") == "finished:completed", (record, log[-3000:])
+        link.run_to_completion(run_config, "num-supernodes=3 client-resources-num-cpus=1", out / "dual")
     metrics = json.loads((out / "dual" / "metrics.json").read_text())
     assert [row["round"] for row in metrics] == [0, 1, 2]
     for column in ("test-accuracy", "test-accuracy-b", "test-accuracy-ensemble"):
@@ -76,10 +73,7 @@ def test_fedpl_metrics_do_not_depend_on_ray_actor_placement(tmp_path: Path) -> N
                 f"method='fedpl' fedpl-threshold=0.1 num-rounds=2 samples-per-client=400 client-threads=1 "
                 f"output-dir='{out}' run-name='{name}'"
             )
-            record, log = link.run_app(
-                run_config, f"num-supernodes=3 client-resources-num-cpus={cpus}", timeout=420, done_file=out / name / "model.pt"
-            )
-            assert record.get("status") == "finished:completed", (record, log[-3000:])
+            link.run_to_completion(run_config, f"num-supernodes=3 client-resources-num-cpus={cpus}", out / name)
             metrics[cpus] = json.loads((out / name / "metrics.json").read_text())
     strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
     assert strip(metrics[1]) == strip(metrics[2])
