@@ -29,7 +29,8 @@ from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, RoundContext, get_method
 from fedul_flwr.models import build_model
-from fedul_flwr.runtime import configure_threads, model_seed, pick_device
+from fedul_flwr.acceleration import Acceleration
+from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.training import LocalLoop, evaluate
 
 app = ClientApp()
@@ -47,6 +48,7 @@ class _Client:
     data: ClientData
     device: torch.device
     key: int
+    acceleration: Acceleration
 
 
 def _client(msg: Message, context: Context) -> _Client:
@@ -68,7 +70,9 @@ def _client(msg: Message, context: Context) -> _Client:
     configure_threads(cfg.client_threads)
     method = get_method(cfg.method)(cfg)
     data = client_from_node_config(cfg, context.node_config, method=cfg.method, parts=method.requires, uses=method.uses)
-    return _Client(cfg, method, data, pick_device(cfg.device), node_key(context.node_config, context.node_id))
+    device = pick_device(cfg.device)
+    key = node_key(context.node_config, context.node_id)
+    return _Client(cfg, method, data, device, key, loop_acceleration(cfg, device))
 
 
 @functools.lru_cache(maxsize=8)
@@ -134,6 +138,7 @@ def train(msg: Message, context: Context) -> Message:
         device=c.device,
         to_input=c.data.to_input,
         hooks=update.hooks,
+        acceleration=c.acceleration,
     )
     result = method.local_update(c.data, models, ctx, loop)
     for spec in specs:
@@ -169,7 +174,8 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     models = _models(c, msg, context.state)
     predict = next(iter(c.method.predictors().values()))
     result = evaluate(
-        models, predict, c.data.test.x, c.data.test.y, to_input=c.data.to_input, batch_size=c.cfg.eval_batch_size, device=c.device
-    )
+        models, predict, c.data.test.x, c.data.test.y, to_input=c.data.to_input, batch_size=c.cfg.eval_batch_size,
+        device=c.device, acceleration=c.acceleration,
+    )  # fmt: skip
     result[wire.UNIFORM_WEIGHT] = 1.0
     return Message(RecordDict({wire.METRICS: MetricRecord(result)}), reply_to=msg)

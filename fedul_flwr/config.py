@@ -67,6 +67,8 @@ def _registry_choices() -> dict[str, tuple[str, ...]]:
 CHOICES: dict[str, tuple[str, ...]] = {
     "aggregation-weights": ("num-examples", "uniform"),
     "device": ("auto", "cpu", "cuda"),
+    "precision": ("auto", "fp32", "bf16"),
+    "memory-format": ("auto", "channels-last", "contiguous"),
     "local-optimizer": ("adam", "sgd"),
     "scaffold-option": ("I", "II"),
 }
@@ -128,6 +130,10 @@ class RunConfig:
     eval_batch_size: int
     device: str
     client_threads: int
+    precision: str
+    memory_format: str
+    fused_optimizer: bool
+    compile: bool
     extra: tuple[tuple[str, Any], ...] = ()
 
     def option(self, key: str) -> Any:

@@ -1,13 +1,20 @@
-"""Process-level runtime choices shared by both apps: torch threads, device, model seeds."""
+"""Process-level runtime choices shared by both apps: torch threads, device, loop execution,
+model seeds."""
 
 from __future__ import annotations
 
 import functools
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+from fedul_flwr.acceleration import Acceleration
+
+if TYPE_CHECKING:
+    from fedul_flwr.config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +61,15 @@ def pick_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device='cuda' but torch sees no CUDA device on this node")
     return torch.device(name)
+
+
+def loop_acceleration(cfg: RunConfig, device: torch.device) -> Acceleration:
+    """The run's ``precision``, ``memory-format``, ``fused-optimizer`` and ``compile``
+    resolved on ``device`` (``auto`` decided by this node's hardware)."""
+    return Acceleration.resolve(
+        device, precision=cfg.precision, memory_format=cfg.memory_format,
+        fused_optimizer=cfg.fused_optimizer, compile=cfg.compile,
+    )  # fmt: skip
 
 
 def model_seed(seed: int, index: int, node_key: int | None = None) -> int:

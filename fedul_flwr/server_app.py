@@ -25,7 +25,7 @@ from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunOutputs, read_metrics
-from fedul_flwr.runtime import configure_threads, model_seed, pick_device
+from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy
 from fedul_flwr.training import evaluate
 
@@ -62,6 +62,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     """
     configure_threads(cfg.client_threads)
     device = pick_device(cfg.device)
+    acceleration = loop_acceleration(cfg, device)
     method = get_method(cfg.method)(cfg)
     data = load_run_dataset(cfg)
 
@@ -78,6 +79,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     predictors = method.predictors()
     outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())))
     log(INFO, "fedul-flwr: run folder %s", outputs.path)
+    log(INFO, "fedul-flwr: the loop runs %s on %s (server side; each client resolves 'auto' on its own hardware)",
+        acceleration.describe(), device)  # fmt: skip
     start_round = 0  # rounds already done by the run being resumed (resume=true)
     strategy = build_strategy(cfg, method.aggregation())
     initial_arrays = ArrayRecord(models.state_dict())
@@ -97,7 +100,10 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     def test(x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
         out = {}
         for i, (name, predict) in enumerate(predictors.items()):
-            result = evaluate(models, predict, x, y, to_input=to_input, batch_size=cfg.eval_batch_size, device=device)
+            result = evaluate(
+                models, predict, x, y, to_input=to_input, batch_size=cfg.eval_batch_size, device=device,
+                acceleration=acceleration,
+            )  # fmt: skip
             suffix = "" if i == 0 else f"-{name}"
             out.update({f"{prefix}-{k}{suffix}": result[f"test-{k}"] for k in ("loss", "accuracy", "error")})
         return out

@@ -11,10 +11,16 @@ the first stream drives the epoch, the others are cycled. Images travel as uint8
 float model inputs per batch, on the training device. Strategies that change the client
 update (FedProx's proximal term, SCAFFOLD's control variates) plug in through
 :class:`StepHook` instead of copying the loop.
+
+How the loop executes (precision, memory format, optimiser kernels, compile) is an
+:class:`~fedul_flwr.acceleration.Acceleration`; the loop never waits for the device inside an
+epoch: the losses are summed on the device and read once per epoch, and evaluation runs
+under :func:`torch.inference_mode` with the sums read once at the end.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,6 +29,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from fedul_flwr.acceleration import PLAIN, Acceleration
 from fedul_flwr.methods.base import Batch, LocalTask, Predictor, Stream
 
 __all__ = ["LocalLoop", "StepHook", "TrainResult", "evaluate", "iterate_batches", "train_local"]
@@ -122,6 +129,7 @@ def train_local(
     device: torch.device | str = "cpu",
     hooks: Sequence[StepHook] = (),
     optimizer: str = "adam",
+    acceleration: Acceleration | None = None,
 ) -> TrainResult:
     """Train the ``trained`` models in place on ``task`` for ``epochs`` epochs.
 
@@ -151,6 +159,10 @@ def train_local(
     optimizer : str
         ``"adam"`` (the paper's local optimiser) or ``"sgd"`` (plain SGD, the form in which
         SCAFFOLD's and FedNova's update rules are derived).
+    acceleration : Acceleration | None
+        Precision, memory format, optimiser kernels and compile of the loop on ``device``
+        (``None``: the plain float32 NCHW loop). The method's loss receives the models as
+        :meth:`Acceleration.prepare` returns them; the weights are NCHW again on return.
 
     Returns
     -------
@@ -160,7 +172,7 @@ def train_local(
     ------
     ValueError
         If the first stream has no rows, a model name is unknown, the optimiser is unknown,
-        or the loss becomes NaN/inf (names the step).
+        or the loss becomes NaN/inf (names the epoch; checked once per epoch).
     """
     n = task.num_examples
     if n == 0:
@@ -170,11 +182,8 @@ def train_local(
     unknown = [m for m in names if m not in models]
     if unknown:
         raise ValueError(f"unknown model(s) {unknown}; the method has {list(models.keys())}")
-    optimizers = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
-    if optimizer not in optimizers:
-        raise ValueError(f"optimizer={optimizer!r} is not one of {sorted(optimizers)}")
+    acc = acceleration if acceleration is not None else dataclasses.replace(PLAIN, device=device)
     params = [p for m in names for p in models[m].parameters()]
-    opt = optimizers[optimizer](params, lr=lr)
     penalised = [p for p in params if p.requires_grad]
     if device.type == "cuda":
         task = LocalTask(
@@ -186,23 +195,30 @@ def train_local(
         )
     for name, model in models.items():
         model.train(name in names)
-    generator = torch.Generator().manual_seed(seed)
-    total, steps = 0.0, 0
-    for _ in range(epochs):
-        for batch in iterate_batches(task, generator, device, to_input):
-            loss = task.loss(models, batch)
-            objective = loss + l1_weight * sum(p.abs().sum() for p in penalised) if l1_weight else loss
-            opt.zero_grad(set_to_none=True)
-            objective.backward()
-            for hook in hooks:
-                hook.after_backward()
-            opt.step()
-            value = float(loss.detach())
+    forwards = acc.prepare(models)  # channels-last weights from here on (if chosen) ...
+    try:
+        opt = acc.optimizer(optimizer, params, lr)  # ... so the optimiser state matches them
+        generator = torch.Generator().manual_seed(seed)
+        total, steps = torch.zeros((), device=device), 0
+        for epoch in range(epochs):
+            epoch_sum = torch.zeros((), device=device)
+            for batch in iterate_batches(task, generator, device, to_input):
+                loss = task.loss(forwards, batch)
+                objective = loss + l1_weight * sum(p.abs().sum() for p in penalised) if l1_weight else loss
+                opt.zero_grad(set_to_none=True)
+                objective.backward()
+                for hook in hooks:
+                    hook.after_backward()
+                opt.step()
+                epoch_sum += loss.detach()
+                steps += 1
+            value = float(epoch_sum)  # the one host synchronisation of the epoch
             if not math.isfinite(value):
-                raise ValueError(f"training loss became {value} at step {steps}")
-            total += value
-            steps += 1
-    return TrainResult(loss=total / steps, num_examples=n, num_steps=steps)
+                raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
+            total += epoch_sum
+    finally:
+        acc.restore(models)
+    return TrainResult(loss=float(total) / steps, num_examples=n, num_steps=steps)
 
 
 @dataclass(frozen=True)
@@ -226,6 +242,8 @@ class LocalLoop:
         uint8 images -> float model inputs.
     hooks : tuple[StepHook, ...]
         The strategy's gradient editors.
+    acceleration : Acceleration | None
+        How the loop executes (``None``: the plain float32 NCHW loop).
     """
 
     epochs: int
@@ -236,6 +254,7 @@ class LocalLoop:
     device: torch.device
     to_input: ToInput
     hooks: tuple[StepHook, ...] = ()
+    acceleration: Acceleration | None = None
 
     def run(self, models: nn.ModuleDict, task: LocalTask, trained: Sequence[str] | None = None) -> TrainResult:
         """:func:`train_local` of ``task`` with these settings."""
@@ -251,10 +270,10 @@ class LocalLoop:
             device=self.device,
             hooks=self.hooks,
             optimizer=self.optimizer,
+            acceleration=self.acceleration,
         )
 
 
-@torch.no_grad()
 def evaluate(
     models: nn.ModuleDict,
     predict: Predictor,
@@ -262,10 +281,14 @@ def evaluate(
     y: torch.Tensor,
     *,
     to_input: ToInput,
-    batch_size: int = 1000,
+    batch_size: int = 2048,
     device: torch.device | str = "cpu",
+    acceleration: Acceleration | None = None,
 ) -> dict[str, float]:
     """Test a predictor on labeled data: prediction = argmax of its logits.
+
+    Runs under :func:`torch.inference_mode`; the loss and the correct count are summed on
+    ``device`` and read once.
 
     Parameters
     ----------
@@ -283,6 +306,8 @@ def evaluate(
         Images per forward pass.
     device : torch.device | str
         Where the forward passes run.
+    acceleration : Acceleration | None
+        Precision and memory format of the forward passes (``None``: float32 NCHW).
 
     Returns
     -------
@@ -291,14 +316,22 @@ def evaluate(
         in [0, 1]), ``num-examples``.
     """
     device = torch.device(device)
+    acc = acceleration if acceleration is not None else dataclasses.replace(PLAIN, device=device)
     models.eval()
-    loss_sum, correct = 0.0, 0
-    for start in range(0, len(x), batch_size):
-        xb = to_input(x[start : start + batch_size].to(device, non_blocking=True))
-        yb = y[start : start + batch_size].to(device, non_blocking=True)
-        logits = predict(models, xb)
-        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(dim=1) == yb).sum())
+    forwards = acc.prepare(models)
+    try:
+        with torch.inference_mode():
+            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+            correct = torch.zeros((), dtype=torch.int64, device=device)
+            for start in range(0, len(x), batch_size):
+                xb = to_input(x[start : start + batch_size].to(device, non_blocking=True))
+                yb = y[start : start + batch_size].to(device, non_blocking=True)
+                logits = predict(forwards, xb)
+                loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum")
+                correct += (logits.argmax(dim=1) == yb).sum()
+            loss_total, correct_total = float(loss_sum), int(correct)
+    finally:
+        acc.restore(models)
     n = max(1, len(x))
-    accuracy = correct / n
-    return {"test-loss": loss_sum / n, "test-accuracy": accuracy, "test-error": 1.0 - accuracy, "num-examples": float(len(x))}
+    accuracy = correct_total / n
+    return {"test-loss": loss_total / n, "test-accuracy": accuracy, "test-error": 1.0 - accuracy, "num-examples": float(len(x))}

@@ -1,10 +1,22 @@
-"""Benchmarks of simulation overhead: Q_c, Flower + Ray, scale, GPU.
+"""Benchmarks of the training loop and of simulation overhead: loop, Q_c, Flower + Ray, scale, GPU.
 
 Every section runs in this one process on this machine and prints medians over
 ``--repeats`` repeats and the ratios; ``--out`` writes everything as JSON.
 
-Sections (``--only qc,client,flower,scale,gpu``; default: all):
+Sections (``--only loop,qc,client,flower,scale,gpu``; default: all):
 
+``loop``
+    The loop's execution settings (:mod:`fedul_flwr.acceleration`): whole FedUL local rounds
+    (every client's local epoch, ``--loop-clients`` clients, sequentially in this process)
+    per model of ``--loop-models``, under each variant of ``--loop-variants`` -- ``plain``
+    (float32, NCHW, per-parameter Adam: the loop before the settings existed),
+    ``channels-last``, ``fused``, ``defaults`` (the run's defaults as a client resolves
+    them on this machine), ``bf16`` (forced) and ``compile`` (opt-in) -- on the same
+    clients, initial weights, batch order and seeds. Reports images/s, the speedup over the
+    first variant (ratio of medians, and the median of the per-repeat ratios), and the test
+    accuracy after one round of each (a sanity check; the accuracy comparison over whole
+    runs is the runner's ``loop-check`` grid). ``--loop-samples model:n`` caps the images
+    per client of a slow model.
 ``qc``
     FedUL vs supervised FedAvg (``method='supervised' label-fraction=1.0``): the same model,
     initial weights, client tensors (the very same uint8 images: a simulated client's
@@ -51,6 +63,7 @@ Sections (``--only qc,client,flower,scale,gpu``; default: all):
 Examples::
 
     PYTHONPATH=. .venv/bin/python scripts/benchmark.py --out /tmp/bench.json
+    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only loop --repeats 5
     PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only qc --repeats 5
     PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only scale --scale 10:1.0,100:0.1,1000:0.02
     PYTHONPATH=. .venv/bin/python scripts/benchmark.py --quick        # smoke test, ~2 min
@@ -63,7 +76,9 @@ import functools
 import json
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -81,6 +96,7 @@ if str(PROJECT) not in sys.path:
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from fedul_flwr.acceleration import Acceleration, native_bf16  # noqa: E402
 from fedul_flwr.checkpoint import save_checkpoint  # noqa: E402
 from fedul_flwr.config import RunConfig, resolve_config  # noqa: E402
 from fedul_flwr.data.client_data import ClientData  # noqa: E402
@@ -88,10 +104,11 @@ from fedul_flwr.data.datasets import normalize  # noqa: E402
 from fedul_flwr.data.simulated import load_client, load_run_dataset  # noqa: E402
 from fedul_flwr.methods import Method, RoundContext, get_method  # noqa: E402
 from fedul_flwr.methods.base import Predictor  # noqa: E402
+from fedul_flwr.runtime import loop_acceleration  # noqa: E402
 from fedul_flwr.server_app import global_models  # noqa: E402
 from fedul_flwr.training import LocalLoop, evaluate  # noqa: E402
 
-SECTIONS = ("qc", "client", "flower", "scale", "gpu")
+SECTIONS = ("loop", "qc", "client", "flower", "scale", "gpu")
 State = dict[str, torch.Tensor]
 
 
@@ -137,6 +154,8 @@ def machine_info() -> dict[str, Any]:
         "torch": torch.__version__,
         "flwr": flwr.__version__,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cpu-capability": torch.backends.cpu.get_cpu_capability(),
+        "native-bf16-cpu": native_bf16(torch.device("cpu")),
     }
 
 
@@ -351,7 +370,9 @@ def fedavg(states: Sequence[State], weights: Sequence[float]) -> State:
     return out
 
 
-def bare_round(fed: Federation, method: Method, global_state: State, server_round: int) -> tuple[State, int]:
+def bare_round(
+    fed: Federation, method: Method, global_state: State, server_round: int, acceleration: Acceleration | None = None
+) -> tuple[State, int]:
     """One FedAvg round of ``method`` over all clients, sequentially, in this process.
 
     Each client trains as the ClientApp trains it: the method's ``local_task`` on
@@ -369,6 +390,9 @@ def bare_round(fed: Federation, method: Method, global_state: State, server_roun
         The global weights the round starts from.
     server_round : int
         The round number (from 1; it seeds the batch order).
+    acceleration : Acceleration | None
+        How the loop executes (``None``: the run configuration's settings on ``fed.device``,
+        as the ClientApp resolves them).
 
     Returns
     -------
@@ -376,13 +400,16 @@ def bare_round(fed: Federation, method: Method, global_state: State, server_roun
         The new global state and the number of images trained (sum of n_c x E_c over clients).
     """
     cfg = method.cfg
+    acc = acceleration if acceleration is not None else loop_acceleration(cfg, fed.device)
     trained = [spec.name for spec in method.model_specs() if spec.trained]
     states, weights, samples = [], [], 0
     for pid, client in enumerate(fed.clients):
         fed.models.load_state_dict(global_state)
         ctx = RoundContext(cfg.seed, server_round, pid, fed.device)
         epochs = cfg.local_epochs_of(pid)
-        loop = LocalLoop(epochs, cfg.lr, cfg.l1_weight, cfg.local_optimizer, ctx.batch_seed, fed.device, client.to_input)
+        loop = LocalLoop(
+            epochs, cfg.lr, cfg.l1_weight, cfg.local_optimizer, ctx.batch_seed, fed.device, client.to_input, acceleration=acc
+        )
         result = loop.run(fed.models, method.local_task(client, fed.models, ctx), trained=trained)
         states.append({k: v.detach().clone() for k, v in fed.models.state_dict().items()})
         weights.append(result.num_examples if cfg.aggregation_weights == "num-examples" else 1.0)
@@ -390,7 +417,9 @@ def bare_round(fed: Federation, method: Method, global_state: State, server_roun
     return fedavg(states, weights), samples
 
 
-def central_eval(fed: Federation, state: State, server_round: int, run_dir: Path | None = None) -> dict[str, float]:
+def central_eval(
+    fed: Federation, state: State, server_round: int, run_dir: Path | None = None, acceleration: Acceleration | None = None
+) -> dict[str, float]:
     """The ServerApp's per-round work: checkpoint the models (rounds >= 1, if ``run_dir``) and
     evaluate every predictor of the method on the test set.
 
@@ -403,10 +432,12 @@ def central_eval(fed: Federation, state: State, server_round: int, run_dir: Path
     if run_dir is not None and server_round > 0:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_checkpoint(run_dir, server_round, fed.models.state_dict(), fed.cfg.as_dict())
+    acc = acceleration if acceleration is not None else loop_acceleration(fed.cfg, fed.device)
     results = [
         evaluate(
-            fed.models, predict, fed.test_x, fed.test_y, to_input=fed.to_input, batch_size=fed.cfg.eval_batch_size, device=fed.device
-        )
+            fed.models, predict, fed.test_x, fed.test_y, to_input=fed.to_input, batch_size=fed.cfg.eval_batch_size,
+            device=fed.device, acceleration=acc,
+        )  # fmt: skip
         for predict in fed.predictors.values()
     ]
     return results[0]
@@ -423,6 +454,87 @@ def server_step_s(cfg: RunConfig, repeats: int, run_dir: Path) -> float:
         central_eval(fed, fed.initial, rep + 1, run_dir)
         times.append(time.perf_counter() - start)
     return median(times)
+
+
+# --------------------------------------------------------------------------- loop
+
+
+def loop_variants(device: torch.device, cfg: RunConfig, names: Sequence[str]) -> dict[str, Acceleration]:
+    """The loop executions compared by the ``loop`` section, by name.
+
+    ``plain``: float32, NCHW, PyTorch's per-parameter Adam, eager (the loop before the
+    execution settings existed); ``channels-last`` / ``fused``: plain plus that one change;
+    ``defaults``: the run configuration's settings as a client resolves them here
+    (``precision=auto``, ``memory-format=auto``, ``fused-optimizer=true``); ``bf16``:
+    bf16 autocast + channels-last + fused, forced even without native bfloat16;
+    ``compile``: the defaults plus ``torch.compile``.
+
+    Raises
+    ------
+    SystemExit
+        On an unknown variant name.
+    """
+    plain = Acceleration.plain(device)
+    defaults = loop_acceleration(cfg, device)
+    table = {
+        "plain": plain,
+        "channels-last": Acceleration(device, "fp32", channels_last=True),
+        "fused": Acceleration(device, "fp32", fused_optimizer=True),
+        "defaults": defaults,
+        "bf16": Acceleration.resolve(device, precision="bf16"),
+        "compile": Acceleration(device, defaults.precision, defaults.channels_last, defaults.fused_optimizer, True),
+    }
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"--loop-variants: unknown {unknown}; valid: {','.join(table)}")
+    return {n: table[n] for n in names}
+
+
+def section_loop(args: argparse.Namespace) -> dict[str, Any]:
+    """Whole local rounds of FedUL under each loop execution, per model, same clients, batches
+    and seeds; repeats interleaved with the variant order rotated."""
+    device = torch.device("cpu")
+    caps = dict(item.split(":") for item in args.loop_samples.split(",") if item)
+    names = args.loop_variants.split(",")
+    out: dict[str, Any] = {"setting": {"clients": args.loop_clients, "dataset": args.dataset, "num-sets": args.num_sets,
+                                       "threads": torch.get_num_threads(), "repeats": args.repeats,
+                                       "variants": names}}  # fmt: skip
+    for model in args.loop_models.split(","):
+        cfg = resolve_config({
+            "dataset": args.dataset, "data-dir": args.data_dir, "model": model, "num-sets": args.num_sets,
+            "method": "fedul", "samples-per-client": int(caps.get(model, args.samples_per_client)),
+        })  # fmt: skip
+        method = get_method(cfg.method)(cfg)
+        fed = build_federation(cfg, args.loop_clients, device, [method])
+        variants = loop_variants(device, cfg, names)
+        times: dict[str, list[float]] = {n: [] for n in variants}
+        accuracy: dict[str, float] = {}
+        samples = 0
+        for name, acc in variants.items():  # warm-up round (compiles, allocates), untimed
+            state, samples = bare_round(fed, method, fed.initial, 1, acc)
+            accuracy[name] = central_eval(fed, state, 1, acceleration=acc)["test-accuracy"]
+        for rep in range(args.repeats):
+            order = list(variants)[rep % len(variants) :] + list(variants)[: rep % len(variants)]
+            for name in order:
+                start = time.perf_counter()
+                bare_round(fed, method, fed.initial, 1, variants[name])
+                times[name].append(time.perf_counter() - start)
+            say(f"loop {model} repeat {rep + 1}/{args.repeats}: " + " ".join(f"{n} {times[n][-1]:.2f}s" for n in variants))
+        base = median(times[names[0]])
+        row: dict[str, Any] = {"images-per-round": samples, "round-s": times, "after-one-round-test-accuracy": accuracy}
+        for name, acc in variants.items():
+            row[name] = {
+                "settings": acc.describe(),
+                "median-round-s": median(times[name]),
+                "images-per-s": samples / median(times[name]),
+                f"speedup-over-{names[0]}": base / median(times[name]),
+                "median-of-paired-speedups": median([b / t for b, t in zip(times[names[0]], times[name], strict=True)]),
+            }
+        out[model] = row
+        say(f"loop {model} ({samples} images/round): " + ", ".join(
+            f"{n} [{row[n]['settings']}] {row[n]['images-per-s']:.0f} img/s x{row[n][f'speedup-over-{names[0]}']:.2f}"
+            for n in variants))  # fmt: skip
+    return out
 
 
 # --------------------------------------------------------------------------- qc
@@ -590,16 +702,66 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------- flwr run
 
 
+# (marker in a stack frame, category), most specific first: where a sampled stack of the
+# process tree spends its time (py-spy's "raw" format: "frame;frame;... count" per line)
+PROFILE_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("train_local (", "ours: local training (train_local)"),
+    ("load_client (", "ours: building a client's data (load_client)"),
+    ("_models (", "ours: loading the received weights (client_app._models)"),
+    ("central_evaluate (", "ours: server checkpoint + central evaluation"),
+    ("get_message_ins (", "Flower: simulation engine polling the LinkState (get_message_ins)"),
+    ("to_torch_state_dict (", "Flower: records -> tensors (deserialise)"),
+    ("ArrayRecord", "Flower: tensors -> records (serialise)"),
+    ("client_app.py", "ours: ClientApp, other"),
+    ("ray", "Ray"),
+    ("flwr", "Flower, other"),
+)
+
+
+def _process_kind(header: str) -> str:
+    for marker, kind in (("ClientAppActor", "client actor"), ("flwr-simulation", "flwr-simulation (ServerApp + engine)"),
+                         ("flower-superlink", "SuperLink"), ("flower-superexec", "SuperExec")):  # fmt: skip
+        if marker in header:
+            return kind
+    return "other"
+
+
+def summarize_profile(raw: Path) -> dict[str, Any]:
+    """Busy samples of a ``py-spy record --subprocesses --format raw`` file by process and
+    category (:data:`PROFILE_CATEGORIES`), as fractions of all busy samples."""
+    counts: dict[str, dict[str, int]] = {}
+    total = 0
+    for line in raw.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        kind = _process_kind(stack.split(";", 1)[0])
+        category = next((c for marker, c in PROFILE_CATEGORIES if marker in stack), "other")
+        counts.setdefault(kind, {}).setdefault(category, 0)
+        counts[kind][category] += int(count)
+        total += int(count)
+    return {
+        "busy-samples": total,
+        "by-process": {
+            kind: {"share": sum(c.values()) / total, **{k: v / total for k, v in sorted(c.items(), key=lambda kv: -kv[1])}}
+            for kind, c in sorted(counts.items(), key=lambda kv: -sum(kv[1].values()))
+        } if total else {},
+    }  # fmt: skip
+
+
 def flwr_run(
-    run_config: Mapping[str, Any], federation_config: str, workdir: Path, timeout: float = 1800, memory_every_s: float = 1.0
-) -> dict[str, Any]:
+    run_config: Mapping[str, Any], federation_config: str, workdir: Path, timeout: float = 1800, memory_every_s: float = 1.0,
+    py_spy: Path | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """Run ``flwr run .`` on a fresh SuperLink (tests/flower_harness.py); time it.
 
     Memory and CPU of the process tree are sampled every ``memory_every_s`` seconds; each
     sample walks /proc and every process's smaps_rollup (measurable CPU on 2 cores), so the
     timing-only ``flower`` section samples every 5 s. The harness waits for the run's
     ``model.pt`` instead of polling ``flwr ls`` (a Python process every 2 s, which slowed
-    the clients training meanwhile).
+    the clients training meanwhile). With ``py_spy`` (a file path), ``py-spy record`` samples
+    the whole process tree (50 Hz, busy threads only) for the run and writes its raw stacks
+    there; the result then has their :func:`summarize_profile`.
 
     Returns
     -------
@@ -616,9 +778,19 @@ def flwr_run(
     values = {**run_config, "output-dir": str(out_dir), "run-name": run_name}
     text = " ".join(f"{k}='{v}'" if isinstance(v, str) else f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in values.items())
     with superlink(workdir / run_name) as link, PeakMemory(link.process.pid, memory_every_s) as mem:
+        spy = None
+        if py_spy is not None:
+            spy = subprocess.Popen(
+                [str(Path(sys.executable).parent / "py-spy"), "record", "--subprocesses", "--nonblocking", "--rate", "50",
+                 "--format", "raw", "--output", str(py_spy), "--pid", str(link.process.pid)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )  # fmt: skip
         submitted = time.time()
         record, log = link.run_app(text, federation_config, timeout, done_file=out_dir / run_name / "model.pt")
         total = time.time() - submitted
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+            spy.wait(timeout=120)
     status = str(record.get("status", "unknown"))
     run_dir = out_dir / run_name
     rows = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else []
@@ -632,6 +804,8 @@ def flwr_run(
         "cpu-s-by-process": mem.cpu_by_process(),
         "rounds": rows,
     }
+    if py_spy is not None and py_spy.exists():
+        result["profile"] = summarize_profile(py_spy)
     if not status.endswith("completed") or not rows:
         result["log-tail"] = log[-3000:]
         say(f"flwr run {status}: {log[-1500:]}")
@@ -763,7 +937,10 @@ def section_scale(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             per_client = min(per_client, args.samples_per_client)
         say(f"scale: N={n} fraction-train={frac} ({sampled} clients x {per_client} images per round)")
         server_s = server_step_s(resolve_config(run_config), 3, workdir / "server-step")
-        run = flwr_run(run_config, _federation_config(n, args.threads), workdir / "scale")
+        spy = Path(args.py_spy) / f"scale-N{n}-f{frac}.txt" if args.py_spy else None
+        if spy is not None:
+            spy.parent.mkdir(parents=True, exist_ok=True)
+        run = flwr_run(run_config, _federation_config(n, args.threads), workdir / "scale", py_spy=spy)
         point: dict[str, Any] = {
             "clients": n,
             "fraction-train": frac,
@@ -857,6 +1034,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-sets", default="10", help="M per client")
     p.add_argument("--samples-per-client", type=int, default=0, help="cap n_c (run-config samples-per-client; 0 = all)")
     p.add_argument("--qc-clients", type=int, default=5)
+    p.add_argument("--loop-models", default="small-cnn,paper-cnn,resnet18", help="models of the loop section")
+    p.add_argument("--loop-variants", default="plain,channels-last,fused,defaults,bf16",
+                   help="loop executions compared (first = reference): plain,channels-last,fused,defaults,bf16,compile")
+    p.add_argument("--loop-clients", type=int, default=5, help="clients of a loop-section round")
+    p.add_argument("--loop-samples", default="resnet18:256",
+                   help="model:n caps of the images per client in the loop section (others: --samples-per-client)")
     p.add_argument("--client-images", type=int, default=32, help="images of the client in the client section")
     p.add_argument("--client-calls", type=int, default=7, help="timed ClientApp calls per model in the client section")
     p.add_argument("--client-models", default="small-cnn,paper-cnn,resnet18")
@@ -865,12 +1048,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale", default="10:0.5,100:0.1,1000:0.02", help="N:fraction-train points of the scale section")
     p.add_argument("--scale-dataset", default="mnist")
     p.add_argument("--scale-rounds", type=int, default=3)
+    p.add_argument("--py-spy", default="", help="folder: profile each scale run with py-spy (raw stacks + summary)")
     p.add_argument("--gpu-clients", type=int, default=4)
     p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.rounds, args.scale_rounds, args.qc_clients, args.flower_clients = 1, 2, 2, 2, 2
         args.scale, args.samples_per_client = "10:0.2", 300
+        args.loop_clients, args.loop_samples = 2, "resnet18:32"
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         p.error(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
@@ -885,6 +1070,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"machine": machine_info(), "args": vars(args)}
     say(f"benchmark: {results['machine']}")
     sections: dict[str, Callable[[], dict[str, Any]]] = {
+        "loop": lambda: section_loop(args),
         "qc": lambda: section_qc(args),
         "client": lambda: section_client(args),
         "flower": lambda: section_flower(args, workdir),

@@ -132,7 +132,7 @@ PAPER: dict[str, dict[tuple[str, str, str], float]] = {
 }  # fmt: skip
 PAPER["table1-uniform"] = PAPER["table1-authors"] = PAPER["table1"]
 PAPER["fashion"] = {}
-PAPER["smoke"] = {}
+PAPER["smoke"] = PAPER["loop-check"] = {}
 
 # --------------------------------------------------------------------------- profiles
 
@@ -257,6 +257,10 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
     if name == "table-e10":
         values = [(str(c), {}, c) for c in (10, 20, 30, 40, 50)]
         return sweep_specs(name, "table-e10", "MNIST non-IID", "FedUL", values, seeds)
+    if name == "loop-check":  # the loop's execution settings must not cost accuracy
+        row = {"dataset": "mnist", "partition": "iid", "num-sets": 10}
+        values = [(sub, {**row, **over}, 5) for sub, over in LOOP_VARIANTS.items()]
+        return sweep_specs(name, "table1", "MNIST IID", "FedUL", values, seeds)
     if name == "table-e11":
         specs = []
         for e in (1, 4, 16):
@@ -267,7 +271,13 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
 
 
 GRIDS = ("table1", "table1-uniform", "table1-authors", "table-e13", "table-e12", "table-e9", "table-e10",
-         "table-e11", "fashion", "smoke")  # fmt: skip
+         "table-e11", "fashion", "smoke", "loop-check")  # fmt: skip
+LOOP_VARIANTS: dict[str, dict[str, Any]] = {
+    "plain": {"precision": "fp32", "memory-format": "contiguous", "fused-optimizer": False},
+    "defaults": {},
+    "bf16": {"precision": "bf16"},
+}
+"""Columns of the ``loop-check`` grid: the plain float32 NCHW loop, the defaults, forced bf16."""
 
 # --------------------------------------------------------------------------- running
 
@@ -548,6 +558,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--partitions", default="iid,noniid")
     p.add_argument("--sets", default="10,20,40", help="M values (table1*, table-e13)")
     p.add_argument("--seeds", default="", help="comma list; default: the profile's")
+    p.add_argument("--subs", default="", help="comma list: run only these sub-columns (e.g. loop-check's plain,defaults)")
     p.add_argument("--data-dir", default="", help="absolute torchvision root (e.g. /work/shared/data)")
     p.add_argument("--out", default=str(PROJECT / "outputs" / "reproduce"), help="results root")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra run-config override")
@@ -560,6 +571,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = PROFILES[args.profile]
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else profile.seeds
     specs = build_grid(args.grid, args, seeds)
+    if args.subs:
+        specs = [spec for spec in specs if spec.sub in args.subs.split(",")]
     out_dir = Path(args.out).expanduser().resolve() / args.profile
     user = _parse_set(args.set)
     if args.list:

@@ -13,10 +13,11 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -112,15 +113,18 @@ class SuperLink:
 
 
 @contextmanager
-def superlink(tmp_path: Path) -> Iterator[SuperLink]:
-    """Start a simulation SuperLink on free ports; stop it (and its children) on exit."""
+def superlink(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[SuperLink]:
+    """Start a simulation SuperLink on free ports; stop it (and its children) on exit.
+
+    ``extra_env`` is added to the SuperLink's environment (e.g. ``RAY_ADDRESS``: the
+    simulation's Ray backend then joins that cluster instead of starting its own)."""
     home = tmp_path / "flwr-home"
     home.mkdir(parents=True, exist_ok=True)
     port = free_port()  # Flower 1.41 serves the Control, Fleet and Runtime APIs on one HTTP port
     (home / "config.toml").write_text(
         f'[superlink]\ndefault = "test"\n\n[superlink.test]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
     )
-    env = flower_env(home)
+    env = {**flower_env(home), **(extra_env or {})}
     log_file = tmp_path / "superlink.log"
     cmd = [
         str(BIN / "flower-superlink"),
@@ -158,3 +162,135 @@ def superlink(tmp_path: Path) -> Iterator[SuperLink]:
             process.wait(timeout=20)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(process.pid, 9)
+
+
+# --------------------------------------------------------------------------- Ray cluster
+
+
+@dataclass
+class RayCluster:
+    """Ray nodes started by :func:`ray_cluster` (one head, the rest workers)."""
+
+    address: str
+    processes: list[subprocess.Popen]
+    temp_dir: Path
+    stopped: list[int] = field(default_factory=list)  # every process of the nodes, when stopped
+
+    def node_ids_of_actors(self, class_name: str) -> list[str]:
+        """Ray node ids of every actor of ``class_name`` the cluster has seen (alive or dead),
+        from the GCS actor table (``ray._private.state.actors``: Ray's public state API needs
+        the dashboard, which these nodes do not start), read by a separate Python process so
+        that this one stays out of Ray."""
+        code = (
+            "import json, ray; from ray._private import state; "
+            f"ray.init(address={self.address!r}, logging_level='ERROR'); "
+            f"print(json.dumps([a['Address']['NodeID'] for a in state.actors().values() "
+            f"if a.get('ActorClassName') == {class_name!r}]))"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_ray_env())
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    def alive_nodes(self) -> int:
+        """Number of alive nodes in the cluster (``ray.nodes()`` in a separate process)."""
+        code = f"import ray; ray.init(address={self.address!r}, logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_ray_env())
+        return int(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else 0
+
+
+def _ray_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(RAY_USAGE_STATS_ENABLED="0", PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}")
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+@contextmanager
+def ray_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float = 120) -> Iterator[RayCluster]:
+    """Start a Ray cluster of ``nodes`` separate Ray nodes on this machine with Ray's own CLI
+    (``ray start --head``, then ``ray start --address=...`` per worker), each in the
+    foreground (``--block``) in a process group of its own; on exit, stop exactly those
+    processes (never ``ray stop``, which would end every Ray session on the machine).
+
+    Raises
+    ------
+    TimeoutError
+        If the nodes are not all alive within ``timeout`` seconds.
+    """
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    # Ray's unix socket paths live under the temp dir and must stay short (< 108 bytes)
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    common = [f"--num-cpus={cpus_per_node}", "--num-gpus=0", "--disable-usage-stats", "--block",
+              "--node-ip-address=127.0.0.1"]  # fmt: skip
+    head = [str(BIN / "ray"), "start", "--head", f"--port={port}", "--include-dashboard=false",
+            f"--temp-dir={temp_dir}", *common]  # fmt: skip
+    worker = [str(BIN / "ray"), "start", f"--address={address}", *common]
+    processes: list[subprocess.Popen] = []
+    cluster = RayCluster(address, processes, temp_dir)
+    log = (temp_dir / "cli.log").open("ab")
+    try:
+        processes.append(subprocess.Popen(head, env=_ray_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        _wait_nodes(cluster, 1, timeout)
+        for _ in range(nodes - 1):
+            processes.append(
+                subprocess.Popen(worker, env=_ray_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+        _wait_nodes(cluster, nodes, timeout)
+        yield cluster
+    finally:
+        cluster.stopped = [pid for process in processes for pid in _descendants(process.pid)]
+        for process in reversed(processes):  # workers first, the head last
+            _stop_group(process)
+        log.close()
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_nodes(cluster: RayCluster, nodes: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for process in cluster.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"'ray start' exited with {process.returncode}; see {cluster.temp_dir / 'cli.log'}")
+        if cluster.alive_nodes() >= nodes:
+            return
+        time.sleep(1)
+    raise TimeoutError(f"the Ray cluster did not reach {nodes} alive node(s) in {timeout} s; see {cluster.temp_dir}")
+
+
+def _stop_group(process: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM the process group of ``process`` (``ray start --block`` then stops the node it
+    runs), SIGKILL what is left after ``grace`` seconds."""
+    try:
+        os.killpg(process.pid, 15)
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        process.wait(timeout=10)
+    except ProcessLookupError:
+        pass
