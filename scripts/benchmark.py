@@ -719,7 +719,7 @@ PROFILE_CATEGORIES: tuple[tuple[str, str], ...] = (
 
 
 def _process_kind(header: str) -> str:
-    for marker, kind in (("ClientAppActor", "client actor"), ("flwr-simulation", "flwr-simulation (ServerApp + engine)"),
+    for marker, kind in (("default_worker", "Ray worker (client actor)"), ("flwr-simulation", "flwr-simulation (ServerApp + engine)"),
                          ("flower-superlink", "SuperLink"), ("flower-superexec", "SuperExec")):  # fmt: skip
         if marker in header:
             return kind
@@ -735,7 +735,8 @@ def summarize_profile(raw: Path) -> dict[str, Any]:
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
-        kind = _process_kind(stack.split(";", 1)[0])
+        # py-spy prefixes each stack with the chain of processes from the root to the sampled one
+        kind = _process_kind([frame for frame in stack.split(";") if frame.startswith("process ")][-1])
         category = next((c for marker, c in PROFILE_CATEGORIES if marker in stack), "other")
         counts.setdefault(kind, {}).setdefault(category, 0)
         counts[kind][category] += int(count)
@@ -1017,6 +1018,56 @@ def section_gpu(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return out
 
 
+# --------------------------------------------------------------------------- markdown
+
+
+def loop_markdown(loop: Mapping[str, Any]) -> str:
+    """The ``loop`` section as a markdown table: images/s per model and variant, the speedup
+    over the first variant (ratio of medians; median of the per-repeat ratios in brackets)
+    and the test accuracy after one round."""
+    names = loop["setting"]["variants"]
+    first = names[0]
+    lines = []
+    models = [m for m in loop if m not in ("setting", "section-wall-s")]
+    lines.append("| model | images/round | variant | settings | images/s | speedup over " + first + " | after-1-round test accuracy |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for model in models:
+        row = loop[model]
+        for name in names:
+            v = row[name]
+            lines.append(
+                f"| {model} | {row['images-per-round']} | {name} | {v['settings']} | {v['images-per-s']:.0f} | "
+                f"{v[f'speedup-over-{first}']:.2f}x ({v['median-of-paired-speedups']:.2f}x) | "
+                f"{100 * row['after-one-round-test-accuracy'][name]:.2f}% |"
+            )
+    return "\n".join(lines)
+
+
+def scale_markdown(scale: Mapping[str, Any], label: str = "") -> str:
+    """The ``scale`` section as markdown: per-point time per client and the CPU seconds of
+    the busiest processes, then the py-spy profile of each point that has one."""
+    lines = ["| run | N | clients x images per round | steady round (s) | ms per client | CPU s by process (whole run) |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for p in scale["points"]:
+        cpu = ", ".join(f"{name.replace('python3.11 ', '')} {sec:.0f}" for name, sec in p.get("cpu-s-by-process", [])[:3])
+        lines.append(
+            f"| {label} | {p['clients']} | {p['clients-per-round']} x {p['images-per-client']} | "
+            f"{p.get('steady-round-s', float('nan')):.2f} | {p.get('ms-per-client', float('nan')):.0f} | {cpu} |"
+        )
+    for p in scale["points"]:
+        prof = p.get("profile")
+        if not prof:
+            continue
+        lines += ["", f"py-spy profile of N = {p['clients']}, fraction-train = {p['fraction-train']} "
+                  f"({prof['busy-samples']} busy samples at 50 Hz; shares of all busy samples):", "",
+                  "| process | category | share |", "|---|---|---|"]  # fmt: skip
+        for kind, cats in prof["by-process"].items():
+            for cat, share in cats.items():
+                if cat != "share" and share >= 0.005:
+                    lines.append(f"| {kind} ({100 * cats['share']:.0f}% of samples) | {cat} | {100 * share:.1f}% |")
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1051,6 +1102,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--py-spy", default="", help="folder: profile each scale run with py-spy (raw stacks + summary)")
     p.add_argument("--gpu-clients", type=int, default=4)
     p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
+    p.add_argument("--markdown", default="", help="also write the loop and scale results as markdown tables here")
+    p.add_argument("--render", default="", help="only render --markdown from these earlier --out JSONs (comma list; runs nothing)")
     args = p.parse_args(argv)
     if args.quick:
         args.repeats, args.rounds, args.scale_rounds, args.qc_clients, args.flower_clients = 1, 2, 2, 2, 2
@@ -1062,9 +1115,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
+    """Markdown of the ``loop`` and ``scale`` sections of a results dict (with the machine)."""
+    m = results["machine"]
+    parts = [f"Measured {m['date-utc']} on {m['cpu']} ({m['cpu-count']} cores, {m.get('cpu-capability', '?')}, "
+             f"native bf16: {m.get('native-bf16-cpu', '?')}), torch {m['torch']}, flwr {m['flwr']}, "
+             f"load average at the start {m['load-average-1-5-15'][0]:.2f}."]  # fmt: skip
+    if "loop" in results:
+        s = results["loop"]["setting"]
+        parts.append(f"Loop: FedUL, {s['clients']} clients of `{s['dataset']}`, M = {s['num-sets']}, "
+                     f"{s['threads']} threads, medians of {s['repeats']} interleaved repeats.\n\n" + loop_markdown(results["loop"]))  # fmt: skip
+    if "scale" in results:
+        parts.append(scale_markdown(results["scale"], label))
+    return "\n\n".join(parts) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """Run the selected sections; print a summary; write ``--out``."""
+    """Run the selected sections; print a summary; write ``--out`` (and ``--markdown``)."""
     args = parse_args(argv)
+    if args.render:
+        files = [Path(f) for f in args.render.split(",")]
+        results = {f.stem: json.loads(f.read_text()) for f in files}
+        text = "\n".join(
+            (f"### `{f.name}`\n\n" if len(files) > 1 else "") + render_markdown(results[f.stem], f.stem) for f in files
+        )
+        scales = [(f.stem, results[f.stem]["scale"]) for f in files if "scale" in results[f.stem]]
+        if len(scales) > 1:  # one summary table of every scale point first
+            rows = [line for stem, scale in scales for line in scale_markdown(scale, stem).split("\n")[2:]
+                    if line.startswith(f"| {stem} |")]  # fmt: skip
+            text = "\n".join(scale_markdown({"points": []}).split("\n")[:2] + rows) + "\n\n" + text
+        if args.markdown:
+            Path(args.markdown).write_text(text)
+        print(text)
+        return results
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="fedul-bench-"))
     results: dict[str, Any] = {"machine": machine_info(), "args": vars(args)}
@@ -1087,6 +1170,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
         say(f"wrote {args.out}")
+    if args.markdown:
+        Path(args.markdown).write_text(render_markdown(results))
+        say(f"wrote {args.markdown}")
     return results
 
 
