@@ -57,7 +57,8 @@ Sections (``--only loop,qc,client,flower,scale,gpu``; default: all):
     (proportional set size, shared pages split among processes).
 ``gpu``
     Only with CUDA: ``paper-cnn`` and ``resnet18`` trained by several clients sharing one GPU
-    (``client-resources-num-gpus`` = 1 / clients), per-round time and images/s. Otherwise
+    (``client-resources-num-gpus`` = 1 / clients), once per ``--gpu-precisions`` value
+    (default fp32 and bf16 autocast), per-round time and images/s. Otherwise
     prints ``skipped: no CUDA device``.
 
 Examples::
@@ -493,10 +494,11 @@ def loop_variants(device: torch.device, cfg: RunConfig, names: Sequence[str]) ->
 def section_loop(args: argparse.Namespace) -> dict[str, Any]:
     """Whole local rounds of FedUL under each loop execution, per model, same clients, batches
     and seeds; repeats interleaved with the variant order rotated."""
-    device = torch.device("cpu")
+    device = torch.device(args.loop_device)
     caps = dict(item.split(":") for item in args.loop_samples.split(",") if item)
     names = args.loop_variants.split(",")
     out: dict[str, Any] = {"setting": {"clients": args.loop_clients, "dataset": args.dataset, "num-sets": args.num_sets,
+                                       "device": str(device),
                                        "threads": torch.get_num_threads(), "repeats": args.repeats,
                                        "variants": names}}  # fmt: skip
     for model in args.loop_models.split(","):
@@ -994,8 +996,9 @@ def section_gpu(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         return {"skipped": "no CUDA device"}
     out: dict[str, Any] = {"device": torch.cuda.get_device_name(0), "runs": []}
     cpus = max(1, (os.cpu_count() or 2) // args.gpu_clients)
-    for model in ("paper-cnn", "resnet18"):
+    for model, precision in ((m, p) for m in ("paper-cnn", "resnet18") for p in args.gpu_precisions.split(",")):
         run_config = {
+            "precision": precision,
             "dataset": args.dataset,
             "data-dir": args.data_dir,
             "model": model,
@@ -1007,13 +1010,13 @@ def section_gpu(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         fed_cfg = _federation_config(args.gpu_clients, cpus, round(1.0 / args.gpu_clients, 4))
         run = flwr_run(run_config, fed_cfg, workdir / "gpu")
         images = round_examples(resolve_config(run_config), args.gpu_clients)
-        entry: dict[str, Any] = {"model": model, "federation-config": fed_cfg, "images-per-round": images}
+        entry: dict[str, Any] = {"model": model, "precision": precision, "federation-config": fed_cfg, "images-per-round": images}
         entry.update({k: v for k, v in run.items() if k != "rounds"})
         if "round-s" in run:
             rounds = run["round-s"]
             entry["steady-round-s"] = median(rounds[1:]) if len(rounds) > 1 else median(rounds)
             entry["images-per-s"] = images / entry["steady-round-s"]
-            say(f"gpu {model}: {entry['steady-round-s']:.2f}s/round, {entry['images-per-s']:.0f} img/s ({fed_cfg})")
+            say(f"gpu {model} {precision}: {entry['steady-round-s']:.2f}s/round, {entry['images-per-s']:.0f} img/s ({fed_cfg})")
         out["runs"].append(entry)
     return out
 
@@ -1101,6 +1104,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scale-rounds", type=int, default=3)
     p.add_argument("--py-spy", default="", help="folder: profile each scale run with py-spy (raw stacks + summary)")
     p.add_argument("--gpu-clients", type=int, default=4)
+    p.add_argument("--gpu-precisions", default="fp32,bf16", help="precision values of the gpu section's runs")
+    p.add_argument("--loop-device", default="cpu", help="device of the loop section (cpu or cuda)")
     p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
     p.add_argument("--markdown", default="", help="also write the loop and scale results as markdown tables here")
     p.add_argument("--render", default="", help="only render --markdown from these earlier --out JSONs (comma list; runs nothing)")
