@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import platform
 import signal
 import statistics
 import sys
@@ -352,6 +353,8 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
         "best-val-round": best,
         "best-val-test-error": by_round[best]["test-error"] if best is not None else None,
         "wall-time-s": time.time() - start,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
         "run-dir": str(outputs.path),
     }
 
@@ -525,6 +528,14 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         render_table(grid, specs, records, "best-val-test-error"),
         "",
     ]
+    if records:  # every run's wall time and the settings that decide it
+        text += ["### Wall time per run", "", "| run | wall time (s) | threads | loop |", "|---|---|---|---|"]
+        for r in sorted(records, key=lambda r: r["run-id"]):
+            c = r["config"]
+            loop = " ".join(str(c.get(k, "-")) for k in ("precision", "memory-format"))
+            loop += " fused" if c.get("fused-optimizer") else (" per-parameter" if "fused-optimizer" in c else "")
+            text.append(f"| {r['run-id']} | {r['wall-time-s']:.0f} | {r.get('threads', '-')} | {loop} |")
+        text.append("")
     plots = plot_curves(grid, records, out_dir / "plots") if records else []
     text += [f"![{p.stem}](plots/{p.name})" for p in plots]
     path = out_dir / f"results-{grid}.md"
