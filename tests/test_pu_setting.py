@@ -1,0 +1,98 @@
+"""The positive-unlabeled client setting (fedul_flwr.data.pu): positive classes per client,
+labeled fractions, class priors, and their validation errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
+
+K = 10
+ALL = [np.full(K, 100)] * 10  # IID: every client holds every class
+
+
+def _assign(text: str, clients: int) -> list[tuple[int, ...]]:
+    return assign_positive_classes(parse_positive_classes(text, clients, K), ALL[:clients])
+
+
+@pytest.mark.parametrize(
+    ("clients", "division", "overlap"),
+    [  # the rows of the paper's Tables 1 and 2 with their overlap marks
+        (10, "2", True), (4, "6", True), (2, "9", True), (10, "1", False), (5, "2", False), (2, "5", False),
+        (6, "2,3,4,6,7,8", True), (5, "1,2,4,6,7", True), (4, "2,4,6,8", True), (2, "3,7", False),
+        (3, "2,3,5", False), (4, "1,2,3,4", False),
+    ],
+)  # fmt: skip
+def test_divisions_cover_every_class_and_overlap_exactly_when_they_sum_past_k(
+    clients: int, division: str, overlap: bool
+) -> None:
+    sets = _assign(division, clients)
+    counts = [int(c) for c in division.split(",")] * (clients if "," not in division else 1)
+    assert [len(s) for s in sets] == counts[:clients]
+    assert set().union(*sets) == set(range(K))
+    labeled_twice = sum(len(s) for s in sets) > len(set().union(*sets))
+    assert labeled_twice == overlap
+
+
+def test_explicit_sets_and_what_a_client_cannot_label() -> None:
+    spec = parse_positive_classes("0,1,2|3,4,5,6|7,8,9", 3, K)
+    assert assign_positive_classes(spec, ALL[:3]) == [(0, 1, 2), (3, 4, 5, 6), (7, 8, 9)]
+    holds = [np.full(K, 100), np.full(K, 100), np.array([0] * 7 + [5, 5, 5])]
+    with pytest.raises(ValueError, match=r"client 1 holds no image of its positive class\(es\) \[3\]"):
+        assign_positive_classes(parse_positive_classes("0,1,2|3,7|4,5,6,8,9", 3, K), [holds[0], holds[2], holds[1]])
+    # a division only picks classes the client holds
+    sets = assign_positive_classes(parse_positive_classes("7,3", 2, K), [np.full(K, 1), holds[2]])
+    assert set(sets[1]) <= {7, 8, 9}
+
+
+@pytest.mark.parametrize(
+    ("text", "clients", "message"),
+    [
+        ("2,2", 3, "a division of 2 numbers for 3 clients"),
+        ("0", 5, r"counts \[0\] outside"),
+        ("11", 2, r"counts \[11\] outside"),
+        ("1,1", 2, "sums to 2 < 10 classes"),
+        ("0,1|2", 2, r"no client labels class\(es\) \[3, 4, 5, 6, 7, 8, 9\]"),
+        ("0,1|1,1,2,3,4,5,6,7,8,9", 2, "must be distinct"),
+        ("two", 2, "positive-classes='two'"),
+    ],
+)
+def test_bad_positive_classes_name_the_key_and_value(text: str, clients: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_positive_classes(text, clients, K)
+
+
+def test_pu_split_labels_the_fraction_of_each_positive_class_and_nothing_else() -> None:
+    rng = np.random.default_rng(0)
+    labels = np.repeat(np.arange(K), 30)
+    indices = rng.permutation(len(labels))[:200] + 1000  # rows of the training set
+    client_labels = labels[indices - 1000]
+    split = pu_split(indices, client_labels, (2, 5), 0.5, np.random.default_rng([7, 3]))
+    lab = {int(i): int(labels[i - 1000]) for i in split.labeled}
+    for c in (2, 5):
+        held = int((client_labels == c).sum())
+        assert sum(v == c for v in lab.values()) == max(1, round(0.5 * held))
+    assert set(lab.values()) == {2, 5}  # only positive classes are labeled
+    assert np.intersect1d(split.labeled, split.unlabeled).size == 0
+    assert np.array_equal(np.sort(np.concatenate([split.labeled, split.unlabeled])), np.sort(indices))
+    again = pu_split(indices, client_labels, (2, 5), 0.5, np.random.default_rng([7, 3]))
+    assert np.array_equal(again.labeled, split.labeled)  # a pure function of the client's generator
+    other = pu_split(indices, client_labels, (2, 5), 0.5, np.random.default_rng([8, 3]))
+    assert not np.array_equal(other.labeled, split.labeled)
+    with pytest.raises(ValueError, match="pu-labeled-fraction=0 must be in"):
+        pu_split(indices, client_labels, (2,), 0, rng)
+
+
+def test_class_prior_kinds_and_errors() -> None:
+    pool = np.repeat(np.arange(K), [10] * 9 + [30])
+    unlabeled = np.array([0, 0, 1, 9])
+    np.testing.assert_allclose(class_prior("global", K, pool, unlabeled), [10 / 120] * 9 + [30 / 120])
+    np.testing.assert_allclose(class_prior("client", K, pool, unlabeled), [0.5, 0.25] + [0.0] * 7 + [0.25])
+    np.testing.assert_allclose(class_prior("0.08", K, pool, unlabeled), [0.08] * K)  # misspecified (Table 7)
+    with pytest.raises(ValueError, match="3 numbers for 10 classes"):
+        class_prior("0.1,0.2,0.7", K, pool, unlabeled)
+    with pytest.raises(ValueError, match="entries must be in"):
+        class_prior("1.5", K, pool, unlabeled)
+    with pytest.raises(ValueError, match="is not 'global', 'client'"):
+        class_prior("paper", K, pool, unlabeled)
