@@ -49,6 +49,7 @@ def _registry_choices() -> dict[str, tuple[str, ...]]:
     modules that own them import this one)."""
     from fedul_flwr.data.datasets import DATASETS
     from fedul_flwr.data.partition import PARTITIONS
+    from fedul_flwr.data.simulated import SETTINGS
     from fedul_flwr.data.usets import PRIOR_SCHEMES
     from fedul_flwr.methods import METHODS
     from fedul_flwr.models import MODELS
@@ -58,6 +59,7 @@ def _registry_choices() -> dict[str, tuple[str, ...]]:
         "dataset": DATASETS.names(),
         "partition": PARTITIONS.names(),
         "prior-scheme": PRIOR_SCHEMES.names(),
+        "client-setting": SETTINGS.names(),
         "method": METHODS.names(),
         "model": MODELS.names(),
         "strategy": STRATEGIES.names(),
@@ -101,6 +103,10 @@ class RunConfig:
     dominant_factor: float
     test_prior: tuple[float, ...]
     class_names: str
+    client_setting: str
+    positive_classes: str
+    pu_labeled_fraction: float
+    class_prior: str
     method: str
     model: str
     prior_noise: float
@@ -431,6 +437,7 @@ def _validate(cfg: RunConfig) -> None:
         _check(d[key] >= 1, f"{key}={d[key]} must be >= 1")
     for key in ("val-fraction", "client-test-fraction"):
         _check(0.0 <= d[key] < 1.0, f"{key}={d[key]} must be in [0, 1)")
+    _check(0.0 < cfg.pu_labeled_fraction <= 1.0, f"pu-labeled-fraction={cfg.pu_labeled_fraction} must be in (0, 1]")
     cfg.local_epochs_of(0)  # raises on a malformed local-epochs-per-client
     _check(
         1 <= cfg.min_train_nodes <= cfg.min_available_nodes,

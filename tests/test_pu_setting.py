@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
 
@@ -96,3 +97,30 @@ def test_class_prior_kinds_and_errors() -> None:
         class_prior("1.5", K, pool, unlabeled)
     with pytest.raises(ValueError, match="is not 'global', 'client'"):
         class_prior("paper", K, pool, unlabeled)
+
+
+# --------------------------------------------------------------------------- simulated source
+def test_simulated_pu_clients_of_the_embedded_sample() -> None:
+    from fedul_flwr.config import resolve_config
+    from fedul_flwr.data.client_data import MissingPartError
+    from fedul_flwr.data.simulated import load_client, load_run_dataset
+
+    cfg = resolve_config({"client-setting": "pu", "positive-classes": "2", "pu-labeled-fraction": 0.5})
+    train_y = load_run_dataset(cfg).train_y
+    parts = frozenset({"labeled", "unlabeled", "positive-classes", "class-prior"})
+    clients = [load_client(cfg, k, 5, parts) for k in range(5)]
+    assert [c.positive_classes for c in clients] == [(0, 1), (2, 3), (4, 5), (6, 7), (8, 9)]  # 5 x 2, no overlap
+    for c in clients:
+        assert c.labeled is not None and c.unlabeled is not None and c.class_prior is not None
+        assert set(c.labeled.y.tolist()) == set(c.positive_classes)  # only positives are labeled
+        held = len(c.labeled) + len(c.unlabeled)
+        assert 0.5 * 0.2 * held * 0.8 < len(c.labeled) < 0.5 * 0.2 * held * 1.2  # half of 2 of 10 classes
+        np.testing.assert_allclose(c.class_prior, np.bincount(train_y.numpy(), minlength=10) / len(train_y), atol=0.01)
+        assert set(c.parts()) == {"labeled", "unlabeled", "positive-classes", "class-prior"}
+    again = load_client.__wrapped__(cfg, 3, 5, parts)  # rebuilt, not from the cache: the same split
+    assert torch.equal(again.labeled.x, clients[3].labeled.x)
+    with pytest.raises(MissingPartError, match="usets"):
+        clients[0].require("fedul", ("unlabeled", "usets"))
+    wrong = resolve_config({"client-setting": "pu", "positive-classes": "1,1,1,1,1"})
+    with pytest.raises(ValueError, match=r"positive-classes='1,1,1,1,1': the division sums to 5 < 10"):
+        load_client(wrong, 0, 5, parts)

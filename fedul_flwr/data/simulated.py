@@ -1,22 +1,27 @@
-"""The simulated source of client data: dataset -> partition -> U sets -> :class:`ClientData`.
+"""The simulated source of client data: dataset -> partition -> the client's setting -> :class:`ClientData`.
 
     dataset (uint8 x, y)        fedul_flwr.data.datasets.load_dataset
       -> partition (indices)    fedul_flwr.data.partition.partition_pool
-      -> the client's setting   U sets + prior matrix (fedul_flwr.data.usets.build_usets)
+      -> the client's setting   ``client-setting`` (:data:`SETTINGS`):
+                                "usets": U sets + prior matrix (fedul_flwr.data.usets.build_usets)
+                                "pu": labeled positives + unlabeled rest (fedul_flwr.data.pu)
       -> ClientData             fedul_flwr.data.client_data
 
 In simulation the labels of the pool are used to *make* the U sets and are then dropped: the
 client's ``unlabeled`` part holds the images of its U sets (concatenated in set order) and its
 ``usets`` part their set indices and the prior matrix. Only a method that requires the
 ``labeled`` part (the supervised reference) gets the same images with their true labels.
-Everything is a pure function of (config, partition id) and is cached per process, so a Ray
-actor builds its clients once, not every round.
+In the PU setting the client's labeled part holds the labeled images of its positive classes
+(with their labels), the unlabeled part everything else, and the positive classes and class
+prior are parts of their own. Everything is a pure function of (config, partition id) and is
+cached per process, so a Ray actor builds its clients once, not every round.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -26,9 +31,16 @@ from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
 from fedul_flwr.data.datasets import ImageDataset, load_dataset
 from fedul_flwr.data.partition import holdout_split, partition_pool
 from fedul_flwr.data.prior_noise import noisy_priors
+from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
 from fedul_flwr.data.usets import USets, build_usets, condition_number
+from fedul_flwr.registry import Registry
 
-__all__ = ["client_usets", "load_client", "load_run_dataset", "prior_noise_rng", "validation_indices"]
+__all__ = ["SETTINGS", "client_rows", "client_usets", "load_client", "load_run_dataset", "prior_noise_rng",
+           "validation_indices"]  # fmt: skip
+
+SettingBuilder = Callable[[RunConfig, int, int, frozenset[str]], ClientData]
+SETTINGS: Registry[SettingBuilder] = Registry("client setting")
+"""Builders of a simulated client's :class:`ClientData` by ``client-setting`` name."""
 
 log = logging.getLogger(__name__)
 
@@ -71,23 +83,18 @@ def validation_indices(cfg: RunConfig) -> np.ndarray:
     return holdout_split(load_run_dataset(cfg).train_y.numpy(), cfg.val_fraction, cfg.seed)[1]
 
 
-def client_usets(cfg: RunConfig, partition_id: int, num_partitions: int) -> tuple[USets, np.ndarray]:
-    """U sets of client ``partition_id`` and the indices of its labeled local test split.
-
-    Returns
-    -------
-    (USets, np.ndarray)
-        The sets (indices into the training set) and int64 ``[n_t]`` local test indices.
+def client_rows(cfg: RunConfig, partition_id: int, num_partitions: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """Training-set rows of client ``partition_id``, the rows of its labeled local test split,
+    and the client's generator (already used for the test split) for its setting's draws.
 
     Raises
     ------
     ValueError
-        If ``partition_id`` is out of range, or from partitioning / U-set validation.
+        If ``partition_id`` is out of range, ``samples-per-client`` exceeds the client's
+        images, or from partitioning.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} out of range for num-partitions={num_partitions}")
-    data = load_run_dataset(cfg)
-    labels = data.train_y.numpy()
     _, parts = _partitions(cfg, num_partitions)
     indices = parts[partition_id]
     if cfg.samples_per_client > 0:  # App. E.2 / Table E.10: a fixed budget per client
@@ -103,11 +110,29 @@ def client_usets(cfg: RunConfig, partition_id: int, num_partitions: int) -> tupl
         perm = rng.permutation(indices)
         n_test = int(round(cfg.client_test_fraction * len(indices)))
         local_test, indices = np.sort(perm[:n_test]), np.sort(perm[n_test:])
+    return indices, local_test, rng
+
+
+def client_usets(cfg: RunConfig, partition_id: int, num_partitions: int) -> tuple[USets, np.ndarray]:
+    """U sets of client ``partition_id`` and the indices of its labeled local test split.
+
+    Returns
+    -------
+    (USets, np.ndarray)
+        The sets (indices into the training set) and int64 ``[n_t]`` local test indices.
+
+    Raises
+    ------
+    ValueError
+        See :func:`client_rows`; from U-set validation.
+    """
+    labels = load_run_dataset(cfg).train_y.numpy()
+    indices, local_test, rng = client_rows(cfg, partition_id, num_partitions)
     usets = build_usets(
         labels[indices],
         indices,
         cfg.num_sets_of(partition_id),
-        data.num_classes,
+        load_run_dataset(cfg).num_classes,
         cfg.prior_scheme,
         rng,
         dominant_factor=cfg.dominant_factor,
@@ -126,7 +151,22 @@ def prior_noise_rng(seed: int, partition_id: int) -> np.random.Generator:
 
 @functools.lru_cache(maxsize=64)
 def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
-    """Build (once per process) the :class:`ClientData` of simulated client ``partition_id``.
+    """Build (once per process) the :class:`ClientData` of simulated client ``partition_id``
+    in the run's ``client-setting`` (:data:`SETTINGS`).
+
+    Raises
+    ------
+    UnknownChoiceError
+        On an unknown setting.
+    ValueError
+        From the setting's builder.
+    """
+    return SETTINGS.get(cfg.client_setting)(cfg, partition_id, num_partitions, parts)
+
+
+@SETTINGS.register("usets")
+def usets_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+    """A client of the U-set setting (FedUL).
 
     Parameters
     ----------
@@ -171,10 +211,7 @@ def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: f
             log.warning("client %d: the told priors Pi~_c are column-rank deficient: f is not identifiable", partition_id)
     rows = torch.from_numpy(order)
     images = data.train_x[rows]
-    test = None
-    if len(local_test):
-        test_rows = torch.from_numpy(local_test)
-        test = LabeledImages(data.train_x[test_rows], data.train_y[test_rows].clone())
+    test = _local_test(cfg, local_test)
     return ClientData(
         node=f"simulated partition {partition_id} of {num_partitions}",
         class_names=data.class_names,
@@ -184,4 +221,70 @@ def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: f
         unlabeled=images,
         usets=USetIndex(torch.from_numpy(ybar), told),
         test=test,
+    )
+
+
+def _local_test(cfg: RunConfig, local_test: np.ndarray) -> LabeledImages | None:
+    data = load_run_dataset(cfg)
+    if not len(local_test):
+        return None
+    rows = torch.from_numpy(local_test)
+    return LabeledImages(data.train_x[rows], data.train_y[rows].clone())
+
+
+@functools.lru_cache(maxsize=4)
+def positive_class_sets(cfg: RunConfig, num_partitions: int) -> list[tuple[int, ...]]:
+    """CP_k of every client of the PU setting (:func:`~fedul_flwr.data.pu.assign_positive_classes`
+    over the clients' class counts; cached per process).
+
+    Raises
+    ------
+    ValueError
+        From parsing ``positive-classes`` or the assignment (names the key, client, class).
+    """
+    data = load_run_dataset(cfg)
+    labels = data.train_y.numpy()
+    spec = parse_positive_classes(cfg.positive_classes, num_partitions, data.num_classes)
+    counts = [
+        np.bincount(labels[client_rows(cfg, k, num_partitions)[0]], minlength=data.num_classes)
+        for k in range(num_partitions)
+    ]
+    return assign_positive_classes(spec, counts)
+
+
+@SETTINGS.register("pu")
+def pu_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+    """A client of the positive-unlabeled setting (FedPU, Lin et al., ICML 2022, Sec. 3.1):
+    the labeled part holds ``pu-labeled-fraction`` of each of its positive classes (with
+    labels), the unlabeled part every other image of the client; ``positive-classes`` and
+    ``class-prior`` are parts of their own.
+
+    Raises
+    ------
+    ValueError
+        See :func:`client_rows`, :func:`positive_class_sets` and
+        :func:`~fedul_flwr.data.pu.class_prior`.
+    """
+    data = load_run_dataset(cfg)
+    labels = data.train_y.numpy()
+    indices, local_test, rng = client_rows(cfg, partition_id, num_partitions)
+    positives = positive_class_sets(cfg, num_partitions)[partition_id]
+    split = pu_split(indices, labels[indices], positives, cfg.pu_labeled_fraction, rng)
+    pool, _ = _partitions(cfg, num_partitions)
+    prior = class_prior(cfg.class_prior, data.num_classes, labels[pool], labels[split.unlabeled])
+    log.info(
+        "client %d/%d: positive classes %s, %d labeled + %d unlabeled images",
+        partition_id, num_partitions, list(positives), len(split.labeled), len(split.unlabeled),
+    )  # fmt: skip
+    labeled_rows, unlabeled_rows = torch.from_numpy(split.labeled), torch.from_numpy(split.unlabeled)
+    return ClientData(
+        node=f"simulated partition {partition_id} of {num_partitions}",
+        class_names=data.class_names,
+        mean=data.mean,
+        std=data.std,
+        labeled=LabeledImages(data.train_x[labeled_rows], data.train_y[labeled_rows].clone()),
+        unlabeled=data.train_x[unlabeled_rows],
+        positive_classes=positives,
+        class_prior=prior,
+        test=_local_test(cfg, local_test),
     )

@@ -1,0 +1,134 @@
+"""The local PU risks of FedPU (Lin et al., "Federated Learning with Positive and Unlabeled
+Data", ICML 2022, Sec. 3.2), as differentiable losses.
+
+Notation: client k with positive classes CP (labeled data P_i of each i in CP) and unlabeled
+data U (every class); C = all K classes, CN = C \\ CP; pi [K] the class prior; s = softmax(f(x)).
+Eq. 10 (without its cross-client term) writes the client's risk with the 0-1 quantities
+P(f(x) != m):
+
+    R_k = sum_{i in CP} pi_i E_i[ P(f != i) - sum_{m in CN} P(f != m) ] + sum_{m in CN} E_U[ P(f != m) ].
+
+The paper never says which differentiable surrogate replaces P(f != m), and the risk
+*subtracts* terms, so with cross-entropy it is unbounded below (a model can drive the
+subtracted terms to +inf). Three losses, by name in :data:`PU_LOSSES`:
+
+``nnpu`` (default)
+    Under the 0-1 loss, sum_{m in CN} P(f != m) = |CN| - 1 + sum_{i in CP} P(f = i), so the
+    unlabeled part of Eq. 10 equals, up to a constant, pushing unlabeled data away from each
+    positive class i, corrected by the labeled data of i -- for every positive class a binary
+    PU risk ("i" against "not i") with class prior pi_i. We estimate each with the
+    non-negative correction of Kiryo et al. (NeurIPS 2017, nnPU):
+
+        L = sum_{i in CP} [ pi_i E_i[-log s_i] + max(0, E_U[-log(1 - s_i)] - pi_i E_i[-log(1 - s_i)]) ].
+
+    The clamped term estimates sum_{j != i} pi_j E_j[-log(1 - s_i)] >= 0, so it is clamped
+    at 0 when a mini-batch estimate goes negative (the overfitting signature of uPU); the
+    cross-entropy keeps the gradients of a classifier. Bounded below by 0.
+``eq10``
+    Eq. 10 literally with the bounded surrogate P(f(x) != m) ~ 1 - s_m(x) in [0, 1]:
+    bounded below by -sum_{i in CP} pi_i |CN|. Mean-absolute-error-like, it trains slowly;
+    here for fidelity and as the reference of the tests.
+``authors``
+    The authors' code (``MPULoss_V2`` in ``modules/loss.py``, eps = 1e-6): cross-entropy on P
+    plus a uPU-style "not a positive class" term on U and P (no clamp, no cross-client term):
+
+        CE(P) + mean_{x in U, i in CP} -log(1 - s_i + eps)
+              + 1[K > |CP|] pi_{CP[0]} / (|P| (K - |CP|)) sum_{x in P, i in CP} -log(1 - s_i + eps)
+              - mean_{x in P} pi_{y(x)} (-log(1 - s_{y(x)} + eps)).
+
+Batches: E_i is the mean over the rows of the labeled batch with label i (a positive class
+without rows in the batch contributes no labeled term); E_U the mean over the unlabeled batch.
+log(1 - s_i) is computed as logsumexp_{j != i} z_j - logsumexp_j z_j: finite, with finite
+gradients, even where s_i rounds to 0 or 1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from fedul_flwr.registry import Registry
+
+__all__ = ["PU_LOSSES", "log_not", "pu_loss"]
+
+PULoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+PU_LOSSES: Registry[PULoss] = Registry("fedpu loss")
+"""PU losses ``(logits_p [n_p, K], y_p [n_p], logits_u [n_u, K], positives [|CP|], prior [K])
+-> scalar`` by name (FedPU's ``fedpu-loss`` option)."""
+
+
+def log_not(logits: torch.Tensor) -> torch.Tensor:
+    """log(1 - softmax(logits)_i) for every class i: ``[n, K]`` -> ``[n, K]``, as
+    logsumexp over the other classes minus logsumexp over all (no 1 - s cancellation)."""
+    k = logits.shape[1]
+    others = logits.unsqueeze(1).expand(-1, k, -1).masked_fill(torch.eye(k, dtype=torch.bool, device=logits.device), float("-inf"))
+    return torch.logsumexp(others, dim=2) - torch.logsumexp(logits, dim=1, keepdim=True)
+
+
+def _class_means(values: torch.Tensor, labels: torch.Tensor, classes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per class c of ``classes``: the mean of ``values[rows with label c]`` ([|CP|, ...]) and
+    whether the batch has such rows ([|CP|] bool)."""
+    onehot = (labels.unsqueeze(0) == classes.unsqueeze(1)).to(values.dtype)  # [|CP|, n]
+    counts = onehot.sum(dim=1)
+    means = (onehot @ values.reshape(len(labels), -1)) / counts.clamp_min(1).unsqueeze(1)
+    return means.reshape(len(classes), *values.shape[1:]), counts > 0
+
+
+@PU_LOSSES.register("nnpu")
+def nnpu_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
+              prior: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Sum over positive classes of non-negative binary PU risks (module docstring)."""
+    pi = prior[positives]  # [|CP|]
+    ce_p = -F.log_softmax(logits_p, dim=1)  # [n_p, K]
+    not_p = -log_not(logits_p)  # [n_p, K]: -log(1 - s)
+    not_u = -log_not(logits_u)[:, positives].mean(dim=0)  # [|CP|]: E_U[-log(1 - s_i)]
+    means, present = _class_means(torch.stack([ce_p[:, positives], not_p[:, positives]], dim=2), y_p, positives)
+    idx = torch.arange(len(positives), device=logits_p.device)
+    ce_i, not_i = means[idx, idx, 0], means[idx, idx, 1]  # E_i[-log s_i], E_i[-log(1 - s_i)]
+    labeled = torch.where(present, pi * ce_i, torch.zeros_like(pi))
+    negative = not_u - torch.where(present, pi * not_i, torch.zeros_like(pi))
+    return (labeled + negative.clamp_min(0)).sum()
+
+
+@PU_LOSSES.register("eq10")
+def eq10_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
+              prior: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Eq. 10 without the cross-client term, surrogate P(f != m) ~ 1 - s_m (module docstring)."""
+    k = logits_p.shape[1]
+    negative = torch.ones(k, dtype=torch.bool, device=logits_p.device)
+    negative[positives] = False
+    miss_p = 1 - F.softmax(logits_p, dim=1)  # [n_p, K]: 1 - s_m
+    miss_u = 1 - F.softmax(logits_u, dim=1)
+    means, present = _class_means(miss_p, y_p, positives)  # [|CP|, K]
+    idx = torch.arange(len(positives), device=logits_p.device)
+    per_class = means[idx, positives] - means[:, negative].sum(dim=1)  # E_i[(1 - s_i) - sum_{m in CN}(1 - s_m)]
+    labeled = torch.where(present, prior[positives] * per_class, torch.zeros_like(per_class)).sum()
+    return labeled + miss_u[:, negative].mean(dim=0).sum()
+
+
+@PU_LOSSES.register("authors")
+def authors_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
+                 prior: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:  # fmt: skip
+    """The authors' ``MPULoss_V2`` (module docstring)."""
+    k, cp = logits_p.shape[1], len(positives)
+    s_p, s_u = F.softmax(logits_p, dim=1), F.softmax(logits_u, dim=1)
+    not_u = -torch.log(1 - s_u[:, positives] + eps)  # [n_u, |CP|]
+    not_p = -torch.log(1 - s_p[:, positives] + eps)  # [n_p, |CP|]
+    own = -torch.log(1 - s_p.gather(1, y_p.unsqueeze(1)).squeeze(1) + eps)  # [n_p]
+    loss = F.cross_entropy(logits_p, y_p) + not_u.mean()
+    if k > cp:
+        loss = loss + prior[positives[0]] / (len(y_p) * (k - cp)) * not_p.sum()
+    return loss - (prior[y_p] * own).mean()
+
+
+def pu_loss(name: str) -> PULoss:
+    """The PU loss ``name`` of :data:`PU_LOSSES`.
+
+    Raises
+    ------
+    UnknownChoiceError
+        On an unknown name (lists the valid ones).
+    """
+    return PU_LOSSES.get(name)

@@ -1,0 +1,108 @@
+"""FedPU's local risks (fedul_flwr.methods.fedpu.risk) against hand computations, their bounds
+and gradients, and the method in an in-process federation of PU clients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedul_flwr.client_app import app as client_app
+from fedul_flwr.config import resolve_config
+from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.methods.fedpu.risk import PU_LOSSES, log_not
+from fedul_flwr.server_app import run_federation
+
+PRIOR = torch.tensor([0.2, 0.3, 0.5])
+POSITIVES = torch.tensor([0])  # K = 3, CP = {0}, CN = {1, 2}
+LOGITS_P = torch.tensor([[2.0, 0.5, -1.0], [0.3, 0.1, 0.2]])
+Y_P = torch.tensor([0, 0])
+LOGITS_U = torch.tensor([[0.0, 1.0, 2.0], [1.5, -0.5, 0.0]])
+
+
+def _softmax(z: np.ndarray) -> np.ndarray:
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def test_eq10_equals_the_risk_of_eq10_by_hand() -> None:
+    """Eq. 10 without the cross-client term, P(f != m) ~ 1 - s_m, written out term by term:
+    pi_0 * mean_{x in P_0}[(1 - s_0) - (1 - s_1) - (1 - s_2)] + sum_{m in {1, 2}} mean_{x in U}[1 - s_m]."""
+    p = [_softmax(z) for z in LOGITS_P.numpy()]
+    u = [_softmax(z) for z in LOGITS_U.numpy()]
+    labeled = 0.2 * np.mean([(1 - s[0]) - (1 - s[1]) - (1 - s[2]) for s in p])
+    unlabeled = sum(np.mean([1 - s[m] for s in u]) for m in (1, 2))
+    got = PU_LOSSES.get("eq10")(LOGITS_P, Y_P, LOGITS_U, POSITIVES, PRIOR)
+    assert float(got) == pytest.approx(labeled + unlabeled, rel=1e-6)
+
+
+def test_nnpu_by_hand_and_its_clamp() -> None:
+    """pi_0 E_0[-log s_0] + max(0, E_U[-log(1 - s_0)] - pi_0 E_0[-log(1 - s_0)])."""
+    p = [_softmax(z) for z in LOGITS_P.numpy()]
+    u = [_softmax(z) for z in LOGITS_U.numpy()]
+    ce = np.mean([-np.log(s[0]) for s in p])
+    negative = np.mean([-np.log(1 - s[0]) for s in u]) - 0.2 * np.mean([-np.log(1 - s[0]) for s in p])
+    got = PU_LOSSES.get("nnpu")(LOGITS_P, Y_P, LOGITS_U, POSITIVES, PRIOR)
+    assert float(got) == pytest.approx(0.2 * ce + max(0.0, negative), rel=1e-6)
+    # unlabeled data that the model already puts far from class 0, positives that it puts near
+    # 0 too: the corrected negative risk estimate goes below zero and is clamped
+    far = torch.tensor([[-8.0, 4.0, 4.0]])
+    clamped = PU_LOSSES.get("nnpu")(LOGITS_P * 0 + far, Y_P, far.repeat(2, 1), POSITIVES, torch.tensor([0.99, 0.0, 0.01]))
+    s0 = float(torch.softmax(far, 1)[0, 0])
+    assert float(clamped) == pytest.approx(0.99 * -np.log(s0), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(PU_LOSSES.names()))
+def test_losses_are_bounded_below_where_an_adversary_minimises_them(name: str) -> None:
+    """Free logits minimised by Adam for 300 steps: the risk settles at a finite value at or
+    above its bound (nnpu >= 0; eq10 >= -sum_{i in CP} pi_i |CN|); the authors' loss, which
+    subtracts an unclamped term, is only checked to stay finite."""
+    torch.manual_seed(0)
+    logits_p = torch.randn(8, 4, requires_grad=True)
+    logits_u = torch.randn(16, 4, requires_grad=True)
+    y_p = torch.tensor([0, 1] * 4)
+    positives, prior = torch.tensor([0, 1]), torch.full((4,), 0.25)
+    opt = torch.optim.Adam([logits_p, logits_u], lr=0.5)
+    for _ in range(300):
+        loss = PU_LOSSES.get(name)(logits_p, y_p, logits_u, positives, prior)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    value = float(PU_LOSSES.get(name)(logits_p, y_p, logits_u, positives, prior))
+    assert np.isfinite(value)
+    bound = {"nnpu": 0.0, "eq10": -(0.25 + 0.25) * 2}.get(name)
+    if bound is not None:
+        assert value >= bound - 1e-6
+
+
+@pytest.mark.parametrize("name", sorted(PU_LOSSES.names()))
+def test_gradients_stay_finite_where_classes_have_zero_probability(name: str) -> None:
+    big = torch.tensor([[1e4, -1e4, 0.0], [-1e4, 1e4, -1e4]], requires_grad=True)  # s in {0, 1} in float32
+    unl = torch.tensor([[1e4, 0.0, -1e4], [0.0, 0.0, 0.0]], requires_grad=True)
+    loss = PU_LOSSES.get(name)(big, torch.tensor([0, 1]), unl, torch.tensor([0, 1]), PRIOR)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(big.grad).all() and torch.isfinite(unl.grad).all()
+
+
+def test_log_not_matches_log_one_minus_softmax() -> None:
+    z = torch.randn(5, 7)
+    torch.testing.assert_close(log_not(z), torch.log(1 - torch.softmax(z, 1)), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_fedpu_beats_training_on_the_labeled_positives_alone(tmp_path: Path) -> None:
+    """5 clients x 2 positive classes, no overlap (the paper's Table 1 row), embedded sample:
+    FedPU against Baseline-1 (supervised FedAvg on the labeled positives only) after 3 rounds."""
+    accuracy = {}
+    for method in ("fedpu", "supervised"):
+        rc = {"output-dir": str(tmp_path), "run-name": method, "num-rounds": 3, "method": method,
+              "client-setting": "pu", "positive-classes": "2", "samples-per-client": 1200, "batch-size": 64}  # fmt: skip
+        run_federation(InProcessGrid(client_app, 5, rc), resolve_config(rc))
+        rows = json.loads((tmp_path / method / "metrics.json").read_text())
+        accuracy[method] = rows[-1]["test-accuracy"]
+    assert accuracy["fedpu"] > accuracy["supervised"] + 0.1, accuracy
+    assert accuracy["fedpu"] > 0.7, accuracy
