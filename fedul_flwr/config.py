@@ -98,6 +98,7 @@ class RunConfig:
     dirichlet_alpha: float
     noniid_majority_classes: int
     noniid_minority_fraction: float
+    shards_per_client: int
     num_sets: tuple[int, ...]
     prior_scheme: str
     dominant_factor: float
@@ -433,7 +434,7 @@ def _validate(cfg: RunConfig) -> None:
         if key == "method" and ":" in d[key]:
             continue  # an import path "module:Class", checked when imported below
         _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}")
-    for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "min-available-nodes"):
+    for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "min-available-nodes", "shards-per-client"):
         _check(d[key] >= 1, f"{key}={d[key]} must be >= 1")
     for key in ("val-fraction", "client-test-fraction"):
         _check(0.0 <= d[key] < 1.0, f"{key}={d[key]} must be in [0, 1)")

@@ -62,7 +62,7 @@ def test_method_options_belong_to_methods_and_pyproject_lists_them() -> None:
 @pytest.mark.parametrize(
     ("override", "culprit"),
     [
-        ({"partition": "shards"}, "partition='shards'"),
+        ({"partition": "stripes"}, "partition='stripes'"),
         ({"num-rounds": 0}, "num-rounds=0"),
         ({"num-sets": "10,x"}, "num-sets='10,x'"),
         ({"lr": "fast"}, "lr='fast'"),

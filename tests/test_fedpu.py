@@ -59,7 +59,7 @@ def test_nnpu_by_hand_and_its_clamp() -> None:
 def test_losses_are_bounded_below_where_an_adversary_minimises_them(name: str) -> None:
     """Free logits minimised by Adam for 300 steps: the risk settles at a finite value at or
     above its bound (nnpu >= 0; eq10 >= -sum_{i in CP} pi_i |CN|); the authors' loss, which
-    subtracts an unclamped term, is only checked to stay finite."""
+    subtracts an unclamped term, and uPU are only checked to stay finite."""
     torch.manual_seed(0)
     logits_p = torch.randn(8, 4, requires_grad=True)
     logits_u = torch.randn(16, 4, requires_grad=True)
@@ -76,6 +76,8 @@ def test_losses_are_bounded_below_where_an_adversary_minimises_them(name: str) -
     bound = {"nnpu": 0.0, "eq10": -(0.25 + 0.25) * 2}.get(name)
     if bound is not None:
         assert value >= bound - 1e-6
+    if name == "upu":  # without the clamp the estimate runs below zero: what nnPU prevents
+        assert value < 0
 
 
 @pytest.mark.parametrize("name", sorted(PU_LOSSES.names()))

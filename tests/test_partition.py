@@ -77,8 +77,8 @@ def test_dirichlet_skews_with_small_alpha(labels: np.ndarray) -> None:
 
 
 def test_unknown_scheme_and_bad_alpha(labels: np.ndarray) -> None:
-    with pytest.raises(ValueError, match="partition='shards'"):
-        partition_pool(labels, 5, 10, "shards", seed=0)
+    with pytest.raises(ValueError, match="partition='stripes'"):
+        partition_pool(labels, 5, 10, "stripes", seed=0)
     with pytest.raises(ValueError, match="dirichlet-alpha"):
         partition_pool(labels, 5, 10, "dirichlet", seed=0, dirichlet_alpha=0.0)
 

@@ -124,3 +124,19 @@ def test_simulated_pu_clients_of_the_embedded_sample() -> None:
     wrong = resolve_config({"client-setting": "pu", "positive-classes": "1,1,1,1,1"})
     with pytest.raises(ValueError, match=r"positive-classes='1,1,1,1,1': the division sums to 5 < 10"):
         load_client(wrong, 0, 5, parts)
+
+
+def test_shards_partition_deals_whole_class_sorted_shards() -> None:
+    from fedul_flwr.data.partition import partition_pool
+
+    labels = np.repeat(np.arange(K), 100)  # 1000 images, 100 per class
+    parts = partition_pool(labels, 10, K, "shards", 3, shards_per_client=2)  # 20 shards of 50 images
+    assert all(len(p) == 100 for p in parts)
+    assert len(np.unique(np.concatenate(parts))) == 1000  # disjoint, all dealt
+    for p in parts:  # a shard is one class (50 images of a 100-image class): 1 or 2 classes per client
+        counts = np.bincount(labels[p], minlength=K)
+        assert set(counts[counts > 0].tolist()) <= {50, 100}
+    again = partition_pool(labels, 10, K, "shards", 3, shards_per_client=2)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
+    with pytest.raises(ValueError, match="shards-per-client must be >= 1"):
+        partition_pool(labels, 10, K, "shards", 3, shards_per_client=0)

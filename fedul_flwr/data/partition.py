@@ -1,4 +1,4 @@
-"""Client partitions of a labeled training pool: IID, the paper's non-IID, Dirichlet.
+"""Client partitions of a labeled training pool: IID, shards, the paper's non-IID, Dirichlet.
 
 Step 2 of the data path (dataset -> **partition** -> U sets -> surrogate dataset -> train).
 A partition is a list of index arrays, one per client, into the training pool. Labels are
@@ -8,6 +8,11 @@ used here only to *simulate* clients; in FedUL no client ever sees them.
   :class:`IidPartitioner`, computed in numpy).
 - ``dirichlet``: Flower Datasets' :class:`DirichletPartitioner` (per-class proportions
   ~ Dir(alpha) over clients; Hsu et al., 2019).
+- ``shards``: the shard split of FedAvg / FedProx (McMahan et al., 2017; Li et al., 2020)
+  through Flower Datasets' :class:`ShardPartitioner`: the pool sorted by class, cut into
+  equal shards, ``shards-per-client`` shards dealt to each client at random (FedPU's
+  "5-class" and "2-class" non-IID splits: 5 or 2 shards per client). A client can draw two
+  shards of one class and then holds fewer distinct classes than shards.
 - ``noniid``: the class-prior shift of Lu et al. (ICLR 2022), Sec. 4.1 and App. D,
   Table D.5: every client holds ``majority`` majority classes (almost all samples of those
   classes) and a small ``minority_fraction`` of every other class. Unlike the authors'
@@ -30,7 +35,8 @@ from fedul_flwr.registry import Registry
 Partitioner = Callable[..., list[np.ndarray]]
 PARTITIONS: Registry[Partitioner] = Registry("partition")
 """Partition schemes by name: ``scheme(labels, num_partitions, num_classes, seed, *, dirichlet_alpha,
-noniid_majority, noniid_minority_fraction) -> list of index arrays`` (each uses what it needs)."""
+noniid_majority, noniid_minority_fraction, shards_per_client) -> list of index arrays`` (each uses
+what it needs)."""
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +47,12 @@ def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset
     return Dataset.from_dict(
         {"idx": np.arange(len(labels), dtype=np.int64), "label": np.asarray(labels, dtype=np.int64)}
     )
+
+
+def _flower_partitions(partitioner: object, labels: np.ndarray, num_partitions: int) -> list[np.ndarray]:
+    """The pool indices of every partition of a Flower Datasets partitioner over ``labels``."""
+    partitioner.dataset = _label_dataset(labels)  # type: ignore[attr-defined]
+    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]  # type: ignore[attr-defined]
 
 
 def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np.ndarray]:
@@ -112,8 +124,7 @@ def dirichlet_partition(
         min_partition_size=min_partition_size,
         seed=seed,
     )
-    partitioner.dataset = _label_dataset(labels)
-    return [np.asarray(partitioner.load_partition(i)["idx"], dtype=np.int64) for i in range(num_partitions)]
+    return _flower_partitions(partitioner, labels, num_partitions)
 
 
 def majority_classes_of(client: int, num_classes: int, majority: int) -> list[int]:
@@ -201,6 +212,42 @@ def noniid_partition(
     return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
 
 
+def shard_partition(labels: np.ndarray, num_partitions: int, shards_per_client: int, seed: int) -> list[np.ndarray]:
+    """FedAvg/FedProx shards through Flower Datasets' ``ShardPartitioner`` (module docstring).
+
+    Parameters
+    ----------
+    labels : np.ndarray
+        int [N] class labels of the pool.
+    num_partitions : int
+        Number of clients C.
+    shards_per_client : int
+        Shards per client (>= 1); the shard size is N / (C * shards_per_client), the rest of
+        the pool is left out.
+    seed : int
+        Seed of the shard order.
+
+    Returns
+    -------
+    list[np.ndarray]
+        C disjoint int64 index arrays into the pool.
+
+    Raises
+    ------
+    ValueError
+        If ``shards_per_client < 1`` or C is out of range.
+    """
+    from flwr_datasets.partitioner import ShardPartitioner
+
+    _check_num_partitions(num_partitions, len(labels))
+    if shards_per_client < 1:
+        raise ValueError(f"shards-per-client must be >= 1, got {shards_per_client!r}")
+    partitioner = ShardPartitioner(
+        num_partitions=num_partitions, partition_by="label", num_shards_per_partition=shards_per_client, seed=seed
+    )
+    return [np.sort(p) for p in _flower_partitions(partitioner, labels, num_partitions)]
+
+
 def partition_pool(
     labels: np.ndarray,
     num_partitions: int,
@@ -211,6 +258,7 @@ def partition_pool(
     dirichlet_alpha: float = 0.5,
     noniid_majority: int = 2,
     noniid_minority_fraction: float = 0.012,
+    shards_per_client: int = 2,
 ) -> list[np.ndarray]:
     """Partition the training pool into ``num_partitions`` clients by ``scheme``.
 
@@ -244,6 +292,7 @@ def partition_pool(
         dirichlet_alpha=dirichlet_alpha,
         noniid_majority=noniid_majority,
         noniid_minority_fraction=noniid_minority_fraction,
+        shards_per_client=shards_per_client,
     )
 
 
@@ -253,6 +302,9 @@ PARTITIONS.add(
     lambda labels, n, k, seed, *, noniid_majority, noniid_minority_fraction, **_: noniid_partition(
         labels, n, k, seed, noniid_majority, noniid_minority_fraction
     ),
+)
+PARTITIONS.add(
+    "shards", lambda labels, n, k, seed, *, shards_per_client, **_: shard_partition(labels, n, shards_per_client, seed)
 )
 PARTITIONS.add(
     "dirichlet", lambda labels, n, k, seed, *, dirichlet_alpha, **_: dirichlet_partition(labels, n, dirichlet_alpha, seed)

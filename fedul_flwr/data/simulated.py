@@ -74,6 +74,7 @@ def _partitions(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, list[n
         dirichlet_alpha=cfg.dirichlet_alpha,
         noniid_majority=cfg.noniid_majority_classes,
         noniid_minority_fraction=cfg.noniid_minority_fraction,
+        shards_per_client=cfg.shards_per_client,
     )
     return pool, [pool[p] for p in parts]
 

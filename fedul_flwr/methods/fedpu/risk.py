@@ -24,6 +24,11 @@ subtracted terms to +inf). Three losses, by name in :data:`PU_LOSSES`:
     The clamped term estimates sum_{j != i} pi_j E_j[-log(1 - s_i)] >= 0, so it is clamped
     at 0 when a mini-batch estimate goes negative (the overfitting signature of uPU); the
     cross-entropy keeps the gradients of a classifier. Bounded below by 0.
+``upu``
+    The same sum of binary PU risks without the clamp: the unbiased PU risk of du Plessis et
+    al. (ICML 2015), i.e. conventional PU learning on each client -- the paper's
+    "conventional PU + FedAvg" baseline as read here. Unbounded below with cross-entropy:
+    the baseline shows what the non-negative correction buys.
 ``eq10``
     Eq. 10 literally with the bounded surrogate P(f(x) != m) ~ 1 - s_m(x) in [0, 1]:
     bounded below by -sum_{i in CP} pi_i |CN|. Mean-absolute-error-like, it trains slowly;
@@ -76,10 +81,11 @@ def _class_means(values: torch.Tensor, labels: torch.Tensor, classes: torch.Tens
     return means.reshape(len(classes), *values.shape[1:]), counts > 0
 
 
-@PU_LOSSES.register("nnpu")
-def nnpu_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
-              prior: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Sum over positive classes of non-negative binary PU risks (module docstring)."""
+def _binary_pu_risks(
+    logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor, prior: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per positive class i: the labeled risk pi_i E_i[-log s_i] and the corrected negative
+    risk E_U[-log(1 - s_i)] - pi_i E_i[-log(1 - s_i)], each ``[|CP|]``."""
     pi = prior[positives]  # [|CP|]
     ce_p = -F.log_softmax(logits_p, dim=1)  # [n_p, K]
     not_p = -log_not(logits_p)  # [n_p, K]: -log(1 - s)
@@ -89,7 +95,23 @@ def nnpu_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor,
     ce_i, not_i = means[idx, idx, 0], means[idx, idx, 1]  # E_i[-log s_i], E_i[-log(1 - s_i)]
     labeled = torch.where(present, pi * ce_i, torch.zeros_like(pi))
     negative = not_u - torch.where(present, pi * not_i, torch.zeros_like(pi))
+    return labeled, negative
+
+
+@PU_LOSSES.register("nnpu")
+def nnpu_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
+              prior: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Sum over positive classes of non-negative binary PU risks (module docstring)."""
+    labeled, negative = _binary_pu_risks(logits_p, y_p, logits_u, positives, prior)
     return (labeled + negative.clamp_min(0)).sum()
+
+
+@PU_LOSSES.register("upu")
+def upu_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
+             prior: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Sum over positive classes of unbiased (unclamped) binary PU risks (module docstring)."""
+    labeled, negative = _binary_pu_risks(logits_p, y_p, logits_u, positives, prior)
+    return (labeled + negative).sum()
 
 
 @PU_LOSSES.register("eq10")
