@@ -184,24 +184,30 @@ class Acceleration:
                     model.to(memory_format=torch.contiguous_format)
 
     # ------------------------------------------------------------------ optimiser
-    def optimizer(self, kind: str, params: Iterable[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-        """The local optimiser ``kind`` (``"adam"`` or ``"sgd"``) over ``params``.
+    def optimizer(
+        self, kind: str, params: Iterable[nn.Parameter], lr: float, momentum: float = 0.0
+    ) -> torch.optim.Optimizer:
+        """The local optimiser ``kind`` (``"adam"`` or ``"sgd"``, the latter with heavy-ball
+        ``momentum``) over ``params``.
 
         Raises
         ------
         ValueError
-            On an unknown optimiser name.
+            On an unknown optimiser name, or momentum with Adam.
         """
         classes = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
         if kind not in classes:
             raise ValueError(f"optimizer={kind!r} is not one of {sorted(classes)}")
+        if momentum and kind != "sgd":
+            raise ValueError(f"local-momentum={momentum} applies to local-optimizer='sgd', not {kind!r}")
         params = list(params)
+        extra = {"momentum": momentum} if kind == "sgd" else {}
         if not self.fused_optimizer:
-            return classes[kind](params, lr=lr, foreach=False)
+            return classes[kind](params, lr=lr, foreach=False, **extra)
         try:
-            return classes[kind](params, lr=lr, fused=True)
+            return classes[kind](params, lr=lr, fused=True, **extra)
         except RuntimeError:  # no fused kernel for this device / dtype in this torch
-            return classes[kind](params, lr=lr, foreach=True)
+            return classes[kind](params, lr=lr, foreach=True, **extra)
 
     def autocast(self) -> torch.autocast:
         """Autocast context of this precision (disabled for fp32), for code that calls a

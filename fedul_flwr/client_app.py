@@ -125,15 +125,16 @@ def train(msg: Message, context: Context) -> Message:
         models,
         shared,
         lambda: method.local_task(c.data, models, ctx),
-        lr=cfg.lr,
+        lr=cfg.lr_of(server_round),
         device=c.device,
         to_input=c.data.to_input,
     )
     loop = LocalLoop(
         epochs=cfg.local_epochs_of(c.key),
-        lr=cfg.lr,
+        lr=cfg.lr_of(server_round),
         l1_weight=cfg.l1_weight,
         optimizer=cfg.local_optimizer,
+        momentum=cfg.local_momentum,
         seed=ctx.batch_seed,
         device=c.device,
         to_input=c.data.to_input,

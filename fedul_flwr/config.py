@@ -123,6 +123,8 @@ class RunConfig:
     strategy: str
     min_train_nodes: int
     local_optimizer: str
+    local_momentum: float
+    lr_decay: float
     local_epochs_per_client: str
     proximal_mu: float
     server_lr: float
@@ -159,6 +161,10 @@ class RunConfig:
     def num_sets_of(self, partition_id: int) -> int:
         """M_c of client ``partition_id`` (``num-sets`` cycles over clients)."""
         return self.num_sets[partition_id % len(self.num_sets)]
+
+    def lr_of(self, server_round: int) -> float:
+        """Local step size in round ``server_round`` (from 1): ``lr * lr-decay ** (round - 1)``."""
+        return self.lr * self.lr_decay ** (max(1, server_round) - 1)
 
     def local_epochs_of(self, node_key: int) -> int:
         """Local epochs E_c of the client with node key ``node_key``: ``local-epochs`` unless
@@ -446,10 +452,15 @@ def _validate(cfg: RunConfig) -> None:
         "(Flower would wait forever for nodes that never connect)",
     )
     for key in ("proximal-mu", "server-lr", "server-momentum", "beta-1", "beta-2", "prior-noise", "samples-per-client",
-                "l1-weight", "client-threads"):  # fmt: skip
+                "l1-weight", "client-threads", "local-momentum"):  # fmt: skip
         _check(d[key] >= 0, f"{key}={d[key]} must be >= 0")
-    for key in ("server-momentum", "beta-1", "beta-2"):
+    for key in ("server-momentum", "beta-1", "beta-2", "local-momentum"):
         _check(d[key] < 1, f"{key}={d[key]} must be < 1")
+    _check(0.0 < cfg.lr_decay <= 1.0, f"lr-decay={cfg.lr_decay} must be in (0, 1]")
+    _check(
+        cfg.local_momentum == 0 or cfg.local_optimizer == "sgd",
+        f"local-momentum={cfg.local_momentum} needs local-optimizer='sgd' (got {cfg.local_optimizer!r})",
+    )
     for key in ("tau", "lr", "dominant-factor"):
         _check(d[key] > 0, f"{key}={d[key]} must be > 0")
     _check(0.0 < cfg.fraction_train <= 1.0, f"fraction-train={cfg.fraction_train} must be in (0, 1]")

@@ -129,6 +129,7 @@ def train_local(
     device: torch.device | str = "cpu",
     hooks: Sequence[StepHook] = (),
     optimizer: str = "adam",
+    momentum: float = 0.0,
     acceleration: Acceleration | None = None,
 ) -> TrainResult:
     """Train the ``trained`` models in place on ``task`` for ``epochs`` epochs.
@@ -159,6 +160,9 @@ def train_local(
     optimizer : str
         ``"adam"`` (the paper's local optimiser) or ``"sgd"`` (plain SGD, the form in which
         SCAFFOLD's and FedNova's update rules are derived).
+    momentum : float
+        Heavy-ball momentum of SGD (``local-momentum``; FedPU's protocol: 0.5); the
+        optimiser's state starts afresh every round.
     acceleration : Acceleration | None
         Precision, memory format, optimiser kernels and compile of the loop on ``device``
         (``None``: the plain float32 NCHW loop). The method's loss receives the models as
@@ -197,7 +201,7 @@ def train_local(
         model.train(name in names)
     forwards = acc.prepare(models)  # channels-last weights from here on (if chosen) ...
     try:
-        opt = acc.optimizer(optimizer, params, lr)  # ... so the optimiser state matches them
+        opt = acc.optimizer(optimizer, params, lr, momentum)  # ... so the optimiser state matches them
         generator = torch.Generator().manual_seed(seed)
         total, steps = torch.zeros((), device=device), 0
         for epoch in range(epochs):
@@ -234,6 +238,8 @@ class LocalLoop:
         Local step size and L1 weight.
     optimizer : str
         ``"adam"`` or ``"sgd"``.
+    momentum : float
+        SGD momentum.
     seed : int
         Batch-order seed of this round and client.
     device : torch.device
@@ -255,6 +261,7 @@ class LocalLoop:
     to_input: ToInput
     hooks: tuple[StepHook, ...] = ()
     acceleration: Acceleration | None = None
+    momentum: float = 0.0
 
     def run(self, models: nn.ModuleDict, task: LocalTask, trained: Sequence[str] | None = None) -> TrainResult:
         """:func:`train_local` of ``task`` with these settings."""
@@ -270,6 +277,7 @@ class LocalLoop:
             device=self.device,
             hooks=self.hooks,
             optimizer=self.optimizer,
+            momentum=self.momentum,
             acceleration=self.acceleration,
         )
 

@@ -409,8 +409,9 @@ def bare_round(
         ctx = RoundContext(cfg.seed, server_round, pid, fed.device)
         epochs = cfg.local_epochs_of(pid)
         loop = LocalLoop(
-            epochs, cfg.lr, cfg.l1_weight, cfg.local_optimizer, ctx.batch_seed, fed.device, client.to_input, acceleration=acc
-        )
+            epochs, cfg.lr_of(server_round), cfg.l1_weight, cfg.local_optimizer, ctx.batch_seed, fed.device,
+            client.to_input, acceleration=acc, momentum=cfg.local_momentum,
+        )  # fmt: skip
         result = loop.run(fed.models, method.local_task(client, fed.models, ctx), trained=trained)
         states.append({k: v.detach().clone() for k, v in fed.models.state_dict().items()})
         weights.append(result.num_examples if cfg.aggregation_weights == "num-examples" else 1.0)

@@ -155,3 +155,16 @@ def test_compile_is_opt_in_and_trains_like_eager() -> None:
     assert compiled_loss == pytest.approx(eager_loss, rel=1e-3)
     for k, v in compiled.state_dict().items():
         torch.testing.assert_close(v, eager.state_dict()[k], atol=2e-4, rtol=1e-3)
+
+
+def test_sgd_momentum_and_the_step_size_schedule() -> None:
+    opt = Acceleration.resolve(CPU).optimizer("sgd", list(nn.Linear(2, 1).parameters()), 0.01, momentum=0.5)
+    assert opt.defaults["momentum"] == 0.5
+    with pytest.raises(ValueError, match="local-momentum=0.5 applies to local-optimizer='sgd'"):
+        Acceleration.plain().optimizer("adam", list(nn.Linear(2, 1).parameters()), 0.01, momentum=0.5)
+    with pytest.raises(ConfigError, match="local-momentum=0.5 needs local-optimizer='sgd'"):
+        resolve_config({"local-momentum": 0.5})
+    cfg = resolve_config({"local-optimizer": "sgd", "local-momentum": 0.5, "lr": 0.01, "lr-decay": 0.995})
+    assert cfg.lr_of(1) == 0.01 and cfg.lr_of(3) == pytest.approx(0.01 * 0.995**2)
+    with pytest.raises(ConfigError, match="lr-decay=0.0 must be in"):
+        resolve_config({"lr-decay": 0.0})
