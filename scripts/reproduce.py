@@ -80,6 +80,15 @@ METHOD_COLUMNS: dict[str, dict[str, Any]] = {
 METHOD_KEYS = {"fedul": "FedUL", "fedpl": "FedPL", "fedllp": "FedLLP", "fedllp-vat": "FedLLP-VAT",
                "fedavg-10": "FedAvg 10%", "fedavg-100": "FedAvg 100%"}  # fmt: skip
 SUPERVISED = ("FedAvg 10%", "FedAvg 100%")  # sets do not matter: one run per row
+# FedPU (Lin et al., ICML 2022): its baselines in the paper's naming of the tables
+FEDPU_COLUMNS: dict[str, dict[str, Any]] = {
+    "Baseline-1": {"method": "supervised", "label-fraction": 1.0, "client-setting": "pu"},  # labeled positives only
+    "FedPU": {"method": "fedpu", "client-setting": "pu"},
+    "uPU (conventional PU)": {"method": "fedpu", "fedpu-loss": "upu", "client-setting": "pu"},
+    "Baseline-2 (supervised)": {"method": "supervised", "label-fraction": 1.0, "client-setting": "usets"},
+}
+ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7")
+"""Grids rendered in % test accuracy (the FedPU paper's unit); the others in % test error."""
 
 # --------------------------------------------------------------------------- paper numbers
 
@@ -135,6 +144,7 @@ PAPER["table1-uniform"] = PAPER["table1-authors"] = PAPER["table1"]
 PAPER["fashion"] = {}
 PAPER["smoke"] = PAPER["loop-check"] = {}
 
+
 # --------------------------------------------------------------------------- profiles
 
 
@@ -148,16 +158,21 @@ class Profile:
     l1_by_sets: dict[str, dict[str, float]] = field(default_factory=dict)
     # dataset -> extra overrides (e.g. the CIFAR-10 model)
     by_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # preset -> extra overrides, applied after the others (another method's protocol)
+    by_preset: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 PROFILES = {
     "cpu": Profile({"model": "small-cnn", "num-rounds": 8, "lr": 0.001, "batch-size": 128, "local-epochs": 1,
-                    "device": "cpu"}, seeds=(0,)),
+                    "device": "cpu"}, seeds=(0,),
+                   by_preset={"fedpu": {"num-rounds": 12, "batch-size": 100, "local-optimizer": "adam",
+                                        "local-momentum": 0.0, "lr-decay": 1.0, "lr": 0.001}}),
     "paper": Profile({"model": "paper-cnn", "num-rounds": 100, "lr": 0.0001, "batch-size": 128, "local-epochs": 1,
                       "device": "auto"}, seeds=(0, 1, 2),
                      l1_by_sets={"*": {"10": 1e-5, "20": 5e-5, "30": 2e-6, "40": 2e-6},
                                  "cifar10": {"10": 2e-5, "20": 1e-5, "30": 4e-6, "40": 4e-6}},
-                     by_dataset={"cifar10": {"model": "resnet18"}}),
+                     by_dataset={"cifar10": {"model": "resnet18"}},
+                     by_preset={"fedpu": {"model": "small-cnn", "num-rounds": 200, "lr": 0.01, "l1-weight": 0.0}}),
 }  # fmt: skip
 
 # --------------------------------------------------------------------------- grids
@@ -221,6 +236,67 @@ def sweep_specs(
     return [RunSpec(grid, row, column, sub, s, c, preset, {**over, **o}) for sub, o, c in values for s in seeds]
 
 
+# FedPU's MNIST tables: rows (label, clients, overrides) and sub-columns (label, overrides)
+_IID = {"dataset": "mnist", "partition": "iid"}
+_SHARDS = {"dataset": "mnist", "partition": "shards"}
+FEDPU_ROWS: dict[str, list[tuple[str, int, dict[str, Any]]]] = {
+    "fedpu-table1": [(f"{c} clients x {d}, {'overlap' if c * d > 10 else 'no overlap'}", c, {**_IID, "positive-classes": str(d)})
+                     for c, d in ((10, 2), (4, 6), (2, 9), (10, 1), (5, 2), (2, 5))],
+    "fedpu-table2": [(f"[{d}], {'overlap' if sum(map(int, d.split(','))) > 10 else 'no overlap'}", d.count(",") + 1,
+                      {**_IID, "positive-classes": d})
+                     for d in ("2,3,4,6,7,8", "1,2,4,6,7", "2,4,6,8", "3,7", "2,3,5", "1,2,3,4")],
+    "fedpu-table3": [("5-class, [2 x 10]", 10, {**_SHARDS, "shards-per-client": 5, "positive-classes": "2"}),
+                     ("5-class, [1 x 10]", 10, {**_SHARDS, "shards-per-client": 5, "positive-classes": "1"}),
+                     ("5-class, [4,4,3,3,2,2,1,1,1,1]", 10,
+                      {**_SHARDS, "shards-per-client": 5, "positive-classes": "4,4,3,3,2,2,1,1,1,1"}),
+                     ("2-class, [1 x 10]", 10, {**_SHARDS, "shards-per-client": 2, "positive-classes": "1"})],
+    "fedpu-table6": [("4 clients x 6, overlap", 4, {**_IID, "positive-classes": "6"})],
+    "fedpu-table7": [("IID, 5 clients x 2", 5, {**_IID, "positive-classes": "2"}),
+                     ("5-class, [2 x 10]", 10, {**_SHARDS, "shards-per-client": 5, "positive-classes": "2"})],
+}  # fmt: skip
+FEDPU_SUBS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "fedpu-table6": [(label, {"pu-labeled-fraction": f}) for label, f in (("1/3", 1 / 3), ("1/2", 0.5), ("2/3", 2 / 3))],
+    "fedpu-table7": [(f"pi={v}", {"class-prior": v}) for v in ("0.1", "0.05", "0.08")],
+}
+
+
+# the paper's accuracies (%), Lin et al. (ICML 2022), in the order of FEDPU_ROWS (and FEDPU_SUBS):
+# (Baseline-1, FedPU, Baseline-2); Table 7 is CIFAR-10 in the paper (FedPU only), so it has none
+_FEDPU_PAPER: dict[str, list[tuple[float, ...]]] = {
+    "fedpu-table1": [(85.47, 92.50, 97.95), (92.10, 95.08, 98.05), (93.15, 95.37, 98.20), (37.13, 84.15, 97.95),
+                     (73.41, 93.45, 98.03), (74.00, 93.73, 98.20)],
+    "fedpu-table2": [(93.84, 95.32, 97.91), (93.81, 95.01, 98.03), (92.27, 95.28, 98.05), (89.68, 94.68, 98.20),
+                     (71.46, 93.65, 98.16), (74.27, 94.48, 98.05)],
+    "fedpu-table3": [(25.47, 91.67, 97.47), (24.37, 91.24, 97.47), (76.92, 92.16, 97.47), (69.24, 91.29, 96.19)],
+    "fedpu-table6": [(91.22, 94.46, 98.05), (93.24, 95.31, 98.05), (94.11, 95.60, 98.05)],
+}  # fmt: skip
+for _grid, _values in _FEDPU_PAPER.items():
+    if _grid == "fedpu-table6":  # one row, the sub-columns are the labeled fractions
+        _cells = [(FEDPU_ROWS[_grid][0][0], sub) for sub, _ in FEDPU_SUBS[_grid]]
+    else:
+        _cells = [(row[0], "*") for row in FEDPU_ROWS[_grid]]
+    PAPER[_grid] = {}
+    for (_row, _sub), _triple in zip(_cells, _values, strict=True):
+        for _col, _v in zip(("Baseline-1", "FedPU", "Baseline-2 (supervised)"), _triple, strict=True):
+            PAPER[_grid][(_row, _col, "*" if _col.startswith("Baseline-2") else _sub)] = _v
+PAPER["fedpu-table7"] = {}
+
+
+def fedpu_specs(grid: str, seeds: Sequence[int]) -> list[RunSpec]:
+    """Runs of a FedPU table: rows x FedPU's columns x sub-columns x seeds (the supervised
+    Baseline-2 once per row: it does not depend on the PU sub-setting)."""
+    specs = []
+    for row, clients, row_over in FEDPU_ROWS[grid]:
+        for column, col_over in FEDPU_COLUMNS.items():
+            subs = FEDPU_SUBS.get(grid, [("*", {})])
+            if column.startswith("Baseline-2"):
+                subs = [("*", {})]
+            for sub, sub_over in subs:
+                over = {**row_over, **col_over, **sub_over}
+                specs.extend(RunSpec(grid, row, column, sub, s, clients, "fedpu", over) for s in seeds)
+    return specs
+
+
 def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> list[RunSpec]:
     """The runs of grid ``name`` (filtered by ``--methods``, ``--datasets``, ``--partitions``,
     ``--sets`` where they apply).
@@ -258,6 +334,8 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
     if name == "table-e10":
         values = [(str(c), {}, c) for c in (10, 20, 30, 40, 50)]
         return sweep_specs(name, "table-e10", "MNIST non-IID", "FedUL", values, seeds)
+    if name in ACCURACY_GRIDS:
+        return fedpu_specs(name, seeds)
     if name == "loop-check":  # the loop's execution settings must not cost accuracy
         row = {"dataset": "mnist", "partition": "iid", "num-sets": 10}
         values = [(sub, {**row, **over}, 5) for sub, over in LOOP_VARIANTS.items()]
@@ -272,7 +350,7 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
 
 
 GRIDS = ("table1", "table1-uniform", "table1-authors", "table-e13", "table-e12", "table-e9", "table-e10",
-         "table-e11", "fashion", "smoke", "loop-check")  # fmt: skip
+         "table-e11", "fashion", "smoke", "loop-check", *ACCURACY_GRIDS)  # fmt: skip
 LOOP_VARIANTS: dict[str, dict[str, Any]] = {
     "plain": {"precision": "fp32", "memory-format": "contiguous", "fused-optimizer": False},
     "defaults": {},
@@ -293,6 +371,7 @@ def run_config_of(spec: RunSpec, profile: Profile, data_dir: str, out_dir: Path,
     l1 = profile.l1_by_sets.get(dataset, profile.l1_by_sets.get("*", {}))
     if l1:  # Table D.4 has 10 / 20 / 30 sets; 40 takes the 30 column
         values["l1-weight"] = l1.get(str(spec.overrides.get("num-sets", values["num-sets"])).split(",")[0], 0.0)
+    values.update(profile.by_preset.get(spec.preset, {}))
     values.update(spec.overrides)
     values.update({"seed": spec.seed, "preset": "", "output-dir": str(out_dir / "runs"), "run-name": spec.run_id})
     if data_dir:
@@ -436,10 +515,17 @@ def _fmt(values: Sequence[float]) -> str:
     return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ({100 * statistics.stdev(values):.2f})"
 
 
+# (headline method, its reference): the gap column of a table that has both
+GAPS = (("FedUL", "FedAvg 100%"), ("FedPU", "Baseline-2 (supervised)"))
+ONE_CELL_COLUMNS = (*SUPERVISED, "Baseline-2 (supervised)")  # one run per row, whatever the sub-column
+
+
 def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], key: str) -> str:
     """Markdown table of ``key`` (``last-test-error`` / ``best-val-test-error``): rows x
-    methods, cells ``ours [paper]`` per sub-column joined by `` / ``, % error."""
+    methods, cells ``ours [paper]`` per sub-column joined by `` / ``; % error, or % accuracy
+    for the grids of :data:`ACCURACY_GRIDS` (the unit of their paper)."""
     paper = PAPER.get(grid, {})
+    accuracy = grid in ACCURACY_GRIDS
     rows = list(dict.fromkeys(s.row for s in specs))
     columns = list(dict.fromkeys(s.column for s in specs))
     subs = list(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
@@ -447,25 +533,25 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
     for r in records:
         s = r["spec"]
         if r.get(key) is not None:
-            values[(s["row"], s["column"], s["sub"])].append(r[key])
-    show_gap = "FedUL" in columns and "FedAvg 100%" in columns
-    head = ["setting", *columns] + (["gap FedUL - FedAvg 100%"] if show_gap else [])
+            values[(s["row"], s["column"], s["sub"])].append(1.0 - r[key] if accuracy else r[key])
+    gap = next(((a, b) for a, b in GAPS if a in columns and b in columns), None)
+    head = ["setting", *columns] + ([f"gap {gap[0]} - {gap[1]}"] if gap else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row]
         for col in columns:
-            cell_subs = ["*"] if col in SUPERVISED or not subs else subs
+            cell_subs = ["*"] if col in ONE_CELL_COLUMNS or not subs else subs
             parts = []
             for sub in cell_subs:
                 ours = _fmt(values.get((row, col, sub), []))
                 ref = paper.get((row, col, sub), paper.get((row, col, "*")))  # "*": one number per row
                 parts.append(ours if ref is None else f"{ours} [{ref:.2f}]")
             cells.append(" / ".join(parts))
-        if show_gap:
-            ref = values.get((row, "FedAvg 100%", "*"), [])
+        if gap:
+            ref = values.get((row, gap[1], "*"), [])
             gaps = []
             for sub in subs or ["*"]:
-                ul = values.get((row, "FedUL", sub), [])
+                ul = values.get((row, gap[0], sub), [])
                 gaps.append(f"{100 * (statistics.fmean(ul) - statistics.fmean(ref)):+.2f}" if ul and ref else "-")
             cells.append(" / ".join(gaps))
         lines.append("| " + " | ".join(cells) + " |")
@@ -513,21 +599,25 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
     wall = sum(r["wall-time-s"] for r in records)
     sub_name = "sets M" if grid.startswith("table1") or grid in ("table-e13", "fashion", "smoke") else "sweep value"
     subs = " / ".join(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
+    unit = "accuracy" if grid in ACCURACY_GRIDS else "error"
     text = [
         f"## {grid} ({profile_name} profile)",
         "",
-        f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test error, ours [paper] "
+        f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper] "
         f"for {sub_name} = {subs}; mean (std) over seeds when there are several.",
         "",
-        "### Last-round test error (no labels used)",
+        f"### Last-round test {unit}",
         "",
         render_table(grid, specs, records, "last-test-error"),
         "",
-        "### Test error at the best-validation round (model selection USES LABELS: 20% labeled hold-out)",
-        "",
-        render_table(grid, specs, records, "best-val-test-error"),
-        "",
     ]
+    if any(r.get("best-val-test-error") is not None for r in records) or grid not in ACCURACY_GRIDS:
+        text += [
+            f"### Test {unit} at the best-validation round (model selection USES LABELS: 20% labeled hold-out)",
+            "",
+            render_table(grid, specs, records, "best-val-test-error"),
+            "",
+        ]
     if records:  # every run's wall time and the settings that decide it
         text += ["### Wall time per run", "", "| run | wall time (s) | threads | loop |", "|---|---|---|---|"]
         for r in sorted(records, key=lambda r: r["run-id"]):
