@@ -8,6 +8,10 @@
     SuperNode i with ``--node-config "data-dir=<out>/node-<i>"``. With ``--labeled`` each
     node also gets a labeled part ``labeled/``: the node's whole U-set pool with its true
     labels (not cut by ``--max-set-size``), so a deployment can run the supervised reference.
+    With ``client-setting=pu`` in ``--run-config`` the nodes are positive-unlabeled nodes
+    (FedPU): ``labeled/`` (the labeled images of the node's positive classes), ``unlabeled/``
+    and ``class_prior.csv``, as the simulated PU client would hold them; ``--max-set-size``
+    then caps the labeled and the unlabeled part.
 ``validate``
     Check node folders against the run's dataset facts (class names, image shape) and print
     a summary: parts, sets, sizes, condition number of the prior matrix. Exit code 1 and the error
@@ -18,6 +22,7 @@ Examples::
     fedul-node-data write --out /tmp/nodes --num-nodes 3 --max-set-size 20 \\
         --run-config 'num-sets=10 seed=1'
     fedul-node-data write --out /tmp/nodes-sup --num-nodes 3 --labeled
+    fedul-node-data write --out /tmp/nodes-pu --num-nodes 5 --run-config 'client-setting="pu" positive-classes="2"'
     fedul-node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
 """
 
@@ -85,6 +90,8 @@ def write_nodes(
     from fedul_flwr.data.simulated import client_usets, load_run_dataset
     from fedul_flwr.data.sources import run_dataset_info
 
+    if cfg.client_setting == "pu":
+        return _write_pu_nodes(cfg, Path(out), num_nodes, max_set_size)
     data = load_run_dataset(cfg)
     info = run_dataset_info(cfg)
     paths = []
@@ -109,6 +116,38 @@ def write_nodes(
                 rng=np.random.default_rng([cfg.seed, i]),
             )
         )
+    return paths
+
+
+def _write_pu_nodes(cfg: RunConfig, out: Path, num_nodes: int, max_size: int | None) -> list[Path]:
+    """Positive-unlabeled node folders: node i holds what simulated PU client i holds
+    (:func:`fedul_flwr.data.simulated.pu_client`), each part cut to ``max_size`` random
+    images when given."""
+    from fedul_flwr.data.simulated import pu_client
+    from fedul_flwr.data.sources import run_dataset_info
+
+    info = run_dataset_info(cfg)
+    parts = frozenset({"labeled", "unlabeled", "positive-classes", "class-prior"})
+    paths = []
+    for i in range(num_nodes):
+        client = pu_client(cfg, i, num_nodes, parts)
+        assert client.labeled is not None and client.unlabeled is not None
+        rng = np.random.default_rng([cfg.seed, i])
+
+        def cut(n: int) -> torch.Tensor:
+            keep = np.arange(n) if max_size is None or n <= max_size else np.sort(rng.choice(n, max_size, replace=False))
+            return torch.from_numpy(keep)
+
+        lab, unl = cut(len(client.labeled)), cut(len(client.unlabeled))
+        test = None if client.test is None else (client.test.x, client.test.y)
+        paths.append(
+            write_node_dir(
+                out / f"node-{i}", client.unlabeled, None, info.class_names,
+                unlabeled=client.unlabeled[unl], labeled=(client.labeled.x[lab], client.labeled.y[lab]),
+                class_prior=client.class_prior, test=test,
+                meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
+            )
+        )  # fmt: skip
     return paths
 
 

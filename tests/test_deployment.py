@@ -231,3 +231,41 @@ def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
     assert "root-certificates" in config and "insecure" not in config
     for name in ("ca.crt", "server.pem", "server.key", "supernode-0", "supernode-2.pub"):
         assert (tmp_path / "certs" / name).is_file()
+
+
+def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> None:
+    """Three positive-unlabeled node folders (labeled/, unlabeled/, class_prior.csv written by
+    the node-data tool from a simulated PU split) behind three real SuperNodes: FedPU
+    completes 2 rounds with all three nodes training in each."""
+    import time
+
+    from fedul_flwr.config import resolve_config
+    from fedul_flwr.node_data import write_nodes
+
+    cfg = resolve_config({"client-setting": "pu", "positive-classes": "4", "seed": 3})
+    node_dirs = write_nodes(cfg, tmp_path / "nodes", 3, max_set_size=48)
+    fed = _Federation(tmp_path, node_dirs)
+    try:
+        runs = tmp_path / "runs"
+        submitted = fed.link.flwr(
+            "run", ".", "dep", "--format", "json", "--run-config",
+            f'method="fedpu" num-rounds=2 batch-size=16 min-available-nodes=3 min-train-nodes=3 device="cpu" '
+            f'output-dir="{runs}" run-name="pu"',
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        run_id = str(json.loads(submitted.stdout)["run-id"])
+        status, deadline = "", time.monotonic() + 300
+        while time.monotonic() < deadline and not status.startswith("finished"):
+            time.sleep(3)
+            listed = fed.link.flwr("ls", "dep", "--run-id", run_id, "--format", "json")
+            if listed.returncode == 0:
+                status = json.loads(listed.stdout)["runs"][0]["status"]
+        log = fed.link.flwr("log", run_id, "dep", "--show").stdout
+    finally:
+        fed.close()
+    assert status == "finished:completed", log[-4000:]
+    per_round = re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log)
+    assert per_round == [("3", "0")] * 2, log[-4000:]
+    metrics = json.loads((runs / "pu" / "metrics.json").read_text())
+    assert [row["round"] for row in metrics] == [0, 1, 2]
+    assert all((d / "class_prior.csv").is_file() and (d / "unlabeled" / "images.npy").is_file() for d in node_dirs)

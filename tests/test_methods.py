@@ -320,9 +320,11 @@ def test_fedpl_loss_draws_only_from_the_round_context() -> None:
 # --------------------------------------------------------------------------- labels
 
 
-def test_labels_reach_only_the_supervised_method() -> None:
-    assert [n for n, cls in METHODS.items() if "labeled" in cls.requires] == ["supervised"]
-    assert all({"unlabeled", "usets"} <= set(cls.requires) for n, cls in METHODS.items() if n != "supervised")
+def test_labels_reach_only_the_supervised_method_and_fedpus_positives() -> None:
+    # FedPU requires the labeled positives of the PU setting; every U-set method is label-free
+    assert [n for n, cls in METHODS.items() if "labeled" in cls.requires] == ["fedpu", "supervised"]
+    label_free = [n for n in METHODS.names() if n not in ("supervised", "fedpu")]
+    assert label_free and all({"unlabeled", "usets"} <= set(METHODS.get(n).requires) for n in label_free)
     cfg = resolve_config(TINY)
     plain = load_client(cfg, 0, 2, UNLABELED)
     assert plain.labeled is None and plain.parts() == ("unlabeled", "usets")  # what FedUL and the weak baselines get
@@ -436,7 +438,7 @@ def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("method", sorted(METHODS.names()))
 def test_every_method_runs_a_round_and_records_validation(method: str, tmp_path: Path, small_test_set: None) -> None:
     rc = {**TINY, "method": method, "val-fraction": VAL, "output-dir": str(tmp_path), "run-name": method,
-          "label-fraction": 0.5}  # fmt: skip
+          "label-fraction": 0.5, "client-setting": METHODS.get(method).setting, "positive-classes": "5"}  # fmt: skip
     outputs = server_app.run_federation(InProcessGrid(client_app, 2, rc), resolve_config(rc))
     rows = [outputs.rows[r] for r in sorted(outputs.rows)]
     assert [r["round"] for r in rows] == [0, 1]

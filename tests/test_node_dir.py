@@ -175,14 +175,14 @@ def test_labeled_only_node(tmp_path: Path) -> None:
     root = tmp_path / "n"
     x, y = _add_labeled(root, n=7)
     report = _validate(root)
-    assert report.parts == ("labeled",)
+    assert report.parts == ("labeled", "positive-classes")  # the classes it labels
     assert report.num_labeled == 7 and report.num_unlabeled == 0 and report.num_images == 0
     assert report.set_names == report.set_sizes == report.set_formats == ()
     assert report.priors.shape == (0, 3) and np.isnan(report.condition_number)
     text = report.summary()
     assert "labeled: 7 images" in text and "sets" not in text and "cond(Pi)" not in text
     client = _load(root)
-    assert client.parts() == ("labeled",)
+    assert client.parts() == ("labeled", "positive-classes")
     assert client.unlabeled is None and client.usets is None
     assert client.labeled.x.dtype == torch.uint8 and client.labeled.x.shape == (7, 1, SIZE, SIZE)
     torch.testing.assert_close(client.labeled.x[:, 0], torch.from_numpy(x))
@@ -193,12 +193,12 @@ def test_labeled_only_node(tmp_path: Path) -> None:
 def test_node_with_sets_and_labeled_part(node: Path) -> None:
     x, y = _add_labeled(node, n=6)
     report = _validate(node)
-    assert report.parts == ("labeled", "unlabeled", "usets")
+    assert report.parts == ("labeled", "unlabeled", "usets", "positive-classes")
     assert report.num_labeled == 6 and report.num_unlabeled == 0 and report.num_images == 22
     text = report.summary()
     assert "labeled: 6 images" in text and "4 sets, 22 images" in text
     client = _load(node)
-    assert client.parts() == ("labeled", "unlabeled", "usets")
+    assert client.parts() == ("labeled", "unlabeled", "usets", "positive-classes")
     assert len(client.unlabeled) == 22 and len(client.usets.set_index) == 22
     torch.testing.assert_close(client.labeled.x[:, 0], torch.from_numpy(x))
     assert client.labeled.y.tolist() == y.tolist()
@@ -213,8 +213,8 @@ def test_plain_unlabeled_node(tmp_path: Path) -> None:
     assert client.parts() == ("unlabeled",) and client.usets is None
     torch.testing.assert_close(client.unlabeled[:, 0], torch.from_numpy(x))
     _add_labeled(root, n=3)  # labeled + plain unlabeled is accepted too
-    assert _validate(root).parts == ("labeled", "unlabeled")
-    assert _load(root).parts() == ("labeled", "unlabeled")
+    assert _validate(root).parts == ("labeled", "unlabeled", "positive-classes")
+    assert _load(root).parts() == ("labeled", "unlabeled", "positive-classes")
 
 
 def test_write_node_dir_with_labeled_part(tmp_path: Path) -> None:
@@ -232,7 +232,7 @@ def test_write_node_dir_with_labeled_part(tmp_path: Path) -> None:
     )
     info = run_dataset_info(cfg)
     report = validate_node_dir(root, info.class_names, info.image_size, info.channels)
-    assert report.parts == ("labeled", "unlabeled", "usets")
+    assert report.parts == ("labeled", "unlabeled", "usets", "positive-classes")
     assert report.num_labeled == 9 and report.set_sizes == (2,) * 10
     client = load_node_dir(root, class_names=info.class_names, image_size=info.image_size, channels=info.channels,
                            mean=info.mean, std=info.std)

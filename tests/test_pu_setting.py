@@ -140,3 +140,33 @@ def test_shards_partition_deals_whole_class_sorted_shards() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(parts, again, strict=True))
     with pytest.raises(ValueError, match="shards-per-client must be >= 1"):
         partition_pool(labels, 10, K, "shards", 3, shards_per_client=0)
+
+
+# --------------------------------------------------------------------------- node folders
+def test_pu_node_folder_round_trip_and_its_errors(tmp_path) -> None:
+    from fedul_flwr.config import resolve_config
+    from fedul_flwr.data.node_dir import NodeDataError, load_node_dir
+    from fedul_flwr.data.sources import run_dataset_info
+    from fedul_flwr.node_data import write_nodes
+
+    cfg = resolve_config({"client-setting": "pu", "positive-classes": "10"})  # one node labels every class
+    info = run_dataset_info(cfg)
+    (node,) = write_nodes(cfg, tmp_path / "nodes", 1, max_set_size=30)
+    facts = {"class_names": info.class_names, "image_size": info.image_size, "channels": info.channels,
+             "mean": info.mean, "std": info.std}  # fmt: skip
+    client = load_node_dir(node, **facts)
+    assert set(client.parts()) == {"labeled", "unlabeled", "positive-classes", "class-prior"}
+    assert client.positive_classes == tuple(sorted(set(client.labeled.y.tolist())))
+    assert client.class_prior.shape == (10,) and abs(client.class_prior.sum() - 1) < 1e-6
+    prior = node / "class_prior.csv"
+    header = prior.read_text().splitlines()[0]
+    for text, message in [
+        (header + "\n" + ",".join(["0.1"] * 9) + ",1.5\n", r"line 2, class '9 - nine': 1.5 is outside \[0, 1\]"),
+        (header + "\n" + ",".join(["0.1"] * 9) + ",x\n", r"line 2, class '9 - nine': 'x' is not a number"),
+        (header + "\n" + ",".join(["0.1"] * 9) + "\n", "line 2: 9 values for 10 classes"),
+        ("a,b\n0.5,0.5\n", "line 1: header must be the run's class names"),
+        (header + "\n" + ",".join(["0.1"] * 10) + "\n" + ",".join(["0.1"] * 10) + "\n", "needs exactly one row of 10 class priors, found 2"),
+    ]:
+        prior.write_text(text)
+        with pytest.raises(NodeDataError, match=str(prior).replace(".", r"\.") + ": " + message):
+            load_node_dir(node, **facts)

@@ -22,6 +22,10 @@ plus optional metadata and a local test split::
                                   when the node has no U sets (else the "unlabeled" part
                                   would be ambiguous)
 
+    class prior ("class-prior" part; optional, FedPU):
+    <dir>/class_prior.csv         header ``<class name 1>,...,<class name K>``, one row of K
+                                  values in [0, 1]: the class prior pi the node is told
+
     <dir>/meta.json               optional: ``{"dataset": ..., "image_size": H,
                                   "channels": C, "class_names": [...]}``; checked against
                                   the run when present
@@ -29,10 +33,13 @@ plus optional metadata and a local test split::
     <dir>/test/labels.npy         only): uint8 images and int labels ``[n_t]`` as in labeled/
 
 Accepted combinations: U sets, labeled, or plain unlabeled images alone; U sets + labeled;
-labeled + plain unlabeled. A node with U sets provides the parts ``unlabeled`` (the set
+labeled + plain unlabeled (+ ``class_prior.csv``: a positive-unlabeled node of FedPU, whose
+``labeled/`` holds the labeled images of its positive classes). A node with U sets provides the parts ``unlabeled`` (the set
 images concatenated in ``priors.csv`` row order) and ``usets`` (the set index of every one of
 those images and the prior matrix); ``labeled/`` provides ``labeled`` (e.g. the same pool
-with its true labels, for the supervised reference); ``unlabeled/`` provides ``unlabeled``.
+with its true labels, for the supervised reference) and ``positive-classes`` (the classes that
+occur in its labels); ``unlabeled/`` provides ``unlabeled``; ``class_prior.csv`` provides
+``class-prior``.
 
 The row order of ``priors.csv`` gives the set index m, i.e. the surrogate label ybar = m of
 every image in ``sets/<name of row m>/`` (Lu et al., ICLR 2022, Eq. 6). Image files of a
@@ -94,6 +101,7 @@ LABELED_DIR = "labeled"
 UNLABELED_DIR = "unlabeled"
 ARRAY_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
+CLASS_PRIOR_FILE = "class_prior.csv"
 IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg")
 PRIOR_ROW_TOLERANCE = 1e-3
 """Largest accepted |sum of a priors.csv row - 1|; accepted rows are renormalised exactly."""
@@ -103,7 +111,7 @@ LAYOUTS: tuple[str, ...] = (
     f"plain unlabeled images: {UNLABELED_DIR}/{ARRAY_FILE}",
 )
 """The three accepted data layouts of a node folder (at least one must be present)."""
-_PART_ORDER: tuple[str, ...] = ("labeled", "unlabeled", "usets")
+_PART_ORDER: tuple[str, ...] = ("labeled", "unlabeled", "usets", "positive-classes", "class-prior")
 
 
 class NodeDataError(ValueError):
@@ -146,6 +154,10 @@ class NodeDataReport:
     num_unlabeled : int
         Number of plain unlabeled images ``unlabeled/`` (0 when absent); the images of the
         U sets are counted by ``set_sizes``.
+    positive_classes : tuple[str, ...]
+        Names of the classes that occur in ``labeled/`` (empty without it).
+    class_prior : np.ndarray or None
+        float64 ``[K]`` from ``class_prior.csv`` (``None`` when absent).
     """
 
     path: Path
@@ -161,6 +173,8 @@ class NodeDataReport:
     num_test: int
     num_labeled: int = 0
     num_unlabeled: int = 0
+    positive_classes: tuple[str, ...] = ()
+    class_prior: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def num_sets(self) -> int:
@@ -175,11 +189,13 @@ class NodeDataReport:
     @property
     def parts(self) -> tuple[str, ...]:
         """The :class:`~fedul_flwr.data.client_data.ClientData` parts this node provides, in
-        the order ``("labeled", "unlabeled", "usets")``."""
+        the order ``("labeled", "unlabeled", "usets", "positive-classes", "class-prior")``."""
         held = {
             "labeled": self.num_labeled > 0,
             "unlabeled": self.num_unlabeled + self.num_images > 0,
             "usets": self.num_sets > 0,
+            "positive-classes": self.num_labeled > 0,
+            "class-prior": self.class_prior is not None,
         }
         return tuple(p for p in _PART_ORDER if held[p])
 
@@ -191,7 +207,9 @@ class NodeDataReport:
             f"  parts {list(self.parts)}, images of {shape}, K={len(self.class_names)} classes",
         ]
         if self.num_labeled:
-            lines.append(f"  labeled: {self.num_labeled} images with labels")
+            lines.append(f"  labeled: {self.num_labeled} images with labels of classes {list(self.positive_classes)}")
+        if self.class_prior is not None:
+            lines.append(f"  class prior: {', '.join(f'{v:.3g}' for v in self.class_prior)}")
         if self.num_unlabeled:
             lines.append(f"  unlabeled: {self.num_unlabeled} images without set structure")
         if self.num_sets:
@@ -285,6 +303,40 @@ def _read_priors(path: Path, class_names: Sequence[str]) -> tuple[list[str], np.
     except PriorMatrixError as exc:
         raise NodeDataError(f"{exc} (columns = classes {expected}, rows = sets {set_names})") from exc
     return set_names, priors
+
+
+def _read_class_prior(path: Path, class_names: Sequence[str]) -> np.ndarray:
+    """``class_prior.csv``: header = the K class names, one row of K values in [0, 1].
+
+    Raises
+    ------
+    NodeDataError
+        On a header that is not the run's class names, not exactly one data row, a value
+        that is not a number or lies outside [0, 1] (names the file, line and value).
+    """
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            rows = [row for row in csv.reader(fh) if any(cell.strip() for cell in row)]
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NodeDataError(f"{path}: cannot read ({exc})") from exc
+    if not rows or [c.strip() for c in rows[0]] != list(class_names):
+        got = rows[0] if rows else "nothing"
+        raise NodeDataError(f"{path}: line 1: header must be the run's class names {list(class_names)}, got {got}")
+    if len(rows) != 2:
+        raise NodeDataError(f"{path}: needs exactly one row of {len(class_names)} class priors, found {len(rows) - 1}")
+    row = rows[1]
+    if len(row) != len(class_names):
+        raise NodeDataError(f"{path}: line 2: {len(row)} values for {len(class_names)} classes")
+    values = []
+    for name, cell in zip(class_names, row, strict=True):
+        try:
+            value = float(cell)
+        except ValueError:
+            raise NodeDataError(f"{path}: line 2, class {name!r}: {cell!r} is not a number") from None
+        if not 0.0 <= value <= 1.0:
+            raise NodeDataError(f"{path}: line 2, class {name!r}: {value} is outside [0, 1]")
+        values.append(value)
+    return np.asarray(values, dtype=np.float64)
 
 
 def _as_nchw(arr: np.ndarray, where: str, channels: int, image_size: int) -> np.ndarray:
@@ -557,6 +609,9 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
         if labeled is None:
             raise NodeDataError(f"{labeled_dir}: empty; {what} needs {ARRAY_FILE} and {LABELS_FILE}")
     test = _read_labeled(root / TEST_DIR, num_classes, channels, image_size, "the local test split")
+    prior_path = root / CLASS_PRIOR_FILE
+    class_prior = _read_class_prior(prior_path, class_names) if prior_path.exists() else None
+    positives = () if labeled is None else tuple(class_names[c] for c in np.unique(labeled[1]))
     report = NodeDataReport(
         path=root,
         set_names=tuple(set_names),
@@ -571,6 +626,8 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
         num_test=0 if test is None else len(test[1]),
         num_labeled=0 if labeled is None else len(labeled[1]),
         num_unlabeled=num_unlabeled,
+        positive_classes=positives,
+        class_prior=class_prior,
     )
     return NodeImages(report, unlabeled, set_index, labeled, test)
 
@@ -610,8 +667,9 @@ def load_node_dir(
     ClientData
         ``node`` = the folder path; uint8 images throughout: ``unlabeled`` ``[n_u, C, H, W]``
         and ``usets`` (set index int64 ``[n_u]``, priors ``[M_c, K]`` from ``priors.csv``)
-        when the node has U sets, ``unlabeled`` alone for ``unlabeled/``, ``labeled`` for
-        ``labeled/``, ``test`` for ``test/``.
+        when the node has U sets, ``unlabeled`` alone for ``unlabeled/``, ``labeled`` and
+        ``positive_classes`` (the classes of its labels) for ``labeled/``, ``class_prior``
+        for ``class_prior.csv``, ``test`` for ``test/``.
 
     Raises
     ------
@@ -633,6 +691,8 @@ def load_node_dir(
         usets=None
         if node.set_index is None
         else USetIndex(torch.from_numpy(node.set_index), node.report.priors),
+        positive_classes=None if node.labeled is None else tuple(int(c) for c in np.unique(node.labeled[1])),
+        class_prior=node.report.class_prior,
         test=labeled(node.test),
     )
 
@@ -663,9 +723,11 @@ def _write_labeled(folder: Path, pair: tuple[torch.Tensor | np.ndarray, torch.Te
 def write_node_dir(
     out: str | Path,
     images: torch.Tensor | np.ndarray,
-    usets: USets,
+    usets: USets | None,
     class_names: Sequence[str],
     *,
+    unlabeled: torch.Tensor | np.ndarray | None = None,
+    class_prior: np.ndarray | None = None,
     image_format: str = "npy",
     max_set_size: int | None = None,
     labeled: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray] | None = None,
@@ -673,7 +735,8 @@ def write_node_dir(
     meta: dict[str, Any] | None = None,
     rng: np.random.Generator | None = None,
 ) -> Path:
-    """Write one simulated node's folder from a labeled dataset and its U sets.
+    """Write one simulated node's folder: U sets, or a positive-unlabeled node (labeled
+    positives, plain unlabeled images, class prior).
 
     Parameters
     ----------
@@ -681,10 +744,15 @@ def write_node_dir(
         Folder to create; must not exist or be empty (nothing is overwritten).
     images : torch.Tensor or np.ndarray
         uint8 ``[N, C, H, W]``: the images ``usets.indices`` point into.
-    usets : USets
+    usets : USets or None
         The node's sets; set m becomes ``sets/set-<m>`` with row m of ``usets.priors``.
+        ``None``: no U sets (then ``unlabeled`` and/or ``labeled`` give the data).
     class_names : sequence of str
         The K class names (CSV header).
+    unlabeled : torch.Tensor or np.ndarray or None
+        Plain unlabeled images ``unlabeled/`` (uint8 ``[n_u, C, H, W]``); only without U sets.
+    class_prior : np.ndarray or None
+        ``[K]`` class prior written to ``class_prior.csv``.
     image_format : str
         ``"npy"`` (one ``images.npy`` per set) or ``"png"`` (one PNG file per image).
     max_set_size : int or None
@@ -720,9 +788,34 @@ def write_node_dir(
     root = Path(out).expanduser()
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise NodeDataError(f"{root}: exists and is not an empty folder; refusing to overwrite it")
+    if usets is not None and unlabeled is not None:
+        raise ValueError("a node holds either U sets or plain unlabeled images, not both")
     rng = rng or np.random.default_rng(0)
     all_images = images if isinstance(images, torch.Tensor) else torch.from_numpy(np.asarray(images))
     _, channels, height, _ = all_images.shape
+    root.mkdir(parents=True, exist_ok=True)
+    if usets is not None:
+        _write_usets(root, all_images, usets, class_names, image_format, max_set_size, rng)
+    if unlabeled is not None:
+        (root / UNLABELED_DIR).mkdir()
+        np.save(root / UNLABELED_DIR / ARRAY_FILE, _to_nhwc(torch.as_tensor(unlabeled)))
+    if class_prior is not None:
+        with (root / CLASS_PRIOR_FILE).open("w", newline="", encoding="utf-8") as fh:
+            csv.writer(fh).writerows([list(class_names), [repr(float(v)) for v in class_prior]])
+    if labeled is not None:
+        _write_labeled(root / LABELED_DIR, labeled)
+    if test is not None:
+        _write_labeled(root / TEST_DIR, test)
+    info = {"class_names": list(class_names), "image_size": int(height), "channels": int(channels), **(meta or {})}
+    (root / META_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
+    return root
+
+
+def _write_usets(
+    root: Path, all_images: torch.Tensor, usets: USets, class_names: Sequence[str], image_format: str,
+    max_set_size: int | None, rng: np.random.Generator,
+) -> None:  # fmt: skip
+    """``sets/set-<m>/`` and ``priors.csv`` of ``usets`` under ``root``."""
     width = max(2, len(str(usets.num_sets - 1)))
     set_names = [f"set-{m:0{width}d}" for m in range(usets.num_sets)]
     (root / SETS_DIR).mkdir(parents=True, exist_ok=True)
@@ -745,10 +838,3 @@ def write_node_dir(
         writer.writerow(["set", *class_names])
         for name, row in zip(set_names, usets.priors):
             writer.writerow([name, *(repr(float(v)) for v in row)])
-    if labeled is not None:
-        _write_labeled(root / LABELED_DIR, labeled)
-    if test is not None:
-        _write_labeled(root / TEST_DIR, test)
-    info = {"class_names": list(class_names), "image_size": int(height), "channels": int(channels), **(meta or {})}
-    (root / META_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return root

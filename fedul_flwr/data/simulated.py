@@ -41,6 +41,11 @@ __all__ = ["SETTINGS", "client_rows", "client_usets", "load_client", "load_run_d
 SettingBuilder = Callable[[RunConfig, int, int, frozenset[str]], ClientData]
 SETTINGS: Registry[SettingBuilder] = Registry("client setting")
 """Builders of a simulated client's :class:`ClientData` by ``client-setting`` name."""
+SETTING_PARTS: dict[str, tuple[str, ...]] = {
+    "usets": ("unlabeled", "usets", "labeled"),
+    "pu": ("labeled", "unlabeled", "positive-classes", "class-prior"),
+}
+"""The parts a simulated client of each setting can hold (``labeled`` of ``usets``: on request)."""
 
 log = logging.getLogger(__name__)
 

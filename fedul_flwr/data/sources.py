@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from fedul_flwr.config import ConfigError, RunConfig
-from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.data.client_data import ClientData, MissingPartError
 from fedul_flwr.data.datasets import DatasetInfo, dataset_info
 from fedul_flwr.data.node_dir import load_node_dir
-from fedul_flwr.data.simulated import load_client
+from fedul_flwr.data.simulated import SETTING_PARTS, load_client
 
 __all__ = ["client_from_node_config", "node_key", "run_dataset_info"]
 
@@ -115,7 +115,14 @@ def client_from_node_config(
             f"node_config {dict(node_config)} names no data: give 'data-dir=/path' (deployment) or "
             "'partition-id' and 'num-partitions' (simulation)"
         )
-    client.require(method, sorted(needed))
+    try:
+        client.require(method, sorted(needed))
+    except MissingPartError as exc:
+        if data_dir:
+            raise
+        holds = [name for name, held in SETTING_PARTS.items() if needed <= set(held)]
+        raise MissingPartError(f"{exc}; in simulation client-setting={cfg.client_setting!r} chooses the parts: "
+                               f"set client-setting to one of {holds}") from None  # fmt: skip
     return client
 
 

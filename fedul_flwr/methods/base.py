@@ -213,6 +213,9 @@ class Method(ABC):
     requires: ClassVar[tuple[str, ...]] = ("unlabeled", "usets")
     uses: ClassVar[tuple[str, ...]] = ()
     options: ClassVar[tuple[Option, ...]] = ()
+    setting: ClassVar[str] = "usets"
+    """The simulated ``client-setting`` whose clients hold the parts the method requires
+    (named in the error when a client lacks them)."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

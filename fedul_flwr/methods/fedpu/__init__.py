@@ -41,6 +41,7 @@ class FedPU(Method):
 
     name = "fedpu"
     requires = ("labeled", "unlabeled", "positive-classes", "class-prior")
+    setting = "pu"
     options = (Option("fedpu-loss", lambda v: v in PU_LOSSES, f"one of {PU_LOSSES.names()}"),)
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
