@@ -144,6 +144,24 @@ class _Federation:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
 
+    def submit(self, run_config: str) -> str:
+        """``flwr run .`` against this SuperLink; returns the run id."""
+        submitted = self.link.flwr("run", ".", "dep", "--format", "json", "--run-config", run_config)
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        return str(json.loads(submitted.stdout)["run-id"])
+
+    def wait(self, run_id: str, timeout: float = 300) -> tuple[str, str]:
+        """Poll ``flwr ls`` every 3 s until the run finishes; returns its status and log."""
+        import time
+
+        status, deadline = "", time.monotonic() + timeout
+        while time.monotonic() < deadline and not status.startswith("finished"):
+            time.sleep(3)
+            listed = self.link.flwr("ls", "dep", "--run-id", run_id, "--format", "json")
+            if listed.returncode == 0:
+                status = json.loads(listed.stdout)["runs"][0]["status"]
+        return status, self.link.flwr("log", run_id, "dep", "--show").stdout
+
     def close(self) -> None:
         for name in [n for n in self.procs if n != "superlink"] + ["superlink"]:
             if name in self.procs:
@@ -164,13 +182,10 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     fed = _Federation(tmp_path, node_dirs)
     try:
         runs = tmp_path / "runs"
-        submitted = fed.link.flwr(
-            "run", ".", "dep", "--format", "json", "--run-config",
+        run_id = fed.submit(
             f'num-rounds=3 num-sets=10 batch-size=32 min-available-nodes=2 min-train-nodes=2 device="cpu" '
-            f'output-dir="{runs}" run-name="fault"',
+            f'output-dir="{runs}" run-name="fault"'
         )
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        run_id = str(json.loads(submitted.stdout)["run-id"])
 
         def rounds_done() -> int:
             try:
@@ -185,16 +200,7 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
         fed.kill("supernode-2")  # a crash: no goodbye to the SuperLink
         fed.start_node(2)  # the organisation restarts it; it registers as a new node
 
-        status = ""
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            listed = fed.link.flwr("ls", "dep", "--run-id", run_id, "--format", "json")
-            if listed.returncode == 0:
-                status = json.loads(listed.stdout)["runs"][0]["status"]
-                if status.startswith("finished"):
-                    break
-            time.sleep(3)
-        log = fed.link.flwr("log", run_id, "dep", "--show").stdout
+        status, log = fed.wait(run_id)
     finally:
         fed.close()
     assert status == "finished:completed", log[-4000:]
@@ -237,8 +243,6 @@ def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> Non
     """Three positive-unlabeled node folders (labeled/, unlabeled/, class_prior.csv written by
     the node-data tool from a simulated PU split) behind three real SuperNodes: FedPU
     completes 2 rounds with all three nodes training in each."""
-    import time
-
     from fedul_flwr.config import resolve_config
     from fedul_flwr.node_data import write_nodes
 
@@ -247,20 +251,11 @@ def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> Non
     fed = _Federation(tmp_path, node_dirs)
     try:
         runs = tmp_path / "runs"
-        submitted = fed.link.flwr(
-            "run", ".", "dep", "--format", "json", "--run-config",
+        run_id = fed.submit(
             f'method="fedpu" num-rounds=2 batch-size=16 min-available-nodes=3 min-train-nodes=3 device="cpu" '
-            f'output-dir="{runs}" run-name="pu"',
-        )  # fmt: skip
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        run_id = str(json.loads(submitted.stdout)["run-id"])
-        status, deadline = "", time.monotonic() + 300
-        while time.monotonic() < deadline and not status.startswith("finished"):
-            time.sleep(3)
-            listed = fed.link.flwr("ls", "dep", "--run-id", run_id, "--format", "json")
-            if listed.returncode == 0:
-                status = json.loads(listed.stdout)["runs"][0]["status"]
-        log = fed.link.flwr("log", run_id, "dep", "--show").stdout
+            f'output-dir="{runs}" run-name="pu"'
+        )
+        status, log = fed.wait(run_id)
     finally:
         fed.close()
     assert status == "finished:completed", log[-4000:]
