@@ -102,7 +102,7 @@ def test_fedpu_beats_training_on_the_labeled_positives_alone(tmp_path: Path) -> 
     accuracy = {}
     for method in ("fedpu", "supervised"):
         rc = {"output-dir": str(tmp_path), "run-name": method, "num-rounds": 3, "method": method,
-              "client-setting": "pu", "positive-classes": "2", "samples-per-client": 1200, "batch-size": 64}  # fmt: skip
+              "client-setting": "pu", "positive-classes": "2", "samples-per-client": 800, "batch-size": 64}  # fmt: skip
         run_federation(InProcessGrid(client_app, 5, rc), resolve_config(rc))
         rows = json.loads((tmp_path / method / "metrics.json").read_text())
         accuracy[method] = rows[-1]["test-accuracy"]
