@@ -606,7 +606,7 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper] "
         f"for {sub_name} = {subs}; mean (std) over seeds when there are several.",
         "",
-        f"### Last-round test {unit}",
+        f"### Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
         "",
         render_table(grid, specs, records, "last-test-error"),
         "",
