@@ -209,11 +209,6 @@ class Acceleration:
         except RuntimeError:  # no fused kernel for this device / dtype in this torch
             return classes[kind](params, lr=lr, foreach=True, **extra)
 
-    def autocast(self) -> torch.autocast:
-        """Autocast context of this precision (disabled for fp32), for code that calls a
-        model directly instead of through :meth:`prepare`."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16")
-
 
 PLAIN = Acceleration.plain()
 """The plain float32 NCHW loop on the CPU (what the project trained with before)."""

@@ -108,6 +108,7 @@ from fedul_flwr.methods.base import Predictor  # noqa: E402
 from fedul_flwr.runtime import loop_acceleration  # noqa: E402
 from fedul_flwr.server_app import global_models  # noqa: E402
 from fedul_flwr.training import LocalLoop, evaluate  # noqa: E402
+from tests.flower_harness import process_tree  # noqa: E402  (the process-tree walk the tests use)
 
 SECTIONS = ("loop", "qc", "client", "flower", "scale", "gpu")
 State = dict[str, torch.Tensor]
@@ -161,31 +162,6 @@ def machine_info() -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- memory
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        children.setdefault(int(fields[1]), []).append(int(entry))
-    return children
-
-
-def process_tree(root: int) -> list[int]:
-    """``root`` and all its descendants (from /proc, no psutil needed)."""
-    children = _children_map()
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
 
 
 def _kb_field(path: str, name: str) -> int:

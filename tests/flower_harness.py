@@ -239,14 +239,14 @@ def ray_cluster(nodes: int = 2, cpus_per_node: int = 1, timeout: float = 120) ->
         _wait_nodes(cluster, nodes, timeout)
         yield cluster
     finally:
-        cluster.stopped = [pid for process in processes for pid in _descendants(process.pid)]
+        cluster.stopped = [pid for process in processes for pid in process_tree(process.pid)]
         for process in reversed(processes):  # workers first, the head last
             _stop_group(process)
         log.close()
 
 
-def _descendants(root: int) -> list[int]:
-    """``root`` and every process below it (from /proc)."""
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (from /proc, no psutil needed)."""
     children: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
