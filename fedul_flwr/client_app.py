@@ -115,7 +115,8 @@ def train(msg: Message, context: Context) -> Message:
     c = _client(msg, context)
     cfg, method = c.cfg, c.method
     server_round = int(msg.content[wire.CONFIG][wire.SERVER_ROUND])  # a resumed run continues the numbering
-    ctx = RoundContext(cfg.seed, server_round, c.key, c.device)
+    broadcast = {k: v for k, v in msg.content[wire.CONFIG].items() if k not in (wire.RUN_CONFIG, wire.SERVER_ROUND)}
+    ctx = RoundContext(cfg.seed, server_round, c.key, c.device, broadcast)
     models = _models(c, msg, context.state)
     specs = method.model_specs()
     shared = [s.name for s in specs if s.exchanged and s.trained]
@@ -180,3 +181,10 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     )  # fmt: skip
     result[wire.UNIFORM_WEIGHT] = 1.0
     return Message(RecordDict({wire.METRICS: MetricRecord(result)}), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """What the run's method announces about this node's data (e.g. FedPU's positive classes)."""
+    c = _client(msg, context)
+    return Message(RecordDict({wire.METRICS: MetricRecord(c.method.announce(c.data))}), reply_to=msg)

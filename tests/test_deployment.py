@@ -241,8 +241,9 @@ def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
 
 def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> None:
     """Three positive-unlabeled node folders (labeled/, unlabeled/, class_prior.csv written by
-    the node-data tool from a simulated PU split) behind three real SuperNodes: FedPU
-    completes 2 rounds with all three nodes training in each."""
+    the node-data tool from a simulated PU split) behind three real SuperNodes: FedPU with
+    its cross-client term completes 2 rounds with all three nodes training in each, after
+    the server has queried the three nodes for their positive classes."""
     from fedul_flwr.config import resolve_config
     from fedul_flwr.node_data import write_nodes
 
@@ -252,7 +253,7 @@ def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> Non
     try:
         runs = tmp_path / "runs"
         run_id = fed.submit(
-            f'method="fedpu" num-rounds=2 batch-size=16 min-available-nodes=3 min-train-nodes=3 device="cpu" '
+            f'method="fedpu" fedpu-cross-client=true num-rounds=2 batch-size=16 min-available-nodes=3 min-train-nodes=3 device="cpu" '
             f'output-dir="{runs}" run-name="pu"'
         )
         status, log = fed.wait(run_id)
@@ -261,6 +262,8 @@ def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> Non
     assert status == "finished:completed", log[-4000:]
     per_round = re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log)
     assert per_round == [("3", "0")] * 2, log[-4000:]
+    announced = re.findall(r"fedpu-cross-client: positive classes of nodes \[(.*?)\]", log)
+    assert len(announced) == 1 and len(announced[0].split(",")) == 3, log[-4000:]
     metrics = json.loads((runs / "pu" / "metrics.json").read_text())
     assert [row["round"] for row in metrics] == [0, 1, 2]
     assert all((d / "class_prior.csv").is_file() and (d / "unlabeled" / "images.npy").is_file() for d in node_dirs)

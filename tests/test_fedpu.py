@@ -13,7 +13,9 @@ import torch
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import resolve_config
 from fedul_flwr.inprocess import InProcessGrid
-from fedul_flwr.methods.fedpu.risk import PU_LOSSES, log_not
+from fedul_flwr.data import simulated
+from fedul_flwr.methods.fedpu.broadcast import BROADCAST
+from fedul_flwr.methods.fedpu.risk import PU_LOSSES, cross_client_term, cross_client_weights, log_not
 from fedul_flwr.server_app import run_federation
 
 PRIOR = torch.tensor([0.2, 0.3, 0.5])
@@ -108,3 +110,59 @@ def test_fedpu_beats_training_on_the_labeled_positives_alone(tmp_path: Path) -> 
         accuracy[method] = rows[-1]["test-accuracy"]
     assert accuracy["fedpu"] > accuracy["supervised"] + 0.1, accuracy
     assert accuracy["fedpu"] > 0.7, accuracy
+
+
+def test_cross_client_weights_count_the_other_clients_lacking_both_classes() -> None:
+    """CP_k = {0, 1}; client q1 labels {0} (lacks 1, 2), q2 labels {2} (lacks 0, 1):
+    W[0, 1] = 1 (q2), W[1, 0] = 1 (q2), W[1, 2] = 1 (q1); row 2 is not a positive class of k."""
+    weights = cross_client_weights((0, 1), [(0,), (2,)], 3)
+    assert weights.tolist() == [[0, 1, 0], [1, 0, 1], [0, 0, 0]]
+
+
+def test_cross_client_term_by_hand() -> None:
+    """-sum_i pi_i E_i[sum_m W[i, m] (1 - s_m)] (eq10) and sum_i pi_i E_i[sum_m W[i, m] (-log(1 - s_m))]."""
+    logits = torch.tensor([[2.0, 0.5, -1.0], [0.3, 0.1, 0.2], [-1.0, 1.0, 0.0]])
+    y = torch.tensor([0, 0, 1])
+    weights = torch.tensor([[0.0, 1.0, 0.0], [1.0, 0.0, 2.0], [0.0, 0.0, 0.0]])
+    s = [_softmax(z) for z in logits.numpy()]
+    for literal, loss in ((True, lambda v: 1 - v), (False, lambda v: -np.log(1 - v))):
+        class0 = np.mean([loss(s[0][1]), loss(s[1][1])])
+        class1 = loss(s[2][0]) + 2 * loss(s[2][2])
+        expected = PRIOR[0].item() * class0 + PRIOR[1].item() * class1
+        got = float(cross_client_term(logits, y, weights, PRIOR, literal=literal))
+        assert got == pytest.approx(-expected if literal else expected, rel=1e-6)
+
+
+class _RecordingGrid(InProcessGrid):
+    """Records each message's type and the positive-class broadcast of its config."""
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        for m in messages:
+            self.sent.append((m.metadata.message_type, m.metadata.dst_node_id, m.content["config"].get(BROADCAST)))
+        return super().push_messages(messages)
+
+
+def test_cross_client_switch_queries_every_node_once_and_broadcasts_their_sets(tmp_path: Path) -> None:
+    """Under fedpu-cross-client the server asks each node for its positive classes before
+    round 1 (only then), every train message carries all nodes' sets, and the clients'
+    loss changes by the term; off, no query is sent and no set travels."""
+    losses, sent = {}, {}
+    for switch in (False, True):
+        rc = {"output-dir": str(tmp_path), "run-name": f"cross-{switch}", "num-rounds": 2, "method": "fedpu",
+              "client-setting": "pu", "positive-classes": "4", "samples-per-client": 300, "batch-size": 64,
+              "fedpu-cross-client": switch}  # fmt: skip
+        grid = _RecordingGrid(client_app, 3, rc)
+        grid.sent = []
+        cfg = resolve_config(rc)
+        run_federation(grid, cfg)
+        rows = json.loads((tmp_path / f"cross-{switch}" / "metrics.json").read_text())
+        losses[switch] = rows[1]["train-loss"]
+        sent[switch] = grid.sent
+    expected = sorted(",".join(map(str, s)) for s in simulated.positive_class_sets(cfg, 3))
+    queries = [(node, b) for kind, node, b in sent[True] if kind == "query"]
+    assert sorted(node for node, _ in queries) == [1, 2, 3] and all(b is None for _, b in queries)
+    trains = [b for kind, _, b in sent[True] if kind == "train"]
+    assert len(trains) == 6 and all(sorted(b) == expected for b in trains)
+    assert all(kind != "query" and b is None for kind, _, b in sent[False])
+    assert losses[True] != pytest.approx(losses[False], rel=1e-3)

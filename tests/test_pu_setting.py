@@ -47,6 +47,27 @@ def test_explicit_sets_and_what_a_client_cannot_label() -> None:
     assert set(sets[1]) <= {7, 8, 9}
 
 
+def _holding(*classes: tuple[int, ...]) -> list[np.ndarray]:
+    return [np.bincount(np.array(c), minlength=K) * 50 for c in classes]
+
+
+def test_a_division_the_greedy_walk_cannot_cover_is_repaired_by_a_matching() -> None:
+    # the classes held by the 10 clients of MNIST's 2-class shard split (seed 0): walking
+    # greedily, client 0 takes class 1 and class 9 is left to nobody
+    held = _holding((1, 2, 9), (1, 2, 3), (6, 7, 8), (1, 5), (3, 4, 5), (0, 5, 6), (2, 3), (8, 9), (4, 7), (0, 1, 7))
+    sets = assign_positive_classes(parse_positive_classes("1", 10, K), held)
+    assert sorted(c for s in sets for c in s) == list(range(K))  # one client per class
+    assert all(set(s) <= set(np.flatnonzero(h)) for s, h in zip(sets, held, strict=True))
+    # two positive classes each: every class covered, each client labels 2 distinct classes it holds
+    sets = assign_positive_classes(parse_positive_classes("2", 10, K), held)
+    assert set().union(*sets) == set(range(K)) and all(len(set(s)) == 2 for s in sets)
+    assert all(set(s) <= set(np.flatnonzero(h)) for s, h in zip(sets, held, strict=True))
+    # no matching exists: classes 8 and 9 are held only by client 9, which labels one class
+    held = _holding(*([(0, 1, 2, 3, 4, 5, 6, 7)] * 9), (8, 9))
+    with pytest.raises(ValueError, match=r"leaves class\(es\) \[9\] unlabeled"):
+        assign_positive_classes(parse_positive_classes("1", 10, K), held)
+
+
 @pytest.mark.parametrize(
     ("text", "clients", "message"),
     [

@@ -15,8 +15,11 @@ Choices the paper leaves open, made here:
   (its most frequent first), continuing where client k-1 stopped, so the sets cover all
   classes as soon as the division sums to at least K, and they overlap exactly when it sums
   to more than K -- which reproduces the paper's overlap marks for every row of Tables 1
-  and 2. A client only labels classes it holds images of. An explicit list per client can
-  be given instead.
+  and 2. A client only labels classes it holds images of. Where that greedy walk leaves a
+  class unlabeled (non-IID shards: a client holds only 2-3 classes), the sets are repaired by
+  a bipartite matching of classes to clients (each class to one client that holds it, at most
+  d_k classes per client), kept closest to the greedy picks; only if no matching covers every
+  class is it an error. An explicit list per client can be given instead.
 - **Which images are labeled.** A uniformly random ``labeled_fraction`` of each positive
   class on the client (rounded to the nearest image, at least one), drawn from the client's
   generator.
@@ -133,13 +136,50 @@ def assign_positive_classes(spec: PositiveSpec, class_counts: Sequence[np.ndarra
         covered[list(chosen)] += 1
         cursor = (max(order[:count], key=lambda c: (c - cursor) % num_classes) + 1) % num_classes
         out.append(chosen)
-    missing = [c for c in range(num_classes) if covered[c] == 0]
+    if np.all(covered > 0):
+        return out
+    held = [np.flatnonzero(counts > 0) for counts in class_counts]
+    cover = _cover_every_class(spec.division, held, out)
+    missing = [c for c in range(num_classes) if c not in cover]
     if missing:
         raise ValueError(
             f"positive-classes: division {list(spec.division)} leaves class(es) {missing} unlabeled on these clients "
             "(a client can only label classes it holds)"
         )
-    return out
+    repaired = []
+    for k, count in enumerate(spec.division):  # the matched classes, then the greedy picks, then the rest held
+        classes = [c for c, owner in cover.items() if owner == k]
+        classes += [c for c in dict.fromkeys((*out[k], *map(int, held[k]))) if c not in classes][: count - len(classes)]
+        repaired.append(tuple(sorted(int(c) for c in classes)))
+    return repaired
+
+
+def _cover_every_class(division: Sequence[int], held: Sequence[np.ndarray], preferred: Sequence[tuple[int, ...]]) -> dict[int, int]:
+    """Class -> the client that labels it, one client per class, at most ``division[k]``
+    classes per client and only classes it holds: a maximum bipartite matching by augmenting
+    paths (Kuhn), trying first the clients whose greedy pick had the class. Classes no
+    matching can cover are left out."""
+    owner: dict[int, int] = {}
+    load = [0] * len(division)
+
+    def place(c: int, visited: set[int]) -> bool:
+        clients = sorted((k for k, h in enumerate(held) if c in h), key=lambda k: c not in preferred[k])
+        for k in clients:
+            if k in visited:
+                continue
+            visited.add(k)
+            if load[k] < division[k]:
+                owner[c], load[k] = k, load[k] + 1
+                return True
+            for other in [o for o, kk in owner.items() if kk == k]:  # free a slot of k by moving one of its classes
+                if place(other, visited):
+                    owner[c] = k
+                    return True
+        return False
+
+    for c in sorted({int(c) for h in held for c in h}):
+        place(c, set())
+    return owner
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ A *method* (FedUL and its baselines; later FedPU, FixMatch / FedDB, HASSLE) owns
   one or several streams, a loss over all models);
 - which exchanged models a client sends (``sent_models``; default all) and what else its
   reply carries (``uploads``: scalars or K-vectors in the reply's metrics);
+- what a client tells the server before training when the server asks (``announce``,
+  answered to a Flower *query* message; e.g. FedPU's positive classes under its
+  cross-client switch), and reads back from the train config (``RoundContext.broadcast``);
 - optionally its server aggregation (``aggregation``: a strategy mixin class, in Flower's
   style, composed with the run's strategy);
 - its predictors (``predictors``): the functions evaluated centrally every round.
@@ -176,12 +179,16 @@ class RoundContext:
         The node's stable key (:func:`fedul_flwr.data.sources.node_key`).
     device : torch.device
         The training device.
+    broadcast : Mapping[str, Any]
+        What the server's strategy put in this round's train config besides the run
+        configuration and the round (e.g. values a method's aggregation mixin broadcasts).
     """
 
     seed: int
     server_round: int
     node_key: int
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    broadcast: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def batch_seed(self) -> int:
@@ -270,6 +277,11 @@ class Method(ABC):
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """Extra values of the train reply (in its metrics), after local training: scalars or
         K-vectors. Every client must send the same keys (Flower's validation)."""
+        return {}
+
+    def announce(self, client: ClientData) -> dict[str, float | list[float]]:
+        """What this client tells the server when asked (a *query* message, sent by the
+        method's aggregation mixin): scalars or K-vectors. Default: nothing."""
         return {}
 
     def aggregation(self) -> type | None:

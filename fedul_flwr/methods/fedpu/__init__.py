@@ -19,7 +19,10 @@ Choices the paper leaves open (see :mod:`fedul_flwr.methods.fedpu.risk` for the 
 - The unlabeled stream drives the local epoch (it is the larger part on every client of the
   paper's settings); the labeled positives are cycled in batches of the same size.
 - Eq. 10's third, cross-client term needs each client to know the other clients' positive
-  classes; it is not computed (as in the authors' code).
+  classes. Off by default (as in the authors' code); ``fedpu-cross-client = true`` has the
+  server ask every node for its positive classes and broadcast them
+  (:mod:`fedul_flwr.methods.fedpu.broadcast`, which says what that reveals), and each client
+  adds the term (:func:`~fedul_flwr.methods.fedpu.risk.cross_client_term`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from torch import nn
 from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
-from fedul_flwr.methods.fedpu.risk import PU_LOSSES, pu_loss
+from fedul_flwr.methods.fedpu.broadcast import ANNOUNCED, BROADCAST, PositiveClassBroadcast, parse_sets
+from fedul_flwr.methods.fedpu.risk import PU_LOSSES, cross_client_term, cross_client_weights, pu_loss
 
 __all__ = ["FedPU"]
 
@@ -42,7 +46,20 @@ class FedPU(Method):
     name = "fedpu"
     requires = ("labeled", "unlabeled", "positive-classes", "class-prior")
     setting = "pu"
-    options = (Option("fedpu-loss", lambda v: v in PU_LOSSES, f"one of {PU_LOSSES.names()}"),)
+    options = (
+        Option("fedpu-loss", lambda v: v in PU_LOSSES, f"one of {PU_LOSSES.names()}"),
+        Option("fedpu-cross-client", lambda v: isinstance(v, bool), "true or false"),
+    )
+
+    def announce(self, client: ClientData) -> dict[str, float | list[float]]:
+        """The client's positive classes as a K-vector indicator (asked for only under
+        ``fedpu-cross-client``)."""
+        assert client.positive_classes is not None  # ``requires``
+        return {ANNOUNCED: [float(c in client.positive_classes) for c in range(client.num_classes)]}
+
+    def aggregation(self) -> type | None:
+        """The positive-class broadcast under ``fedpu-cross-client``; else the strategy as it is."""
+        return PositiveClassBroadcast if self.option("fedpu-cross-client") else None
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Streams ``unlabeled`` (x) and ``positive`` (x, y); loss = the ``fedpu-loss`` risk of
@@ -51,16 +68,42 @@ class FedPU(Method):
         assert client.positive_classes is not None and client.class_prior is not None
         positives = torch.tensor(client.positive_classes, dtype=torch.int64, device=ctx.device)
         prior = torch.as_tensor(client.class_prior, dtype=torch.float32, device=ctx.device)
-        risk = pu_loss(self.option("fedpu-loss"))
+        name = self.option("fedpu-loss")
+        risk = pu_loss(name)
+        weights = self._cross_client_weights(client, ctx)
 
         def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
             p, u = batch["positive"], batch["unlabeled"]
             logits = models["f"](torch.cat([p["x"], u["x"]]))  # one forward: batch-norm sees both
             n_p = len(p["y"])
-            return risk(logits[:n_p], p["y"], logits[n_p:], positives, prior)
+            value = risk(logits[:n_p], p["y"], logits[n_p:], positives, prior)
+            if weights is not None:
+                value = value + cross_client_term(logits[:n_p], p["y"], weights, prior, literal=name == "eq10")
+            return value
 
         streams = {
             "unlabeled": Stream({"x": client.unlabeled}, self.cfg.batch_size),
             "positive": Stream({"x": client.labeled.x, "y": client.labeled.y}, self.cfg.batch_size),
         }
         return LocalTask(streams, loss)
+
+    def _cross_client_weights(self, client: ClientData, ctx: RoundContext) -> torch.Tensor | None:
+        """W [K, K] of the cross-client term from the broadcast sets (own set removed once),
+        on the device; None when the switch is off.
+
+        Raises
+        ------
+        ValueError
+            If the switch is on but the train config carries no broadcast sets, or not this
+            client's own set (a strategy that does not compose the broadcast).
+        """
+        if not self.option("fedpu-cross-client"):
+            return None
+        if BROADCAST not in ctx.broadcast:
+            raise ValueError(f"fedpu-cross-client=true but the train config carries no '{BROADCAST}'")
+        sets = parse_sets(ctx.broadcast[BROADCAST])
+        own = tuple(sorted(client.positive_classes or ()))
+        if own not in sets:
+            raise ValueError(f"'{BROADCAST}' lacks this client's own positive classes {list(own)}")
+        sets.remove(own)
+        return cross_client_weights(own, sets, client.num_classes).to(ctx.device)

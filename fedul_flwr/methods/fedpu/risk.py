@@ -41,6 +41,18 @@ subtracted terms to +inf). Three losses, by name in :data:`PU_LOSSES`:
               + 1[K > |CP|] pi_{CP[0]} / (|P| (K - |CP|)) sum_{x in P, i in CP} -log(1 - s_i + eps)
               - mean_{x in P} pi_{y(x)} (-log(1 - s_{y(x)} + eps)).
 
+Eq. 10's third, cross-client term (``fedpu-cross-client``; :func:`cross_client_term`):
+
+    - sum_{q != k} sum_{i in CP_k, i not in CP_q, m not in CP_q, m != i} pi_i E_i[ P(f != m) ].
+
+With W[i, m] = #{q != k : i, m not in CP_q} (i in CP_k, m != i) it is
+-sum_i pi_i E_i[sum_m W[i, m] P(f != m)]. Under the 0-1 loss P(f != m) = 1 - P(f = m), so
+up to a constant it *adds* sum_i pi_i E_i[sum_m W[i, m] P(f = m)]: client k's labeled
+images of i are kept from being predicted as the classes m that the clients lacking i also
+lack. With ``eq10`` the literal form with 1 - s_m is used; with the cross-entropy losses the
+surrogate of P(f = m) is -log(1 - s_m) (as in their negative risks): a non-negative term that
+needs no clamp.
+
 Batches: E_i is the mean over the rows of the labeled batch with label i (a positive class
 without rows in the batch contributes no labeled term); E_U the mean over the unlabeled batch.
 log(1 - s_i) is computed as logsumexp_{j != i} z_j - logsumexp_j z_j: finite, with finite
@@ -56,7 +68,7 @@ import torch.nn.functional as F
 
 from fedul_flwr.registry import Registry
 
-__all__ = ["PU_LOSSES", "log_not", "pu_loss"]
+__all__ = ["PU_LOSSES", "cross_client_term", "cross_client_weights", "log_not", "pu_loss"]
 
 PULoss = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 PU_LOSSES: Registry[PULoss] = Registry("fedpu loss")
@@ -143,6 +155,66 @@ def authors_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tens
     if k > cp:
         loss = loss + prior[positives[0]] / (len(y_p) * (k - cp)) * not_p.sum()
     return loss - (prior[y_p] * own).mean()
+
+
+def cross_client_weights(own: tuple[int, ...], others: list[tuple[int, ...]], num_classes: int) -> torch.Tensor:
+    """W [K, K] of Eq. 10's cross-client term for client k (module docstring).
+
+    Parameters
+    ----------
+    own : tuple[int, ...]
+        CP_k.
+    others : list[tuple[int, ...]]
+        CP_q of every other client q.
+    num_classes : int
+        K.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``[K, K]``: W[i, m] = #{q : i not in CP_q and m not in CP_q} for i in CP_k and
+        m != i; 0 elsewhere.
+    """
+    lacks = torch.ones(len(others), num_classes)  # [Q, K]: 1 where client q does not label the class
+    for q, classes in enumerate(others):
+        lacks[q, list(classes)] = 0
+    weights = lacks.T @ lacks  # [K, K]: clients lacking both i and m
+    weights.fill_diagonal_(0)
+    rows = torch.zeros(num_classes, 1)
+    rows[list(own)] = 1
+    return weights * rows
+
+
+def cross_client_term(
+    logits_p: torch.Tensor, y_p: torch.Tensor, weights: torch.Tensor, prior: torch.Tensor, literal: bool = False
+) -> torch.Tensor:
+    """Eq. 10's cross-client term on a labeled batch (module docstring).
+
+    Parameters
+    ----------
+    logits_p : torch.Tensor
+        ``[n_p, K]`` logits of the labeled positives.
+    y_p : torch.Tensor
+        int64 ``[n_p]`` their classes.
+    weights : torch.Tensor
+        ``[K, K]`` from :func:`cross_client_weights`.
+    prior : torch.Tensor
+        ``[K]`` class prior pi.
+    literal : bool
+        True: -sum_i pi_i E_i[sum_m W[i, m] (1 - s_m)] (``eq10``); False: the cross-entropy
+        surrogate sum_i pi_i E_i[sum_m W[i, m] (-log(1 - s_m))] >= 0.
+
+    Returns
+    -------
+    torch.Tensor
+        Scalar; a class without rows in the batch contributes nothing.
+    """
+    per_class = (1 - F.softmax(logits_p, dim=1)) if literal else -log_not(logits_p)  # [n_p, K]
+    per_row = (per_class * weights[y_p]).sum(dim=1)  # [n_p]: sum_m W[y, m] loss_m
+    classes = torch.unique(y_p)
+    means, _ = _class_means(per_row, y_p, classes)  # [c]: E_i
+    term = (prior[classes] * means).sum()
+    return -term if literal else term
 
 
 def pu_loss(name: str) -> PULoss:
