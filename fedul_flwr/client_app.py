@@ -30,6 +30,7 @@ from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, RoundContext, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.acceleration import Acceleration
+from fedul_flwr.augment import build_augmentation
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.training import LocalLoop, evaluate
 
@@ -141,6 +142,7 @@ def train(msg: Message, context: Context) -> Message:
         to_input=c.data.to_input,
         hooks=update.hooks,
         acceleration=c.acceleration,
+        augment=build_augmentation(cfg.augment, c.data.image_shape[1], cfg.dataset),
     )
     result = method.local_update(c.data, models, ctx, loop)
     for spec in specs:

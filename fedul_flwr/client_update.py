@@ -41,7 +41,7 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.methods.base import LocalTask
-from fedul_flwr.training import StepHook, TrainResult, iterate_batches
+from fedul_flwr.training import StepHook, TrainResult, augment_generator, iterate_batches
 
 Tensors = dict[str, torch.Tensor]
 Parameters = dict[str, nn.Parameter]
@@ -121,7 +121,8 @@ def full_gradient(
 
     Runs in training mode (as during local training) and restores every model's weights,
     gradients and BatchNorm statistics afterwards. Uses the first stream's own batch order
-    when it has one, else consecutive batches; batch losses are weighted by batch size.
+    when it has one, else consecutive batches; batch losses are weighted by batch size. The
+    images are not augmented; a stream's views (FixMatch) draw from a fixed generator.
 
     Returns
     -------
@@ -131,7 +132,7 @@ def full_gradient(
     saved = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in models.items()}
     models.train()
     models.zero_grad(set_to_none=True)
-    batches = list(iterate_batches(task, None, device, to_input))
+    batches = list(iterate_batches(task, None, device, to_input, augment_gen=augment_generator(0)))
     first = next(iter(task.streams))
     total = sum(len(next(iter(b[first].values()))) for b in batches)
     for batch in batches:

@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 def _registry_choices() -> dict[str, tuple[str, ...]]:
     """Valid values of the keys chosen by name, from the registries (imported lazily: the
     modules that own them import this one)."""
+    from fedul_flwr.augment import AUGMENTATIONS
     from fedul_flwr.data.datasets import DATASETS
     from fedul_flwr.data.partition import PARTITIONS
     from fedul_flwr.data.simulated import SETTINGS
@@ -56,6 +57,7 @@ def _registry_choices() -> dict[str, tuple[str, ...]]:
     from fedul_flwr.strategies import STRATEGIES
 
     return {
+        "augment": AUGMENTATIONS.names(),
         "dataset": DATASETS.names(),
         "partition": PARTITIONS.names(),
         "prior-scheme": PRIOR_SCHEMES.names(),
@@ -125,6 +127,7 @@ class RunConfig:
     local_optimizer: str
     local_momentum: float
     lr_decay: float
+    augment: str
     local_epochs_per_client: str
     proximal_mu: float
     server_lr: float

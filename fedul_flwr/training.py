@@ -8,7 +8,9 @@ FedNova's rules assume.
 
 A task's batches come from one or several *streams* (:class:`~fedul_flwr.methods.base.Stream`):
 the first stream drives the epoch, the others are cycled. Images travel as uint8 and become
-float model inputs per batch, on the training device. Strategies that change the client
+float model inputs per batch, on the training device, after the run's augmentation (``augment``)
+and with the stream's augmented views (:mod:`fedul_flwr.augment`), drawn from a generator of
+their own (seeded from the batch seed, so augmenting leaves the batch order unchanged). Strategies that change the client
 update (FedProx's proximal term, SCAFFOLD's control variates) plug in through
 :class:`StepHook` instead of copying the loop.
 
@@ -26,15 +28,22 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 from torch import nn
 
 from fedul_flwr.acceleration import PLAIN, Acceleration
-from fedul_flwr.methods.base import Batch, LocalTask, Predictor, Stream
+from fedul_flwr.methods.base import Augment, Batch, LocalTask, Predictor, Stream
 
-__all__ = ["LocalLoop", "StepHook", "TrainResult", "evaluate", "iterate_batches", "train_local"]
+__all__ = ["LocalLoop", "StepHook", "TrainResult", "augment_generator", "evaluate", "iterate_batches", "train_local"]
 
 ToInput = Callable[[torch.Tensor], torch.Tensor]
+_AUGMENT_STREAM = 1  # entropy word of the augmentation generator (beside the batch seed)
+
+
+def augment_generator(seed: int) -> torch.Generator:
+    """The generator of a round's augmentations, from its batch seed."""
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, _AUGMENT_STREAM]).generate_state(1)[0]))
 
 
 class StepHook(Protocol):
@@ -82,17 +91,27 @@ def _cycle(stream: Stream, generator: torch.Generator | None) -> Iterator[torch.
         yield from batches
 
 
-def _batch(stream: Stream, rows: torch.Tensor, device: torch.device, to_input: ToInput) -> dict[str, torch.Tensor]:
+def _batch(
+    stream: Stream, rows: torch.Tensor, device: torch.device, to_input: ToInput,
+    augment: Augment | None, generator: torch.Generator | None,
+) -> dict[str, torch.Tensor]:  # fmt: skip
+    raw = {key: tensor[rows].to(device, non_blocking=True) for key, tensor in stream.tensors.items()}
     out = {}
-    for key, tensor in stream.tensors.items():
-        value = tensor[rows].to(device, non_blocking=True)
-        out[key] = to_input(value) if key in stream.images else value
+    for key, value in raw.items():
+        if key in stream.images:
+            value = to_input(augment(value, generator) if augment is not None and generator is not None else value)
+        out[key] = value
+    for view, (key, view_augment) in stream.views.items():
+        if generator is None:
+            raise ValueError(f"stream view {view!r} needs an augmentation generator")
+        out[view] = to_input(view_augment(raw[key], generator))
     return out
 
 
 def iterate_batches(
-    task: LocalTask, generator: torch.Generator | None, device: torch.device, to_input: ToInput
-) -> Iterator[Batch]:
+    task: LocalTask, generator: torch.Generator | None, device: torch.device, to_input: ToInput,
+    augment: Augment | None = None, augment_gen: torch.Generator | None = None,
+) -> Iterator[Batch]:  # fmt: skip
     """One epoch of ``task``: a batch of every stream per step, on ``device``.
 
     Parameters
@@ -105,14 +124,18 @@ def iterate_batches(
         Where batches go.
     to_input : Callable
         uint8 images -> float model inputs (per batch, on ``device``).
+    augment : Augment | None
+        Applied to every stream's ``images`` before ``to_input`` (the run's ``augment``).
+    augment_gen : torch.Generator | None
+        Source of the augmentations and the streams' views (needed by views).
     """
     names = list(task.streams)
     first = task.streams[names[0]]
     others = {name: _cycle(task.streams[name], generator) for name in names[1:]}
     for rows in _epoch_order(first, generator):
-        batch = {names[0]: _batch(first, rows, device, to_input)}
+        batch = {names[0]: _batch(first, rows, device, to_input, augment, augment_gen)}
         for name, cycle in others.items():
-            batch[name] = _batch(task.streams[name], next(cycle), device, to_input)
+            batch[name] = _batch(task.streams[name], next(cycle), device, to_input, augment, augment_gen)
         yield batch
 
 
@@ -131,6 +154,7 @@ def train_local(
     optimizer: str = "adam",
     momentum: float = 0.0,
     acceleration: Acceleration | None = None,
+    augment: Augment | None = None,
 ) -> TrainResult:
     """Train the ``trained`` models in place on ``task`` for ``epochs`` epochs.
 
@@ -167,6 +191,9 @@ def train_local(
         Precision, memory format, optimiser kernels and compile of the loop on ``device``
         (``None``: the plain float32 NCHW loop). The method's loss receives the models as
         :meth:`Acceleration.prepare` returns them; the weights are NCHW again on return.
+    augment : Augment | None
+        The run's augmentation of every stream's images (``None``: none). It and the
+        streams' views draw from :func:`augment_generator` of ``seed``.
 
     Returns
     -------
@@ -192,7 +219,7 @@ def train_local(
     if device.type == "cuda":
         task = LocalTask(
             {
-                k: Stream({t: v.pin_memory() for t, v in s.tensors.items()}, s.batch_size, s.batches, s.images)
+                k: dataclasses.replace(s, tensors={t: v.pin_memory() for t, v in s.tensors.items()})
                 for k, s in task.streams.items()
             },
             task.loss,
@@ -203,10 +230,11 @@ def train_local(
     try:
         opt = acc.optimizer(optimizer, params, lr, momentum)  # ... so the optimiser state matches them
         generator = torch.Generator().manual_seed(seed)
+        views = augment_generator(seed)
         total, steps = torch.zeros((), device=device), 0
         for epoch in range(epochs):
             epoch_sum = torch.zeros((), device=device)
-            for batch in iterate_batches(task, generator, device, to_input):
+            for batch in iterate_batches(task, generator, device, to_input, augment, views):
                 loss = task.loss(forwards, batch)
                 objective = loss + l1_weight * sum(p.abs().sum() for p in penalised) if l1_weight else loss
                 opt.zero_grad(set_to_none=True)
@@ -250,6 +278,8 @@ class LocalLoop:
         The strategy's gradient editors.
     acceleration : Acceleration | None
         How the loop executes (``None``: the plain float32 NCHW loop).
+    augment : Augment | None
+        The run's augmentation of training images (``None``: none).
     """
 
     epochs: int
@@ -262,6 +292,7 @@ class LocalLoop:
     hooks: tuple[StepHook, ...] = ()
     acceleration: Acceleration | None = None
     momentum: float = 0.0
+    augment: Augment | None = None
 
     def run(self, models: nn.ModuleDict, task: LocalTask, trained: Sequence[str] | None = None) -> TrainResult:
         """:func:`train_local` of ``task`` with these settings."""
@@ -279,6 +310,7 @@ class LocalLoop:
             optimizer=self.optimizer,
             momentum=self.momentum,
             acceleration=self.acceleration,
+            augment=self.augment,
         )
 
 

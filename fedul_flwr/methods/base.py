@@ -44,11 +44,15 @@ from fedul_flwr.registry import Registry
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
 
-__all__ = ["METHODS", "method_class", "Batch", "LocalTask", "Method", "ModelSpec", "Predictor", "RoundContext", "Stream", "register_method"]
+__all__ = ["METHODS", "method_class", "Augment", "Batch", "LocalTask", "Method", "ModelSpec", "Predictor", "RoundContext", "Stream", "register_method"]
 
 Batch = dict[str, dict[str, torch.Tensor]]
 """One training step's data: stream name -> tensor name -> ``[B, ...]`` batch on the training
 device (image tensors already turned into float model inputs)."""
+
+Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+"""``augment(images uint8 [B, C, H, W], generator) -> uint8 [B, C, H, W]`` (see
+:class:`fedul_flwr.augment.Augmentation`)."""
 
 Predictor = Callable[[nn.ModuleDict, torch.Tensor], torch.Tensor]
 """``predict(models, x [B, C, H, W] float input) -> logits [B, K]``."""
@@ -113,13 +117,19 @@ class Stream:
         ``batch_size``.
     images : tuple[str, ...]
         Keys of uint8 image tensors, turned into float model inputs per batch on the
-        training device (``ClientData.to_input``).
+        training device (``ClientData.to_input``), after the run's ``augment``.
+    views : Mapping[str, tuple[str, Augment]]
+        Augmented views added to each batch: view name -> (key of a uint8 image tensor, an
+        augmentation ``(uint8 [B, C, H, W], generator) -> uint8 [B, C, H, W]``), turned into
+        float model inputs; e.g. FixMatch's ``{"weak": ("x", weak), "strong": ("x", strong)}``.
+        The views of a batch draw from the loop's augmentation generator.
     """
 
     tensors: Mapping[str, torch.Tensor]
     batch_size: int
     batches: Callable[[torch.Generator], Iterable[torch.Tensor]] | None = None
     images: tuple[str, ...] = ("x",)
+    views: Mapping[str, tuple[str, Augment]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         sizes = {k: int(v.shape[0]) for k, v in self.tensors.items()}
@@ -127,6 +137,9 @@ class Stream:
             raise ValueError(f"stream tensors differ in length: {sizes}")
         if self.batch_size < 1:
             raise ValueError(f"batch size must be >= 1, got {self.batch_size}")
+        unknown = {view: key for view, (key, _) in self.views.items() if key not in self.tensors}
+        if unknown:
+            raise ValueError(f"stream views of missing tensors: {unknown}; the stream has {list(self.tensors)}")
 
     @property
     def num_rows(self) -> int:
