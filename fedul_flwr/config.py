@@ -110,6 +110,7 @@ class RunConfig:
     positive_classes: str
     pu_labeled_fraction: float
     class_prior: str
+    num_labeled: int
     method: str
     model: str
     prior_noise: float
@@ -443,7 +444,8 @@ def _validate(cfg: RunConfig) -> None:
         if key == "method" and ":" in d[key]:
             continue  # an import path "module:Class", checked when imported below
         _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}")
-    for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "min-available-nodes", "shards-per-client"):
+    for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "min-available-nodes", "shards-per-client",
+                "num-labeled"):  # fmt: skip
         _check(d[key] >= 1, f"{key}={d[key]} must be >= 1")
     for key in ("val-fraction", "client-test-fraction"):
         _check(0.0 <= d[key] < 1.0, f"{key}={d[key]} must be in [0, 1)")

@@ -6,7 +6,8 @@
                         test-error, wall-time (s from the start to the round's evaluation);
                         val-accuracy, val-error on the labeled validation split when
                         val-fraction > 0; for a method with several predictors, the others
-                        as test-accuracy-<name> etc.
+                        as test-accuracy-<name> etc.; the train metrics a method records
+                        (``Method.recorded_metrics``, e.g. FedDB's APP-U and DMA weights)
         metrics.csv     the same table as CSV
         model.pt        the method's first exchanged model, the classifier f of FedUL and its
                         baselines (``torch.save`` of its state dict; no Q_c)
@@ -72,10 +73,11 @@ class RunOutputs:
         (path / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, sort_keys=True) + "\n")
         return cls(path=path, cfg=cfg, primary=primary)
 
-    def record(self, server_round: int, **metrics: float) -> None:
-        """Merge metrics of ``server_round`` into the table and rewrite metrics.json/.csv."""
+    def record(self, server_round: int, **metrics: float | list[float]) -> None:
+        """Merge metrics of ``server_round`` (numbers, or lists of numbers such as a K-vector)
+        into the table and rewrite metrics.json/.csv."""
         row = self.rows.setdefault(server_round, {"round": server_round})
-        row.update({k: float(v) for k, v in metrics.items()})
+        row.update({k: [float(x) for x in v] if isinstance(v, list) else float(v) for k, v in metrics.items()})
         row.setdefault("wall-time", time.time() - self.started)
         self._write_tables()
 

@@ -133,7 +133,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         evaluate_fn=central_evaluate,
     )
     for server_round, metrics in result.train_metrics_clientapp.items():
-        outputs.record(server_round + start_round, **{wire.TRAIN_LOSS: metrics[wire.TRAIN_LOSS]})
+        keys = (wire.TRAIN_LOSS, *method.recorded_metrics)
+        outputs.record(server_round + start_round, **{k: metrics[k] for k in keys if k in metrics})
     models.load_state_dict(result.arrays.to_torch_state_dict())
     outputs.save_models({name: {k: v.cpu() for k, v in m.state_dict().items()} for name, m in models.items()})
     outputs.plot()

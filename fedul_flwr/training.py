@@ -217,13 +217,9 @@ def train_local(
     params = [p for m in names for p in models[m].parameters()]
     penalised = [p for p in params if p.requires_grad]
     if device.type == "cuda":
-        task = LocalTask(
-            {
-                k: dataclasses.replace(s, tensors={t: v.pin_memory() for t, v in s.tensors.items()})
-                for k, s in task.streams.items()
-            },
-            task.loss,
-        )
+        streams = {k: dataclasses.replace(s, tensors={t: v.pin_memory() for t, v in s.tensors.items()})
+                   for k, s in task.streams.items()}  # fmt: skip
+        task = dataclasses.replace(task, streams=streams)
     for name, model in models.items():
         model.train(name in names)
     forwards = acc.prepare(models)  # channels-last weights from here on (if chosen) ...
@@ -248,6 +244,8 @@ def train_local(
             if not math.isfinite(value):
                 raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
             total += epoch_sum
+            if task.after_epoch is not None:
+                task.after_epoch(forwards)
     finally:
         acc.restore(models)
     return TrainResult(loss=float(total) / steps, num_examples=n, num_steps=steps)

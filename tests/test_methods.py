@@ -320,10 +320,13 @@ def test_fedpl_loss_draws_only_from_the_round_context() -> None:
 # --------------------------------------------------------------------------- labels
 
 
-def test_labels_reach_only_the_supervised_method_and_fedpus_positives() -> None:
-    # FedPU requires the labeled positives of the PU setting; every U-set method is label-free
-    assert [n for n, cls in METHODS.items() if "labeled" in cls.requires] == ["fedpu", "supervised"]
-    label_free = [n for n in METHODS.names() if n not in ("supervised", "fedpu")]
+def test_labels_reach_only_the_supervised_method_and_the_methods_of_labeled_settings() -> None:
+    # FedPU requires the labeled positives of the PU setting, FixMatch and FedDB the labeled
+    # images of the labels-at-clients setting; every U-set method is label-free
+    labeled = [n for n, cls in METHODS.items() if "labeled" in cls.requires]
+    assert sorted(labeled) == ["feddb", "fedpu", "fixmatch", "fixmatch-dpl", "supervised"]
+    assert all(METHODS.get(n).setting != "usets" for n in labeled if n != "supervised")
+    label_free = [n for n in METHODS.names() if n not in labeled]
     assert label_free and all({"unlabeled", "usets"} <= set(METHODS.get(n).requires) for n in label_free)
     cfg = resolve_config(TINY)
     plain = load_client(cfg, 0, 2, UNLABELED)

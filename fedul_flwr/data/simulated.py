@@ -5,6 +5,8 @@
       -> the client's setting   ``client-setting`` (:data:`SETTINGS`):
                                 "usets": U sets + prior matrix (fedul_flwr.data.usets.build_usets)
                                 "pu": labeled positives + unlabeled rest (fedul_flwr.data.pu)
+                                "labels-at-clients": a few labeled + many unlabeled images
+                                (fedul_flwr.data.labels_at_clients)
       -> ClientData             fedul_flwr.data.client_data
 
 In simulation the labels of the pool are used to *make* the U sets and are then dropped: the
@@ -13,7 +15,8 @@ client's ``unlabeled`` part holds the images of its U sets (concatenated in set 
 ``labeled`` part (the supervised reference) gets the same images with their true labels.
 In the PU setting the client's labeled part holds the labeled images of its positive classes
 (with their labels), the unlabeled part everything else, and the positive classes and class
-prior are parts of their own. Everything is a pure function of (config, partition id) and is
+prior are parts of their own. In the labels-at-clients setting the labeled pool and the
+unlabeled pool are partitioned separately. Everything is a pure function of (config, partition id) and is
 cached per process, so a Ray actor builds its clients once, not every round.
 """
 
@@ -29,6 +32,7 @@ import torch
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
 from fedul_flwr.data.datasets import ImageDataset, load_dataset
+from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
 from fedul_flwr.data.partition import holdout_split, partition_pool
 from fedul_flwr.data.prior_noise import noisy_priors
 from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
@@ -44,6 +48,7 @@ SETTINGS: Registry[SettingBuilder] = Registry("client setting")
 SETTING_PARTS: dict[str, tuple[str, ...]] = {
     "usets": ("unlabeled", "usets", "labeled"),
     "pu": ("labeled", "unlabeled", "positive-classes", "class-prior"),
+    "labels-at-clients": ("labeled", "unlabeled"),
 }
 """The parts a simulated client of each setting can hold (``labeled`` of ``usets``: on request)."""
 
@@ -53,6 +58,7 @@ log = logging.getLogger(__name__)
 # them leaves the U sets of the default path (rng = [seed, partition id]) unchanged
 _SUBSAMPLE_STREAM = 1
 _PRIOR_NOISE_STREAM = 2
+_LABELED_POOL_STREAMS = (3, 4, 5)  # labels-at-clients: the labeled pool, its partition, the unlabeled one's
 
 
 @functools.lru_cache(maxsize=4)
@@ -65,23 +71,47 @@ def load_run_dataset(cfg: RunConfig) -> ImageDataset:
     return _dataset(cfg.dataset, cfg.data_dir, cfg.download)
 
 
-@functools.lru_cache(maxsize=4)
-def _partitions(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, list[np.ndarray]]:
-    data = load_run_dataset(cfg)
-    labels = data.train_y.numpy()
-    pool, _ = holdout_split(labels, cfg.val_fraction, cfg.seed)
-    parts = partition_pool(
-        labels[pool],
+def _partition(cfg: RunConfig, labels: np.ndarray, num_partitions: int, seed: int) -> list[np.ndarray]:
+    """The run's partition scheme on ``labels`` (index arrays into them)."""
+    return partition_pool(
+        labels,
         num_partitions,
-        data.num_classes,
+        load_run_dataset(cfg).num_classes,
         cfg.partition,
-        cfg.seed,
+        seed,
         dirichlet_alpha=cfg.dirichlet_alpha,
         noniid_majority=cfg.noniid_majority_classes,
         noniid_minority_fraction=cfg.noniid_minority_fraction,
         shards_per_client=cfg.shards_per_client,
     )
-    return pool, [pool[p] for p in parts]
+
+
+@functools.lru_cache(maxsize=4)
+def _partitions(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    labels = load_run_dataset(cfg).train_y.numpy()
+    pool, _ = holdout_split(labels, cfg.val_fraction, cfg.seed)
+    return pool, [pool[p] for p in _partition(cfg, labels[pool], num_partitions, cfg.seed)]
+
+
+@functools.lru_cache(maxsize=4)
+def labels_at_clients_splits(cfg: RunConfig, num_partitions: int) -> list[ClientSplit]:
+    """Every client's labeled and unlabeled rows (into the training set) of the
+    labels-at-clients setting (:func:`~fedul_flwr.data.labels_at_clients.split_to_clients`;
+    cached per process).
+
+    Raises
+    ------
+    ValueError
+        From the labeled-pool draw or the partition.
+    """
+    labels = load_run_dataset(cfg).train_y.numpy()
+    pool, _ = holdout_split(labels, cfg.val_fraction, cfg.seed)
+    seeds = tuple(int(np.random.SeedSequence([cfg.seed, w]).generate_state(1)[0]) for w in _LABELED_POOL_STREAMS)
+    splits = split_to_clients(
+        labels[pool], cfg.num_labeled, load_run_dataset(cfg).num_classes,
+        lambda part_labels, seed: _partition(cfg, part_labels, num_partitions, seed), seeds,  # type: ignore[arg-type]
+    )  # fmt: skip
+    return [ClientSplit(pool[s.labeled], pool[s.unlabeled]) for s in splits]
 
 
 def validation_indices(cfg: RunConfig) -> np.ndarray:
@@ -292,5 +322,50 @@ def pu_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: fro
         unlabeled=data.train_x[unlabeled_rows],
         positive_classes=positives,
         class_prior=prior,
+        test=_local_test(cfg, local_test),
+    )
+
+
+@SETTINGS.register("labels-at-clients")
+def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+    """A client of the labels-at-clients setting (FedDB, Zhu et al., IJCAI 2024): its share of
+    the class-balanced labeled pool (with labels) and of the unlabeled pool, the unlabeled part
+    holding its labeled images too (without labels). ``samples-per-client`` caps its share of
+    the unlabeled pool; ``client-test-fraction`` of that share becomes its labeled local test
+    split.
+
+    Raises
+    ------
+    ValueError
+        If ``partition_id`` is out of range or ``samples-per-client`` exceeds the client's
+        share of the unlabeled pool; see :func:`labels_at_clients_splits`.
+    """
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id={partition_id} out of range for num-partitions={num_partitions}")
+    data = load_run_dataset(cfg)
+    split = labels_at_clients_splits(cfg, num_partitions)[partition_id]
+    pooled = np.setdiff1d(split.unlabeled, split.labeled)  # its share of the unlabeled pool
+    if cfg.samples_per_client > 0:
+        if cfg.samples_per_client > len(pooled):
+            raise ValueError(f"samples-per-client={cfg.samples_per_client} but client {partition_id} holds only "
+                             f"{len(pooled)} images of the unlabeled pool")  # fmt: skip
+        sub_rng = np.random.default_rng([cfg.seed, partition_id, _SUBSAMPLE_STREAM])
+        pooled = np.sort(sub_rng.choice(pooled, cfg.samples_per_client, replace=False))
+    local_test = np.zeros(0, dtype=np.int64)
+    if cfg.client_test_fraction > 0:
+        perm = np.random.default_rng([cfg.seed, partition_id]).permutation(pooled)
+        n_test = int(round(cfg.client_test_fraction * len(pooled)))
+        local_test, pooled = np.sort(perm[:n_test]), np.sort(perm[n_test:])
+    unlabeled = np.sort(np.concatenate([pooled, split.labeled]))
+    log.info("client %d/%d: %d labeled + %d unlabeled images", partition_id, num_partitions, len(split.labeled),
+             len(unlabeled))  # fmt: skip
+    labeled_rows, unlabeled_rows = torch.from_numpy(split.labeled), torch.from_numpy(unlabeled)
+    return ClientData(
+        node=f"simulated partition {partition_id} of {num_partitions}",
+        class_names=data.class_names,
+        mean=data.mean,
+        std=data.std,
+        labeled=LabeledImages(data.train_x[labeled_rows], data.train_y[labeled_rows].clone()),
+        unlabeled=data.train_x[unlabeled_rows],
         test=_local_test(cfg, local_test),
     )

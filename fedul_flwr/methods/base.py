@@ -159,10 +159,14 @@ class LocalTask:
         + mu * B unlabeled images per step).
     loss : Callable[[nn.ModuleDict, Batch], torch.Tensor]
         ``loss(models, batch) -> scalar`` (mean over the batch), for all models at once.
+    after_epoch : Callable[[nn.ModuleDict], None] | None
+        Called with the models after every local epoch (e.g. FedDB's update of its average
+        prediction on unlabeled data); ``None``: nothing.
     """
 
     streams: dict[str, Stream]
     loss: Callable[[nn.ModuleDict, Batch], torch.Tensor]
+    after_epoch: Callable[[nn.ModuleDict], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.streams:
@@ -236,6 +240,9 @@ class Method(ABC):
     setting: ClassVar[str] = "usets"
     """The simulated ``client-setting`` whose clients hold the parts the method requires
     (named in the error when a client lacks them)."""
+    recorded_metrics: ClassVar[tuple[str, ...]] = ()
+    """Aggregated train metrics written to the run's ``metrics.json`` besides the train loss
+    (its uploads, or what its aggregation mixin adds)."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg

@@ -1,0 +1,191 @@
+"""Debiased pseudo-labels (DPL) of FedDB, on FixMatch: ``method = "fixmatch-dpl"``.
+
+Zhu et al., "Debiasing Federated Semi-Supervised Learning" (FedDB), IJCAI 2024, Sec. 4.1,
+Alg. 1 and Alg. 3. A client's pseudo-labels inherit the class bias of its model; DPL removes
+it with the client's *average prediction on unlabeled data* (APP-U):
+
+    p_n  = softmax(f(alpha(u_n); w))                                  (u_n in D_u)
+    pbar = 1/N_u sum_n p_n                                            (Eq. 8, APP-U)
+    ptilde_n[y] = (p_n[y] / pbar[y]) / sum_k (p_n[k] / pbar[k])       (Eq. 14)
+    yhat_n = argmax ptilde_n, kept where max ptilde_n > tau.
+
+Eq. 14 is Bayes' rule moving the posterior from the training prior (estimated by pbar) to the
+uniform target prior of a balanced test set (Eqs. 9-13). Per round (Alg. 1, before the local
+epochs): the received global model predicts the weak views of all of D_u in eval mode; pbar,
+the debiased pseudo-labels and their mask are computed once and stay fixed for the round's
+local epochs; the strong views are trained on them (FixMatch's L_u). After every local epoch
+APP-U is updated by an exponential moving average with the current model (Alg. 3,
+lines 11-16),
+
+    pbar <- gamma pbar + (1 - gamma) pbar^e,   pbar^e = 1/N_u sum_n softmax(f(alpha(u_n); w^e)),
+
+and the client uploads the final pbar (a K-vector metric, ``app-u``) with its model; the
+server's DMA (:mod:`fedul_flwr.strategies.dma`, method ``feddb``) uses it.
+
+Choices the paper leaves open:
+
+- gamma (``dpl-ema``) = 0.5, the authors' code's coefficient (the paper gives none).
+- ``dpl-app-u-update = "epoch"`` (default, the paper): pbar^e over all of D_u after each
+  epoch, one extra forward pass over the weak views. ``"step"`` (the authors' code): after
+  every step, pbar <- gamma pbar + (1 - gamma) mean softmax of the weak views of that batch's
+  confident images (the weak views then go through the training forward pass too).
+- Predictions for pseudo-labels and for APP-U are made in eval mode (batch norm's running
+  statistics), as in the authors' code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedul_flwr.augment import Augmentation
+from fedul_flwr.config import Option
+from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.methods.base import LocalTask, RoundContext, Stream, register_method
+from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
+
+__all__ = ["APP_U", "FixMatchDPL", "debias", "debiased_pseudo_labels"]
+
+APP_U = "app-u"
+"""Reply metric: the client's APP-U pbar, K floats."""
+
+
+def debias(probs: torch.Tensor, app_u: torch.Tensor) -> torch.Tensor:
+    """Eq. 14: ``probs [n, K]`` divided by ``app_u [K]`` per class, renormalised per row.
+
+    Raises
+    ------
+    ValueError
+        If an entry of ``app_u`` is not > 0 (a class the model never predicts at all).
+    """
+    if not bool((app_u > 0).all()):
+        raise ValueError(f"APP-U must be > 0 in every class, got {app_u.tolist()}")
+    ratio = probs / app_u
+    return ratio / ratio.sum(dim=1, keepdim=True)
+
+
+def debiased_pseudo_labels(probs: torch.Tensor, app_u: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """argmax and mask (max > tau) of the debiased posteriors (Eq. 14).
+
+    Parameters
+    ----------
+    probs : torch.Tensor
+        ``[n, K]`` softmax predictions p_n.
+    app_u : torch.Tensor
+        ``[K]`` pbar.
+    tau : float
+        Threshold in [0, 1].
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor)
+        int64 ``[n]`` pseudo-labels and bool ``[n]`` mask.
+    """
+    confidence, targets = debias(probs, app_u).max(dim=1)
+    return targets, confidence > tau
+
+
+@torch.no_grad()
+def predict_weak(
+    f: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, images: torch.Tensor, weak: Augmentation,
+    generator: torch.Generator, to_input: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+    batch_size: int,
+) -> torch.Tensor:  # fmt: skip
+    """softmax(f(alpha(u))) for every image, in eval mode (restored afterwards).
+
+    Parameters
+    ----------
+    f : Callable
+        The classifier's forward (float inputs -> ``[B, K]`` logits).
+    module : nn.Module
+        The module whose train/eval mode to switch.
+    images : torch.Tensor
+        uint8 ``[n, C, H, W]`` (CPU).
+    weak : Augmentation
+        The weak view.
+    generator : torch.Generator
+        Source of the views.
+    to_input : Callable
+        uint8 -> float model inputs.
+    device : torch.device
+        Where the forward passes run.
+    batch_size : int
+        Images per pass.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``[n, K]`` on ``device``.
+    """
+    was_training = module.training
+    module.eval()
+    try:
+        out = [
+            F.softmax(f(to_input(weak(images[i : i + batch_size].to(device), generator))).float(), dim=1)
+            for i in range(0, len(images), batch_size)
+        ]
+    finally:
+        module.train(was_training)
+    return torch.cat(out)
+
+
+@register_method
+class FixMatchDPL(FixMatch):
+    """FixMatch with debiased pseudo-labels, computed once per round (module docstring)."""
+
+    name = "fixmatch-dpl"
+    recorded_metrics = (APP_U, "pseudo-label-share")
+    options = FixMatch.options + (
+        Option("dpl-ema", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+        Option("dpl-app-u-update", lambda v: v in ("epoch", "step"), "'epoch' (paper) or 'step' (authors' code)"),
+    )
+
+    def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
+        """The unlabeled images with this round's debiased pseudo-labels (``pseudo``) and mask
+        (``mask``) from the received global model, and their strong views (plus the weak ones
+        under ``dpl-app-u-update = "step"``). Sets the round's starting APP-U."""
+        assert client.unlabeled is not None  # ``requires``
+        weak, strong = self.views(client)
+        self._predict = lambda f, module: predict_weak(
+            f, module, client.unlabeled, weak, ctx.generator, client.to_input, ctx.device, self.cfg.eval_batch_size
+        )
+        probs = self._predict(models["f"], models["f"])
+        self.app_u = probs.mean(dim=0)  # Eq. 8
+        targets, mask = debiased_pseudo_labels(probs, self.app_u, self.option("fixmatch-threshold"))
+        self.kept_share = float(mask.float().mean())
+        views = {"strong": ("x", strong)}
+        if self.option("dpl-app-u-update") == "step":
+            views["weak"] = ("x", weak)
+        size = self.option("fixmatch-mu") * self.cfg.batch_size
+        return Stream({"x": client.unlabeled, "pseudo": targets.cpu(), "mask": mask.cpu()}, size, images=(), views=views)
+
+    def pseudo_labels(self, weak_logits: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's fixed pseudo-labels; under ``"step"`` also the code's per-step APP-U
+        update from the weak views of the confident images."""
+        mask = batch["mask"]
+        if weak_logits is not None and bool(mask.any()):
+            gamma = float(self.option("dpl-ema"))
+            batch_mean = F.softmax(weak_logits.detach().float()[mask], dim=1).mean(dim=0)
+            self.app_u = gamma * self.app_u + (1 - gamma) * batch_mean
+        return batch["pseudo"], mask
+
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
+        """FixMatch's task on the debiased pseudo-labels; under ``"epoch"`` APP-U is updated
+        after every local epoch."""
+        task = super().local_task(client, models, ctx)
+        if self.option("dpl-app-u-update") != "epoch":
+            return task
+        gamma = float(self.option("dpl-ema"))
+
+        def after_epoch(forwards: nn.ModuleDict) -> None:
+            self.app_u = gamma * self.app_u + (1 - gamma) * self._predict(forwards["f"], forwards["f"]).mean(dim=0)
+
+        return LocalTask(task.streams, task.loss, after_epoch)
+
+    def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
+        """``app-u``: the client's final APP-U (K floats) and ``pseudo-label-share``, the
+        share of its unlabeled images kept at the start of the round."""
+        return {APP_U: [float(v) for v in self.app_u.cpu()], "pseudo-label-share": self.kept_share}

@@ -1,0 +1,39 @@
+"""FedDB: debiased pseudo-labels on the clients, debiased model aggregation on the server.
+
+Zhu et al., "Debiasing Federated Semi-Supervised Learning", IJCAI 2024, Alg. 1-3: the clients
+run FixMatch with DPL (:mod:`fedul_flwr.methods.fixmatch.dpl`) and upload their APP-U; the
+server aggregates with DMA's weights (:mod:`fedul_flwr.strategies.dma`), composed with the
+run's strategy (FedAvg: Eq. 17 as written; ``strategy = "fedavgm"`` with
+``server-momentum = 0.5`` and ``server-lr = 1.0``: the authors' code's server update).
+
+Options: ``dma-loss`` (``l2``, the paper's Eq. 16; ``mse``, the authors' code), ``dma-steps``
+(E_aggr = 100) and ``dma-lr`` (eta_aggr = 1.0).
+"""
+
+from __future__ import annotations
+
+from fedul_flwr.config import Option
+from fedul_flwr.methods.base import register_method
+from fedul_flwr.methods.fixmatch.dpl import APP_U, FixMatchDPL
+from fedul_flwr.strategies.dma import DMA_LOSSES, DebiasedModelAggregation
+
+__all__ = ["FedDB"]
+
+
+@register_method
+class FedDB(FixMatchDPL):
+    """FixMatch-DPL clients, DMA aggregation (module docstring)."""
+
+    name = "feddb"
+    recorded_metrics = FixMatchDPL.recorded_metrics + ("dma-beta", "dma-loss-uniform", "dma-loss")
+    options = FixMatchDPL.options + (
+        Option("dma-loss", lambda v: v in DMA_LOSSES, f"one of {DMA_LOSSES}"),
+        Option("dma-steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
+        Option("dma-lr", lambda v: v > 0, "> 0"),
+    )
+
+    def aggregation(self) -> type | None:
+        """:class:`~fedul_flwr.strategies.dma.DebiasedModelAggregation` with this run's options."""
+        settings = {"app_u_key": APP_U, "dma_loss": self.option("dma-loss"), "dma_steps": self.option("dma-steps"),
+                    "dma_lr": float(self.option("dma-lr"))}  # fmt: skip
+        return type("DebiasedModelAggregation", (DebiasedModelAggregation,), settings)

@@ -1,0 +1,133 @@
+"""FixMatch on every client (FedAvg + FixMatch, the baseline framework of FedDB).
+
+Sohn et al., "FixMatch: Simplifying Semi-Supervised Learning with Consistency and
+Confidence", NeurIPS 2020, Eqs. 1-4; inside federated learning as in Zhu et al., "Debiasing
+Federated Semi-Supervised Learning" (FedDB), IJCAI 2024, Sec. 3.2.
+
+A client with labeled images (x_b, y_b) and unlabeled images u_b minimises, per step,
+
+    L = L_s + lambda * L_u,
+    L_s = 1/B sum_b CE(f(alpha(x_b)), y_b),
+    L_u = 1/(mu B) sum_b 1[max q_b >= tau] CE(f(A(u_b)), argmax q_b),
+
+with alpha the weak and A the strong augmentation (:mod:`fedul_flwr.augment`), q_b the
+pseudo-label distribution of u_b -- here the model's prediction on the weak view, without
+gradient (FixMatch) -- and tau the confidence threshold (``fixmatch-threshold``, 0.95),
+lambda = ``fixmatch-lambda`` (1), mu = ``fixmatch-mu`` (7) unlabeled images per labeled one.
+The labeled, weak and strong batches go through f in one forward pass (batch norm sees all).
+
+Choices:
+
+- **What an epoch is.** The labeled stream drives a local epoch: ceil(n_L / B) steps of B
+  labeled and mu B unlabeled images (the unlabeled stream is cycled). This is FixMatch's step
+  as written; FedDB's paper trains on full batches, impractical beyond toy sizes.
+- L_u is divided by mu B, masked images included (FixMatch, and FedDB's 1/N_u); FedDB's code
+  averages over the confident images only.
+- The run's ``augment`` does not apply: FixMatch's views are part of the method (weak for
+  labeled images, weak and strong for unlabeled ones).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedul_flwr.augment import Augmentation
+from fedul_flwr.config import Option
+from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
+
+__all__ = ["FixMatch", "unlabeled_loss"]
+
+
+def unlabeled_loss(strong_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """L_u: mean over the batch of mask * CE(strong logits, pseudo-label).
+
+    Parameters
+    ----------
+    strong_logits : torch.Tensor
+        ``[n, K]`` logits of the strong views.
+    targets : torch.Tensor
+        int64 ``[n]`` pseudo-labels.
+    mask : torch.Tensor
+        ``[n]`` 1 where the pseudo-label is kept, 0 where it is not (float or bool).
+
+    Returns
+    -------
+    torch.Tensor
+        Scalar; 0 for an empty batch.
+    """
+    if len(targets) == 0:
+        return strong_logits.sum() * 0
+    return (F.cross_entropy(strong_logits, targets, reduction="none") * mask.to(strong_logits.dtype)).mean()
+
+
+@register_method
+class FixMatch(Method):
+    """FixMatch on each client's labeled and unlabeled images (module docstring)."""
+
+    name = "fixmatch"
+    requires = ("labeled", "unlabeled")
+    setting = "labels-at-clients"
+    options = (
+        Option("fixmatch-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+        Option("fixmatch-lambda", lambda v: v >= 0, ">= 0"),
+        Option("fixmatch-mu", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+    )
+
+    def views(self, client: ClientData) -> tuple[Augmentation, Augmentation]:
+        """The weak and the strong augmentation of this client's images."""
+        side = client.image_shape[1]
+        return Augmentation("weak", side, self.cfg.dataset), Augmentation("strong", side, self.cfg.dataset)
+
+    def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
+        """The unlabeled images (``x``) with their weak and strong views; FixMatch computes
+        pseudo-labels per batch, so the stream carries nothing else. A subclass may drop the
+        weak view (its batches then forward only the strong one) and add tensors that
+        :meth:`pseudo_labels` reads."""
+        assert client.unlabeled is not None  # ``requires``
+        weak, strong = self.views(client)
+        size = self.option("fixmatch-mu") * self.cfg.batch_size
+        return Stream({"x": client.unlabeled}, size, images=(), views={"weak": ("x", weak), "strong": ("x", strong)})
+
+    def pseudo_labels(self, weak_logits: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pseudo-labels and mask of an unlabeled batch: argmax and max >= tau of the softmax
+        of the weak view (no gradient).
+
+        Parameters
+        ----------
+        weak_logits : torch.Tensor | None
+            ``[n, K]`` logits of the batch's weak views (None when the stream has none).
+        batch : dict[str, torch.Tensor]
+            The unlabeled batch.
+
+        Returns
+        -------
+        (torch.Tensor, torch.Tensor)
+            int64 ``[n]`` pseudo-labels and bool ``[n]`` mask.
+        """
+        assert weak_logits is not None  # FixMatch's stream has weak views
+        confidence, targets = F.softmax(weak_logits.detach(), dim=1).max(dim=1)
+        return targets, confidence >= self.option("fixmatch-threshold")
+
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
+        """Streams ``labeled`` (weak view, y; drives the epoch) and ``unlabeled`` (weak and
+        strong views); loss = L_s + lambda L_u (module docstring)."""
+        assert client.labeled is not None  # ``requires``
+        weak, _ = self.views(client)
+        labeled = Stream({"x": client.labeled.x, "y": client.labeled.y}, self.cfg.batch_size, images=(),
+                         views={"weak": ("x", weak)})  # fmt: skip
+        unlabeled = self.unlabeled_stream(client, models, ctx)
+        lam = float(self.option("fixmatch-lambda"))
+
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            lb, ub = batch["labeled"], batch["unlabeled"]
+            n_l, n_w = len(lb["y"]), len(ub["weak"]) if "weak" in ub else 0
+            parts = [lb["weak"], ub["weak"], ub["strong"]] if n_w else [lb["weak"], ub["strong"]]
+            logits = models["f"](torch.cat(parts))
+            supervised = F.cross_entropy(logits[:n_l], lb["y"])
+            targets, mask = self.pseudo_labels(logits[n_l : n_l + n_w] if n_w else None, ub)
+            return supervised + lam * unlabeled_loss(logits[n_l + n_w :], targets, mask)
+
+        return LocalTask({"labeled": labeled, "unlabeled": unlabeled}, loss)

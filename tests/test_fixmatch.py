@@ -1,0 +1,128 @@
+"""FixMatch, FedDB's debiased pseudo-labels (DPL) and debiased model aggregation (DMA), and
+the labels-at-clients setting they train on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedul_flwr.client_app import app as client_app
+from fedul_flwr.config import resolve_config
+from fedul_flwr.data import simulated
+from fedul_flwr.data.labels_at_clients import draw_labeled_pool, split_to_clients
+from fedul_flwr.data.partition import dirichlet_partition, iid_partition
+from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.methods.fixmatch.dpl import debias, debiased_pseudo_labels
+from fedul_flwr.methods.fixmatch.fixmatch import unlabeled_loss
+from fedul_flwr.server_app import run_federation
+from fedul_flwr.strategies.dma import dma_weights
+
+
+def test_debiased_posterior_is_eq14_by_hand() -> None:
+    """ptilde[y] = (p[y] / pbar[y]) / sum_k p[k] / pbar[k]; a class the clients over-predict
+    loses its pseudo-labels to the others."""
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.5, 0.1, 0.4], [0.96, 0.02, 0.02]])
+    app_u = torch.tensor([0.6, 0.2, 0.2])
+    got = debias(probs, app_u)
+    for row, p in zip(got.tolist(), probs.tolist(), strict=True):
+        ratios = [p[k] / float(app_u[k]) for k in range(3)]
+        assert row == pytest.approx([r / sum(ratios) for r in ratios], rel=1e-6)
+    targets, mask = debiased_pseudo_labels(probs, app_u, tau=0.8)
+    assert targets.tolist() == [0, 2, 0]  # row 1: 0.5 / 0.6 < 0.4 / 0.2, class 2 wins after debiasing
+    assert mask.tolist() == [False, False, True]  # 0.96/0.6 / (1.6 + 0.1 + 0.1) = 0.889 > 0.8
+    with pytest.raises(ValueError, match="APP-U must be > 0"):
+        debias(probs, torch.tensor([0.5, 0.5, 0.0]))
+
+
+def _hand_dma(p: np.ndarray, loss: str, steps: int, lr: float) -> np.ndarray:
+    """DMA by hand: gradients of ||beta P - u||_2 (P^T d / ||d||) or mean((beta P - u)^2) (2 P^T d / K)."""
+    s, k = p.shape
+    beta = np.full(s, 1.0 / s)
+    for _ in range(steps):
+        d = beta @ p - 1.0 / k
+        grad = p @ d / np.linalg.norm(d) if loss == "l2" else 2 * p @ d / k
+        z = beta - lr * grad
+        beta = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    return beta
+
+
+@pytest.mark.parametrize("loss", ["l2", "mse"])
+def test_dma_weights_equal_the_hand_iteration_sum_to_one_and_lower_the_loss(loss: str) -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        p = rng.dirichlet(np.full(10, 0.3), size=8)  # 8 clients' APP-U, strongly skewed
+        beta, start, end = dma_weights(p, loss=loss, steps=100, lr=1.0)
+        assert beta == pytest.approx(_hand_dma(p, loss, 100, 1.0), rel=1e-9)
+        assert beta.sum() == pytest.approx(1.0) and (beta > 0).all()
+        assert end <= start
+    # a client whose APP-U alone is uniform gets the largest weight
+    p = np.vstack([np.full(4, 0.25), [0.7, 0.1, 0.1, 0.1], [0.1, 0.7, 0.1, 0.1]])
+    beta, _, _ = dma_weights(p, loss="l2")
+    assert int(np.argmax(beta)) == 0
+    with pytest.raises(ValueError, match="dma-loss"):
+        dma_weights(p, loss="l1")
+
+
+def test_unlabeled_loss_masks_and_divides_by_the_whole_batch() -> None:
+    logits = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    targets, mask = torch.tensor([0, 1, 0]), torch.tensor([True, False, True])
+    ce = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    assert float(unlabeled_loss(logits, targets, mask)) == pytest.approx(float(ce[0] + ce[2]) / 3)
+
+
+def test_labeled_pool_is_class_balanced_and_partitioned_apart_from_the_unlabeled_pool() -> None:
+    labels = np.repeat(np.arange(10), 300)
+    pool = draw_labeled_pool(labels, 105, 10, np.random.default_rng(0))
+    assert np.bincount(labels[pool]).tolist() == [11] * 5 + [10] * 5
+    splits = split_to_clients(labels, 200, 10, lambda y, seed: dirichlet_partition(y, 4, 0.3, seed, min_partition_size=5),
+                              (1, 2, 3))  # fmt: skip
+    labeled = np.concatenate([s.labeled for s in splits])
+    assert len(labeled) == len(set(labeled)) == 200
+    assert np.bincount(labels[labeled]).tolist() == [20] * 10
+    for s in splits:  # the unlabeled part holds the client's labeled images too
+        assert set(s.labeled) <= set(s.unlabeled)
+    unlabeled_only = np.concatenate([np.setdiff1d(s.unlabeled, s.labeled) for s in splits])
+    assert len(unlabeled_only) == len(set(unlabeled_only)) == 3000 - 200
+    # independent partitions: a client's labeled and unlabeled class mixes differ
+    mixes = [(np.bincount(labels[s.labeled], minlength=10), np.bincount(labels[s.unlabeled], minlength=10)) for s in splits]
+    assert any(np.argmax(a) != np.argmax(b) for a, b in mixes)
+    with pytest.raises(ValueError, match="num-labeled=5 must be >= the 10 classes"):
+        draw_labeled_pool(labels, 5, 10, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="class 0 has 300 images, fewer than its 301 labels"):
+        draw_labeled_pool(labels, 3010, 10, np.random.default_rng(0))
+    same = split_to_clients(labels, 200, 10, lambda y, seed: iid_partition(y, 4, seed), (1, 2, 3))
+    again = split_to_clients(labels, 200, 10, lambda y, seed: iid_partition(y, 4, seed), (1, 2, 3))
+    assert all(np.array_equal(a.unlabeled, b.unlabeled) for a, b in zip(same, again, strict=True))
+
+
+def test_simulated_labels_at_clients_clients_of_the_embedded_sample() -> None:
+    cfg = resolve_config({"client-setting": "labels-at-clients", "num-labeled": 100})
+    client = simulated.load_client(cfg, 1, 4, frozenset({"labeled", "unlabeled"}))
+    assert client.labeled is not None and client.unlabeled is not None
+    assert len(client.labeled) == 25 and len(client.unlabeled) > 10 * len(client.labeled)
+    capped = resolve_config({"client-setting": "labels-at-clients", "num-labeled": 100, "samples-per-client": 300,
+                             "client-test-fraction": 0.1})  # fmt: skip
+    small = simulated.load_client(capped, 1, 4, frozenset({"labeled", "unlabeled"}))
+    assert small.test is not None and len(small.test) == 30 and len(small.unlabeled) == 270 + 25
+    bad = resolve_config({"client-setting": "labels-at-clients", "samples-per-client": 10**6})
+    with pytest.raises(ValueError, match="samples-per-client=1000000 but client 0 holds only"):
+        simulated.load_client(bad, 0, 4, frozenset({"labeled", "unlabeled"}))
+
+
+def test_feddb_federation_records_app_u_and_the_dma_weights(tmp_path: Path) -> None:
+    """Two rounds of FedDB on the embedded sample: the round's aggregated APP-U is a
+    distribution, beta has one weight per client and sums to 1, DMA lowered L_aggr."""
+    rc = {"output-dir": str(tmp_path), "run-name": "feddb", "num-rounds": 2, "method": "feddb",
+          "client-setting": "labels-at-clients", "num-labeled": 60, "batch-size": 8, "fixmatch-mu": 2,
+          "min-available-nodes": 3, "min-train-nodes": 3}  # fmt: skip
+    run_federation(InProcessGrid(client_app, 3, rc), resolve_config(rc))
+    rows = json.loads((tmp_path / "feddb" / "metrics.json").read_text())
+    for row in rows[1:]:
+        assert len(row["app-u"]) == 10 and sum(row["app-u"]) == pytest.approx(1.0, abs=1e-5)
+        assert len(row["dma-beta"]) == 3 and sum(row["dma-beta"]) == pytest.approx(1.0)
+        assert row["dma-loss"] <= row["dma-loss-uniform"]
+        assert 0.0 <= row["pseudo-label-share"] <= 1.0
