@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -260,6 +261,26 @@ def usets_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: 
     )
 
 
+def _labeled_and_unlabeled(
+    cfg: RunConfig, partition_id: int, num_partitions: int, labeled: np.ndarray, unlabeled: np.ndarray,
+    local_test: np.ndarray, **parts: Any,
+) -> ClientData:  # fmt: skip
+    """The ClientData of a simulated client with labeled rows (images and labels), unlabeled
+    rows (images only), a local test split and the setting's other ``parts``."""
+    data = load_run_dataset(cfg)
+    labeled_rows, unlabeled_rows = torch.from_numpy(labeled), torch.from_numpy(unlabeled)
+    return ClientData(
+        node=f"simulated partition {partition_id} of {num_partitions}",
+        class_names=data.class_names,
+        mean=data.mean,
+        std=data.std,
+        labeled=LabeledImages(data.train_x[labeled_rows], data.train_y[labeled_rows].clone()),
+        unlabeled=data.train_x[unlabeled_rows],
+        test=_local_test(cfg, local_test),
+        **parts,
+    )
+
+
 def _local_test(cfg: RunConfig, local_test: np.ndarray) -> LabeledImages | None:
     data = load_run_dataset(cfg)
     if not len(local_test):
@@ -312,18 +333,8 @@ def pu_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: fro
         "client %d/%d: positive classes %s, %d labeled + %d unlabeled images",
         partition_id, num_partitions, list(positives), len(split.labeled), len(split.unlabeled),
     )  # fmt: skip
-    labeled_rows, unlabeled_rows = torch.from_numpy(split.labeled), torch.from_numpy(split.unlabeled)
-    return ClientData(
-        node=f"simulated partition {partition_id} of {num_partitions}",
-        class_names=data.class_names,
-        mean=data.mean,
-        std=data.std,
-        labeled=LabeledImages(data.train_x[labeled_rows], data.train_y[labeled_rows].clone()),
-        unlabeled=data.train_x[unlabeled_rows],
-        positive_classes=positives,
-        class_prior=prior,
-        test=_local_test(cfg, local_test),
-    )
+    return _labeled_and_unlabeled(cfg, partition_id, num_partitions, split.labeled, split.unlabeled, local_test,
+                                  positive_classes=positives, class_prior=prior)  # fmt: skip
 
 
 @SETTINGS.register("labels-at-clients")
@@ -342,7 +353,6 @@ def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: 
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} out of range for num-partitions={num_partitions}")
-    data = load_run_dataset(cfg)
     split = labels_at_clients_splits(cfg, num_partitions)[partition_id]
     pooled = np.setdiff1d(split.unlabeled, split.labeled)  # its share of the unlabeled pool
     if cfg.samples_per_client > 0:
@@ -359,13 +369,4 @@ def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: 
     unlabeled = np.sort(np.concatenate([pooled, split.labeled]))
     log.info("client %d/%d: %d labeled + %d unlabeled images", partition_id, num_partitions, len(split.labeled),
              len(unlabeled))  # fmt: skip
-    labeled_rows, unlabeled_rows = torch.from_numpy(split.labeled), torch.from_numpy(unlabeled)
-    return ClientData(
-        node=f"simulated partition {partition_id} of {num_partitions}",
-        class_names=data.class_names,
-        mean=data.mean,
-        std=data.std,
-        labeled=LabeledImages(data.train_x[labeled_rows], data.train_y[labeled_rows].clone()),
-        unlabeled=data.train_x[unlabeled_rows],
-        test=_local_test(cfg, local_test),
-    )
+    return _labeled_and_unlabeled(cfg, partition_id, num_partitions, split.labeled, unlabeled, local_test)
