@@ -10,8 +10,9 @@
     labels (not cut by ``--max-set-size``), so a deployment can run the supervised reference.
     With ``client-setting=pu`` in ``--run-config`` the nodes are positive-unlabeled nodes
     (FedPU): ``labeled/`` (the labeled images of the node's positive classes), ``unlabeled/``
-    and ``class_prior.csv``, as the simulated PU client would hold them; ``--max-set-size``
-    then caps the labeled and the unlabeled part.
+    and ``class_prior.csv``, as the simulated PU client would hold them; with
+    ``client-setting=labels-at-clients`` (FixMatch, FedDB) ``labeled/`` and ``unlabeled/``;
+    ``--max-set-size`` then caps the labeled and the unlabeled part.
 ``validate``
     Check node folders against the run's dataset facts (class names, image shape) and print
     a summary: parts, sets, sizes, condition number of the prior matrix. Exit code 1 and the error
@@ -23,6 +24,7 @@ Examples::
         --run-config 'num-sets=10 seed=1'
     fedul-node-data write --out /tmp/nodes-sup --num-nodes 3 --labeled
     fedul-node-data write --out /tmp/nodes-pu --num-nodes 5 --run-config 'client-setting="pu" positive-classes="2"'
+    fedul-node-data write --out /tmp/nodes-ssl --num-nodes 3 --run-config 'client-setting="labels-at-clients"'
     fedul-node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
 """
 
@@ -90,8 +92,8 @@ def write_nodes(
     from fedul_flwr.data.simulated import client_usets, load_run_dataset
     from fedul_flwr.data.sources import run_dataset_info
 
-    if cfg.client_setting == "pu":
-        return _write_pu_nodes(cfg, Path(out), num_nodes, max_set_size)
+    if cfg.client_setting != "usets":
+        return _write_labeled_unlabeled_nodes(cfg, Path(out), num_nodes, max_set_size)
     data = load_run_dataset(cfg)
     info = run_dataset_info(cfg)
     paths = []
@@ -119,18 +121,18 @@ def write_nodes(
     return paths
 
 
-def _write_pu_nodes(cfg: RunConfig, out: Path, num_nodes: int, max_size: int | None) -> list[Path]:
-    """Positive-unlabeled node folders: node i holds what simulated PU client i holds
-    (:func:`fedul_flwr.data.simulated.pu_client`), each part cut to ``max_size`` random
-    images when given."""
-    from fedul_flwr.data.simulated import pu_client
+def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, max_size: int | None) -> list[Path]:
+    """Node folders with a labeled and an unlabeled part: node i holds what simulated client i
+    of the run's ``client-setting`` holds (positive-unlabeled: plus ``class_prior.csv``;
+    labels-at-clients: nothing else), each part cut to ``max_size`` random images when given."""
+    from fedul_flwr.data.simulated import SETTING_PARTS, load_client
     from fedul_flwr.data.sources import run_dataset_info
 
     info = run_dataset_info(cfg)
-    parts = frozenset({"labeled", "unlabeled", "positive-classes", "class-prior"})
+    parts = frozenset(SETTING_PARTS[cfg.client_setting])
     paths = []
     for i in range(num_nodes):
-        client = pu_client(cfg, i, num_nodes, parts)
+        client = load_client(cfg, i, num_nodes, parts)
         assert client.labeled is not None and client.unlabeled is not None
         rng = np.random.default_rng([cfg.seed, i])
 

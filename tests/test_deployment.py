@@ -267,3 +267,31 @@ def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> Non
     metrics = json.loads((runs / "pu" / "metrics.json").read_text())
     assert [row["round"] for row in metrics] == [0, 1, 2]
     assert all((d / "class_prior.csv").is_file() and (d / "unlabeled" / "images.npy").is_file() for d in node_dirs)
+
+
+def test_labels_at_clients_nodes_train_feddb_on_loopback(tmp_path: Path) -> None:
+    """Three node folders with a labeled and an unlabeled part (written by the node-data tool
+    from a simulated labels-at-clients split) behind three real SuperNodes: FedDB completes
+    2 rounds, each node uploading its APP-U, and the server's DMA weights the three replies."""
+    from fedul_flwr.config import resolve_config
+    from fedul_flwr.node_data import write_nodes
+
+    cfg = resolve_config({"client-setting": "labels-at-clients", "num-labeled": 60, "seed": 2})
+    node_dirs = write_nodes(cfg, tmp_path / "nodes", 3, max_set_size=120)
+    fed = _Federation(tmp_path, node_dirs)
+    try:
+        runs = tmp_path / "runs"
+        run_id = fed.submit(
+            f'method="feddb" num-rounds=2 batch-size=8 fixmatch-mu=2 min-available-nodes=3 min-train-nodes=3 '
+            f'device="cpu" output-dir="{runs}" run-name="feddb"'
+        )
+        status, log = fed.wait(run_id)
+    finally:
+        fed.close()
+    assert status == "finished:completed", log[-4000:]
+    assert re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log) == [("3", "0")] * 2, log[-4000:]
+    assert len(re.findall(r"DMA round \d: beta = \[[^\]]+\]", log)) == 2, log[-4000:]
+    metrics = json.loads((runs / "feddb" / "metrics.json").read_text())
+    assert [row["round"] for row in metrics] == [0, 1, 2]
+    assert all(len(row["app-u"]) == 10 and len(row["dma-beta"]) == 3 for row in metrics[1:])
+    assert all((d / "labeled" / "labels.npy").is_file() and not (d / "class_prior.csv").exists() for d in node_dirs)

@@ -113,13 +113,31 @@ def test_simulated_labels_at_clients_clients_of_the_embedded_sample() -> None:
         simulated.load_client(bad, 0, 4, frozenset({"labeled", "unlabeled"}))
 
 
+class _ReplyGrid(InProcessGrid):
+    """Keeps every reply the clients send."""
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        replies = list(super().pull_messages(message_ids))
+        self.replies.extend(replies)
+        return replies
+
+
 def test_feddb_federation_records_app_u_and_the_dma_weights(tmp_path: Path) -> None:
-    """Two rounds of FedDB on the embedded sample: the round's aggregated APP-U is a
-    distribution, beta has one weight per client and sums to 1, DMA lowered L_aggr."""
+    """Two rounds of FedDB on the embedded sample: a reply holds only f's arrays, APP-U and
+    scalar metrics; the round's aggregated APP-U is a distribution, beta has one weight per
+    client and sums to 1, DMA lowered L_aggr."""
     rc = {"output-dir": str(tmp_path), "run-name": "feddb", "num-rounds": 2, "method": "feddb",
           "client-setting": "labels-at-clients", "num-labeled": 60, "batch-size": 8, "fixmatch-mu": 2,
           "min-available-nodes": 3, "min-train-nodes": 3}  # fmt: skip
-    run_federation(InProcessGrid(client_app, 3, rc), resolve_config(rc))
+    grid = _ReplyGrid(client_app, 3, rc)
+    grid.replies = []
+    run_federation(grid, resolve_config(rc))
+    assert len(grid.replies) == 6
+    for reply in grid.replies:
+        assert set(reply.content.array_records) == {"arrays"}
+        assert all(key.startswith("f.") for key in reply.content["arrays"])
+        lists = {k for k, v in reply.content["metrics"].items() if isinstance(v, list)}
+        assert lists == {"app-u"} and len(reply.content["metrics"]["app-u"]) == 10
     rows = json.loads((tmp_path / "feddb" / "metrics.json").read_text())
     for row in rows[1:]:
         assert len(row["app-u"]) == 10 and sum(row["app-u"]) == pytest.approx(1.0, abs=1e-5)
