@@ -239,33 +239,41 @@ def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
         assert (tmp_path / "certs" / name).is_file()
 
 
-def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> None:
-    """Three positive-unlabeled node folders (labeled/, unlabeled/, class_prior.csv written by
-    the node-data tool from a simulated PU split) behind three real SuperNodes: FedPU with
-    its cross-client term completes 2 rounds with all three nodes training in each, after
-    the server has queried the three nodes for their positive classes."""
+def _two_rounds_on_simulated_nodes(tmp_path: Path, setting: dict, run_config: str, max_set_size: int) -> tuple[str, list[Path], list[dict]]:
+    """Write three node folders of a simulated ``setting`` with the node-data tool, run
+    ``run_config`` on them for 2 rounds behind a real SuperLink and three SuperNodes, check
+    that all three nodes trained in both rounds; returns the log, the folders and metrics.json."""
     from fedul_flwr.config import resolve_config
     from fedul_flwr.node_data import write_nodes
 
-    cfg = resolve_config({"client-setting": "pu", "positive-classes": "4", "seed": 3})
-    node_dirs = write_nodes(cfg, tmp_path / "nodes", 3, max_set_size=48)
+    node_dirs = write_nodes(resolve_config(setting), tmp_path / "nodes", 3, max_set_size=max_set_size)
     fed = _Federation(tmp_path, node_dirs)
+    runs = tmp_path / "runs"
     try:
-        runs = tmp_path / "runs"
-        run_id = fed.submit(
-            f'method="fedpu" fedpu-cross-client=true num-rounds=2 batch-size=16 min-available-nodes=3 min-train-nodes=3 device="cpu" '
-            f'output-dir="{runs}" run-name="pu"'
-        )
+        run_id = fed.submit(f'{run_config} num-rounds=2 min-available-nodes=3 min-train-nodes=3 device="cpu" '
+                            f'output-dir="{runs}" run-name="two-rounds"')  # fmt: skip
         status, log = fed.wait(run_id)
     finally:
         fed.close()
     assert status == "finished:completed", log[-4000:]
     per_round = re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log)
     assert per_round == [("3", "0")] * 2, log[-4000:]
+    metrics = json.loads((runs / "two-rounds" / "metrics.json").read_text())
+    assert [row["round"] for row in metrics] == [0, 1, 2]
+    return log, node_dirs, metrics
+
+
+def test_positive_unlabeled_nodes_train_fedpu_on_loopback(tmp_path: Path) -> None:
+    """Three positive-unlabeled node folders (labeled/, unlabeled/, class_prior.csv written by
+    the node-data tool from a simulated PU split) behind three real SuperNodes: FedPU with
+    its cross-client term completes 2 rounds with all three nodes training in each, after
+    the server has queried the three nodes for their positive classes."""
+    log, node_dirs, _ = _two_rounds_on_simulated_nodes(
+        tmp_path, {"client-setting": "pu", "positive-classes": "4", "seed": 3},
+        'method="fedpu" fedpu-cross-client=true batch-size=16', max_set_size=48,
+    )  # fmt: skip
     announced = re.findall(r"fedpu-cross-client: positive classes of nodes \[(.*?)\]", log)
     assert len(announced) == 1 and len(announced[0].split(",")) == 3, log[-4000:]
-    metrics = json.loads((runs / "pu" / "metrics.json").read_text())
-    assert [row["round"] for row in metrics] == [0, 1, 2]
     assert all((d / "class_prior.csv").is_file() and (d / "unlabeled" / "images.npy").is_file() for d in node_dirs)
 
 
@@ -273,25 +281,10 @@ def test_labels_at_clients_nodes_train_feddb_on_loopback(tmp_path: Path) -> None
     """Three node folders with a labeled and an unlabeled part (written by the node-data tool
     from a simulated labels-at-clients split) behind three real SuperNodes: FedDB completes
     2 rounds, each node uploading its APP-U, and the server's DMA weights the three replies."""
-    from fedul_flwr.config import resolve_config
-    from fedul_flwr.node_data import write_nodes
-
-    cfg = resolve_config({"client-setting": "labels-at-clients", "num-labeled": 60, "seed": 2})
-    node_dirs = write_nodes(cfg, tmp_path / "nodes", 3, max_set_size=120)
-    fed = _Federation(tmp_path, node_dirs)
-    try:
-        runs = tmp_path / "runs"
-        run_id = fed.submit(
-            f'method="feddb" num-rounds=2 batch-size=8 fixmatch-mu=2 min-available-nodes=3 min-train-nodes=3 '
-            f'device="cpu" output-dir="{runs}" run-name="feddb"'
-        )
-        status, log = fed.wait(run_id)
-    finally:
-        fed.close()
-    assert status == "finished:completed", log[-4000:]
-    assert re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log) == [("3", "0")] * 2, log[-4000:]
+    log, node_dirs, metrics = _two_rounds_on_simulated_nodes(
+        tmp_path, {"client-setting": "labels-at-clients", "num-labeled": 60, "seed": 2},
+        'method="feddb" batch-size=8 fixmatch-mu=2', max_set_size=120,
+    )  # fmt: skip
     assert len(re.findall(r"DMA round \d: beta = \[[^\]]+\]", log)) == 2, log[-4000:]
-    metrics = json.loads((runs / "feddb" / "metrics.json").read_text())
-    assert [row["round"] for row in metrics] == [0, 1, 2]
     assert all(len(row["app-u"]) == 10 and len(row["dma-beta"]) == 3 for row in metrics[1:])
     assert all((d / "labeled" / "labels.npy").is_file() and not (d / "class_prior.csv").exists() for d in node_dirs)
