@@ -1,4 +1,4 @@
-"""Classifiers f: a small CPU-friendly CNN, the paper's MNIST CNN and a CIFAR ResNet-18.
+"""Classifiers f: a small CPU-friendly CNN, the paper's MNIST CNN, a CIFAR ResNet-18 and WRN-28-2.
 
 FedUL trains f through a fixed transition layer, but what is exchanged, aggregated and
 finally used for prediction is f alone (Lu et al., ICLR 2022, Sec. 3). Every model maps
@@ -10,6 +10,8 @@ images ``[B, C, H, W]`` (float32, normalised) to class logits ``[B, K]``.
   6272-2048-512-K with BN (~14.2M parameters on MNIST).
 - ``resnet18``: App. D, Table D.3: torchvision's ResNet-18 with a 3x3 stride-1 stem and no
   max-pool (the usual CIFAR adaptation), trained from scratch.
+- ``wrn-28-2``: Wide ResNet 28-2 (Zagoruyko and Komodakis, BMVC 2016), the model of FixMatch's
+  and FedDB's CIFAR experiments (~1.47M parameters); torchvision has no CIFAR-style WRN.
 """
 
 from __future__ import annotations
@@ -100,6 +102,64 @@ def cifar_resnet18(in_channels: int, num_classes: int, image_size: int = 32) -> 
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model
+
+
+class _WideBasic(nn.Module):
+    """Pre-activation basic block of a Wide ResNet: BN-ReLU-Conv3x3-BN-ReLU-Conv3x3 + shortcut
+    (a 1x1 convolution when the shape changes)."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.bn1, self.conv1 = nn.BatchNorm2d(cin, momentum=0.001), nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn2, self.conv2 = nn.BatchNorm2d(cout, momentum=0.001), nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.act = nn.LeakyReLU(0.1, inplace=True)
+        self.shortcut = None if cin == cout and stride == 1 else nn.Conv2d(cin, cout, 1, stride, 0, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, cin, H, W]`` -> ``[B, cout, H / stride, W / stride]``."""
+        pre = self.act(self.bn1(x))
+        out = self.conv2(self.act(self.bn2(self.conv1(pre))))
+        return out + (x if self.shortcut is None else self.shortcut(pre))
+
+
+@MODELS.register("wrn-28-2")
+class WideResNet(nn.Module):
+    """Wide ResNet WRN-d-k (Zagoruyko and Komodakis, BMVC 2016) as FixMatch uses it (Sohn et
+    al., NeurIPS 2020, App. B; LeakyReLU 0.1, batch-norm momentum 0.001): Conv3x3(C, 16) ->
+    3 groups of (d - 4) / 6 pre-activation blocks with 16k, 32k, 64k channels (strides 1, 2,
+    2) -> BN-ReLU -> global average pool -> FC(64k, K). Default d = 28, k = 2 (~1.47M
+    parameters on CIFAR-10).
+
+    Raises
+    ------
+    ValueError
+        If (depth - 4) is not a multiple of 6.
+    """
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, depth: int = 28, widen: int = 2) -> None:
+        super().__init__()
+        if (depth - 4) % 6:
+            raise ValueError(f"WRN depth {depth}: (depth - 4) must be a multiple of 6")
+        blocks, widths = (depth - 4) // 6, [16, 16 * widen, 32 * widen, 64 * widen]
+        layers: list[nn.Module] = [nn.Conv2d(in_channels, widths[0], 3, 1, 1, bias=False)]
+        for group, stride in zip(range(3), (1, 2, 2), strict=True):
+            for b in range(blocks):
+                layers.append(_WideBasic(widths[group] if b == 0 else widths[group + 1], widths[group + 1],
+                                         stride if b == 0 else 1))  # fmt: skip
+        layers += [nn.BatchNorm2d(widths[3], momentum=0.001), nn.LeakyReLU(0.1, inplace=True),
+                   nn.AdaptiveAvgPool2d(1), nn.Flatten()]  # fmt: skip
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(widths[3], num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="leaky_relu")
+            elif isinstance(m, nn.Linear):
+                nn.init.xavier_normal_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` -> logits ``[B, K]``."""
+        return self.classifier(self.features(x))
 
 
 def build_model(name: str, in_channels: int, num_classes: int, image_size: int, *, seed: int | None = None) -> nn.Module:
