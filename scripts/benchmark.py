@@ -98,6 +98,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fedul_flwr.acceleration import Acceleration, native_bf16  # noqa: E402
+from fedul_flwr.augment import build_augmentation  # noqa: E402
 from fedul_flwr.checkpoint import save_checkpoint  # noqa: E402
 from fedul_flwr.config import RunConfig, resolve_config  # noqa: E402
 from fedul_flwr.data.client_data import ClientData  # noqa: E402
@@ -105,12 +106,13 @@ from fedul_flwr.data.datasets import normalize  # noqa: E402
 from fedul_flwr.data.simulated import load_client, load_run_dataset  # noqa: E402
 from fedul_flwr.methods import Method, RoundContext, get_method  # noqa: E402
 from fedul_flwr.methods.base import Predictor  # noqa: E402
+from fedul_flwr.models import build_model  # noqa: E402
 from fedul_flwr.runtime import loop_acceleration  # noqa: E402
 from fedul_flwr.server_app import global_models  # noqa: E402
 from fedul_flwr.training import LocalLoop, evaluate  # noqa: E402
 from tests.flower_harness import process_tree  # noqa: E402  (the process-tree walk the tests use)
 
-SECTIONS = ("loop", "qc", "client", "flower", "scale", "gpu")
+SECTIONS = ("loop", "augment", "qc", "client", "flower", "scale", "gpu")
 State = dict[str, torch.Tensor]
 
 
@@ -378,7 +380,6 @@ def bare_round(
     """
     cfg = method.cfg
     acc = acceleration if acceleration is not None else loop_acceleration(cfg, fed.device)
-    trained = [spec.name for spec in method.model_specs() if spec.trained]
     states, weights, samples = [], [], 0
     for pid, client in enumerate(fed.clients):
         fed.models.load_state_dict(global_state)
@@ -387,8 +388,9 @@ def bare_round(
         loop = LocalLoop(
             epochs, cfg.lr_of(server_round), cfg.l1_weight, cfg.local_optimizer, ctx.batch_seed, fed.device,
             client.to_input, acceleration=acc, momentum=cfg.local_momentum,
+            augment=build_augmentation(cfg.augment, client.image_shape[1], cfg.dataset),
         )  # fmt: skip
-        result = loop.run(fed.models, method.local_task(client, fed.models, ctx), trained=trained)
+        result = method.local_update(client, fed.models, ctx, loop)
         states.append({k: v.detach().clone() for k, v in fed.models.state_dict().items()})
         weights.append(result.num_examples if cfg.aggregation_weights == "num-examples" else 1.0)
         samples += result.num_examples * epochs
@@ -513,6 +515,72 @@ def section_loop(args: argparse.Namespace) -> dict[str, Any]:
         say(f"loop {model} ({samples} images/round): " + ", ".join(
             f"{n} [{row[n]['settings']}] {row[n]['images-per-s']:.0f} img/s x{row[n][f'speedup-over-{names[0]}']:.2f}"
             for n in variants))  # fmt: skip
+    return out
+
+
+# --------------------------------------------------------------------------- augment
+
+
+def section_augment(args: argparse.Namespace) -> dict[str, Any]:
+    """FixMatch's augmentation against the model's work: (1) one step's weak and strong views
+    (B labeled + mu B unlabeled images) against the small CNN's forward + backward on them;
+    (2) whole local rounds of FixMatch, FixMatch-DPL and supervised FedAvg on the labeled
+    images (weakly augmented) over the same labels-at-clients clients, interleaved."""
+    from fedul_flwr.augment import Augmentation
+
+    base = {"dataset": args.dataset, "data-dir": args.data_dir, "model": args.model, "client-setting": "labels-at-clients",
+            "num-labeled": args.augment_labels, "samples-per-client": args.samples_per_client,
+            "batch-size": args.augment_batch, "local-optimizer": "sgd", "lr": 0.03, "local-momentum": 0.9,
+            "augment": "weak"}  # fmt: skip
+    cfg = resolve_config(base)
+    data = load_run_dataset(cfg)
+    side, mu = data.image_size, cfg.option("fixmatch-mu")
+    weak, strong = Augmentation("weak", side, cfg.dataset), Augmentation("strong", side, cfg.dataset)
+    g = torch.Generator().manual_seed(0)
+    b = cfg.batch_size
+    labeled, unlabeled = data.train_x[:b], data.train_x[b : b + mu * b]
+    model = build_model(cfg.model, data.in_channels, data.num_classes, side, seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9)
+    to_input = functools.partial(normalize, mean=data.mean, std=data.std)
+    step = {"weak views": [], "strong views": [], "forward + backward": []}
+    for _ in range(args.repeats + 1):  # the first repeat warms up, untimed
+        t0 = time.perf_counter()
+        views = [weak(labeled, g), weak(unlabeled, g)]
+        t1 = time.perf_counter()
+        views.append(strong(unlabeled, g))
+        t2 = time.perf_counter()
+        loss = model(to_input(torch.cat(views))).logsumexp(1).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t3 = time.perf_counter()
+        for key, value in zip(step, (t1 - t0, t2 - t1, t3 - t2), strict=True):
+            step[key].append(value)
+    step = {k: v[1:] for k, v in step.items()}
+    augmentation = median([w + s for w, s in zip(step["weak views"], step["strong views"], strict=True)])
+    out: dict[str, Any] = {
+        "setting": {"dataset": cfg.dataset, "model": cfg.model, "B": b, "mu": mu, "threads": torch.get_num_threads(),
+                    "clients": args.augment_clients, "num-labeled": cfg.num_labeled, "repeats": args.repeats},
+        "step-s": step,
+        "median-step-s": {k: median(v) for k, v in step.items()},
+        "augmentation-over-forward-backward": augmentation / median(step["forward + backward"]),
+    }  # fmt: skip
+    say(f"augment: one step of {b} + {mu * b} images: " + ", ".join(f"{k} {median(v) * 1e3:.0f} ms" for k, v in step.items()))
+    methods = {name: get_method(name)(resolve_config({**base, "method": name}))
+               for name in ("supervised", "fixmatch", "fixmatch-dpl")}  # fmt: skip
+    fed = build_federation(methods["fixmatch"].cfg, args.augment_clients, torch.device("cpu"), list(methods.values()))
+    times: dict[str, list[float]] = {n: [] for n in methods}
+    for rep in range(args.repeats + 1):
+        for name, method in methods.items():
+            start = time.perf_counter()
+            bare_round(fed, method, fed.initial, 1)
+            if rep:
+                times[name].append(time.perf_counter() - start)
+    out["round-s"] = times
+    out["median-round-s"] = {n: median(t) for n, t in times.items()}
+    out["round-cost-over-supervised"] = {n: median(t) / median(times["supervised"]) for n, t in times.items()}
+    say("augment: local round of " + f"{args.augment_clients} clients: " + ", ".join(
+        f"{n} {median(t):.2f}s (x{out['round-cost-over-supervised'][n]:.1f})" for n, t in times.items()))  # fmt: skip
     return out
 
 
@@ -1071,6 +1139,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--loop-clients", type=int, default=5, help="clients of a loop-section round")
     p.add_argument("--loop-samples", default="resnet18:256",
                    help="model:n caps of the images per client in the loop section (others: --samples-per-client)")
+    p.add_argument("--augment-batch", type=int, default=16, help="B of the augment section (labeled images per step)")
+    p.add_argument("--augment-labels", type=int, default=1000, help="num-labeled of the augment section's clients")
+    p.add_argument("--augment-clients", type=int, default=4, help="clients of the augment section's rounds")
     p.add_argument("--client-images", type=int, default=32, help="images of the client in the client section")
     p.add_argument("--client-calls", type=int, default=7, help="timed ClientApp calls per model in the client section")
     p.add_argument("--client-models", default="small-cnn,paper-cnn,resnet18")
@@ -1136,6 +1207,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     say(f"benchmark: {results['machine']}")
     sections: dict[str, Callable[[], dict[str, Any]]] = {
         "loop": lambda: section_loop(args),
+        "augment": lambda: section_augment(args),
         "qc": lambda: section_qc(args),
         "client": lambda: section_client(args),
         "flower": lambda: section_flower(args, workdir),
