@@ -100,7 +100,7 @@ FEDDB_ROWS: list[tuple[str, dict[str, Any]]] = [
     ("Dir(0.3)", {"partition": "dirichlet", "dirichlet-alpha": 0.3}),
     ("Dir(0.1)", {"partition": "dirichlet", "dirichlet-alpha": 0.1}),
 ]
-FEDDB_CLIENTS = {"cpu": 20, "paper": 100}
+FEDDB_PROTOCOLS = {"cpu": ("feddb-cpu", 20), "paper": ("feddb", 100)}  # profile -> (preset, clients)
 ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation")
 """Grids rendered in % test accuracy (the FedPU paper's unit); the others in % test error."""
 
@@ -174,28 +174,25 @@ class Profile:
     by_dataset: dict[str, dict[str, Any]] = field(default_factory=dict)
     # preset -> extra overrides, applied after the others (another method's protocol)
     by_preset: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # presets whose own values beat this profile's overrides (a protocol of another method,
+    # complete in its preset)
+    preset_first: tuple[str, ...] = ()
 
 
 PROFILES = {
     "cpu": Profile({"model": "small-cnn", "num-rounds": 8, "lr": 0.001, "batch-size": 128, "local-epochs": 1,
                     "device": "cpu"}, seeds=(0,),
                    by_preset={"fedpu": {"num-rounds": 12, "batch-size": 100, "local-optimizer": "adam",
-                                        "local-momentum": 0.0, "lr-decay": 1.0, "lr": 0.001},
-                              # FedDB on 2 cores: Fashion-MNIST, 20 clients (half per round), 1000
-                              # labels, each client's share of the unlabeled pool cut to 1000
-                              # images, 1 local epoch of batches of 16 (+ 112 unlabeled)
-                              "feddb": {"dataset": "fashion-mnist", "model": "small-cnn", "num-labeled": 1000,
-                                        "samples-per-client": 1000,
-                                        "fraction-train": 0.5, "num-rounds": 100, "local-epochs": 1,
-                                        "batch-size": 16, "lr": 0.03}}),
+                                        "local-momentum": 0.0, "lr-decay": 1.0, "lr": 0.001}},
+                   preset_first=("feddb-cpu",)),
     "paper": Profile({"model": "paper-cnn", "num-rounds": 100, "lr": 0.0001, "batch-size": 128, "local-epochs": 1,
                       "device": "auto"}, seeds=(0, 1, 2),
                      l1_by_sets={"*": {"10": 1e-5, "20": 5e-5, "30": 2e-6, "40": 2e-6},
                                  "cifar10": {"10": 2e-5, "20": 1e-5, "30": 4e-6, "40": 4e-6}},
                      by_dataset={"cifar10": {"model": "resnet18"}},
                      by_preset={"fedpu": {"model": "small-cnn", "num-rounds": 200, "lr": 0.01, "l1-weight": 0.0},
-                                "feddb": {"model": "wrn-28-2", "num-rounds": 800, "lr": 0.03, "batch-size": 64,
-                                          "local-epochs": 5, "l1-weight": 0.0}}),
+                                "feddb": {"l1-weight": 0.0}},
+                     preset_first=("feddb",)),
 }  # fmt: skip
 
 # --------------------------------------------------------------------------- grids
@@ -368,8 +365,8 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
     if name in FEDPU_ROWS:
         return fedpu_specs(name, seeds)
     if name == "feddb-ablation":
-        clients = FEDDB_CLIENTS[args.profile]
-        return [RunSpec(name, row, column, "*", s, clients, "feddb", {**row_over, **col_over})
+        preset, clients = FEDDB_PROTOCOLS[args.profile]
+        return [RunSpec(name, row, column, "*", s, clients, preset, {**row_over, **col_over})
                 for row, row_over in FEDDB_ROWS for column, col_over in FEDDB_COLUMNS.items() for s in seeds]  # fmt: skip
     if name == "loop-check":  # the loop's execution settings must not cost accuracy
         row = {"dataset": "mnist", "partition": "iid", "num-sets": 10}
@@ -411,6 +408,8 @@ def run_config_of(spec: RunSpec, profile: Profile, data_dir: str, out_dir: Path,
     l1 = profile.l1_by_sets.get(dataset, profile.l1_by_sets.get("*", {}))
     if l1:  # Table D.4 has 10 / 20 / 30 sets; 40 takes the 30 column
         values["l1-weight"] = l1.get(str(spec.overrides.get("num-sets", values["num-sets"])).split(",")[0], 0.0)
+    if spec.preset in profile.preset_first:
+        values.update(load_preset(spec.preset))
     values.update(profile.by_preset.get(spec.preset, {}))
     values.update(spec.overrides)
     values.update({"seed": spec.seed, "preset": "", "output-dir": str(out_dir / "runs"), "run-name": spec.run_id})
