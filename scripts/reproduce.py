@@ -643,8 +643,8 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
     text = [
         f"## {grid} ({profile_name} profile)",
         "",
-        f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper] "
-        f"for {sub_name} = {subs}; mean (std) over seeds when there are several.",
+        f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper]"
+        + (f" for {sub_name} = {subs}" if subs else "") + "; mean (std) over seeds when there are several.",
         "",
         f"### Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
         "",
