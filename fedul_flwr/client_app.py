@@ -77,8 +77,8 @@ def _client(msg: Message, context: Context) -> _Client:
 
 
 @functools.lru_cache(maxsize=8)
-def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str) -> nn.Module:
-    return build_model(arch, channels, classes, size).to(device)
+def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str, width: float) -> nn.Module:
+    return build_model(arch, channels, classes, size, width=width).to(device)
 
 
 def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
@@ -94,7 +94,8 @@ def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
     specs = c.method.model_specs()
     models = nn.ModuleDict()
     for spec in specs:
-        models[spec.name] = _module(spec.name, spec.arch or c.cfg.model, channels, c.data.num_classes, size, str(c.device))
+        models[spec.name] = _module(spec.name, spec.arch or c.cfg.model, channels, c.data.num_classes, size, str(c.device),
+                                    spec.width)  # fmt: skip
     exchanged = nn.ModuleDict({s.name: models[s.name] for s in specs if s.exchanged})
     exchanged.load_state_dict(msg.content[wire.ARRAYS].to_torch_state_dict())
     for index, spec in enumerate(specs):
@@ -105,7 +106,7 @@ def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
             else:
                 arch = spec.arch or c.cfg.model
                 seed = model_seed(c.cfg.seed, index, c.key)
-                weights = build_model(arch, channels, c.data.num_classes, size, seed=seed).state_dict()
+                weights = build_model(arch, channels, c.data.num_classes, size, seed=seed, width=spec.width).state_dict()
             models[spec.name].load_state_dict(weights)
     return models
 

@@ -5,17 +5,21 @@ finally used for prediction is f alone (Lu et al., ICLR 2022, Sec. 3). Every mod
 images ``[B, C, H, W]`` (float32, normalised) to class logits ``[B, K]``.
 
 - ``small-cnn`` (default): LeNet, the MNIST backbone of the paper's Sec. 4.1 (2 conv layers
-  with 20 and 50 channels, 5x5, + FC 500; ~0.43M parameters); fast on a CPU.
+  with 20 and 50 channels, 5x5, + FC 500; ~0.43M parameters); fast on a CPU. Takes a width
+  factor (HASSLE's residual models: 1/4 of the channels).
 - ``paper-cnn``: App. D, Table D.2: 3 conv (64, 64, 128 channels, 5x5, BN) + FC
   6272-2048-512-K with BN (~14.2M parameters on MNIST).
 - ``resnet18``: App. D, Table D.3: torchvision's ResNet-18 with a 3x3 stride-1 stem and no
   max-pool (the usual CIFAR adaptation), trained from scratch.
+- ``resnet8``: the CIFAR ResNet-8 of He et al. (CVPR 2016; 3 stages of one basic block,
+  16/32/64 channels, ~78k parameters), HASSLE's CIFAR model; takes a width factor.
 - ``wrn-28-2``: Wide ResNet 28-2 (Zagoruyko and Komodakis, BMVC 2016), the model of FixMatch's
   and FedDB's CIFAR experiments (~1.47M parameters); torchvision has no CIFAR-style WRN.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -23,9 +27,15 @@ from torch import nn
 
 from fedul_flwr.registry import Registry
 
-ModelFactory = Callable[[int, int, int], nn.Module]
+ModelFactory = Callable[..., nn.Module]
 MODELS: Registry[ModelFactory] = Registry("model")
-"""Model factories ``(in_channels, num_classes, image_size) -> nn.Module`` by name."""
+"""Model factories ``(in_channels, num_classes, image_size[, width]) -> nn.Module`` by name;
+those with a ``width`` keyword scale their channels by it."""
+
+
+def _scaled(channels: int, width: float) -> int:
+    """``channels * width`` rounded, at least 1."""
+    return max(1, int(round(channels * width)))
 
 
 @MODELS.register("small-cnn")
@@ -33,24 +43,26 @@ class SmallCNN(nn.Module):
     """LeNet (LeCun et al., 1998; the Caffe variant), the MNIST backbone named in the paper's
     Sec. 4.1: Conv(C,20,5)-MaxPool(2)-ReLU-Conv(20,50,5)-MaxPool(2)-ReLU-FC(50*s*s,500)-ReLU-
     FC(500,K), with s = ((H-4)/2-4)/2 (4 on 28x28 inputs, 5 on 32x32). ~0.43M parameters on
-    MNIST; no batch norm, so FedAvg has no running statistics to average."""
+    MNIST; no batch norm, so FedAvg has no running statistics to average. ``width`` scales
+    the 20, 50 and 500 units (rounded, at least 1)."""
 
-    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width: float = 1.0) -> None:
         super().__init__()
         side = ((image_size - 4) // 2 - 4) // 2
+        c1, c2, hidden = _scaled(20, width), _scaled(50, width), _scaled(500, width)
         self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 20, 5),
+            nn.Conv2d(in_channels, c1, 5),
             nn.MaxPool2d(2),
             nn.ReLU(inplace=True),
-            nn.Conv2d(20, 50, 5),
+            nn.Conv2d(c1, c2, 5),
             nn.MaxPool2d(2),
             nn.ReLU(inplace=True),
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(50 * side * side, 500),
+            nn.Linear(c2 * side * side, hidden),
             nn.ReLU(inplace=True),
-            nn.Linear(500, num_classes),
+            nn.Linear(hidden, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -102,6 +114,47 @@ def cifar_resnet18(in_channels: int, num_classes: int, image_size: int = 32) -> 
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
     model.maxpool = nn.Identity()
     return model
+
+
+class _BasicBlock(nn.Module):
+    """ResNet basic block: Conv3x3-BN-ReLU-Conv3x3-BN + shortcut (1x1 conv + BN when the shape
+    changes), ReLU."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+            nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout),
+        )  # fmt: skip
+        self.shortcut = (
+            nn.Identity() if cin == cout and stride == 1
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+        )  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, cin, H, W]`` -> ``[B, cout, H / stride, W / stride]``."""
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+@MODELS.register("resnet8")
+class ResNet8(nn.Module):
+    """CIFAR ResNet-8 (He et al., CVPR 2016, Sec. 4.2 with n = 1): Conv3x3(C, 16)-BN-ReLU -> one
+    basic block each at 16, 32, 64 channels (strides 1, 2, 2) -> global average pool -> FC(64, K);
+    ~78k parameters on CIFAR-10. ``width`` scales every channel count (rounded, at least 1)."""
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int, width: float = 1.0) -> None:
+        super().__init__()
+        c = [_scaled(n, width) for n in (16, 32, 64)]
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, c[0], 3, 1, 1, bias=False), nn.BatchNorm2d(c[0]), nn.ReLU(inplace=True),
+            _BasicBlock(c[0], c[0], 1), _BasicBlock(c[0], c[1], 2), _BasicBlock(c[1], c[2], 2),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )  # fmt: skip
+        self.classifier = nn.Linear(c[2], num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[B, C, H, W]`` -> logits ``[B, K]``."""
+        return self.classifier(self.features(x))
 
 
 class _WideBasic(nn.Module):
@@ -162,7 +215,9 @@ class WideResNet(nn.Module):
         return self.classifier(self.features(x))
 
 
-def build_model(name: str, in_channels: int, num_classes: int, image_size: int, *, seed: int | None = None) -> nn.Module:
+def build_model(
+    name: str, in_channels: int, num_classes: int, image_size: int, *, seed: int | None = None, width: float = 1.0
+) -> nn.Module:
     """Build a classifier by name.
 
     Parameters
@@ -175,6 +230,8 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int, 
         Seed of the initial weights: they are drawn inside :func:`torch.random.fork_rng`
         from ``torch.manual_seed(seed)``, so the same seed gives the same weights and torch's
         global RNG is left as it was. ``None``: torch's global RNG.
+    width : float
+        Channel width factor (> 0) for the models that take one (``small-cnn``, ``resnet8``).
 
     Returns
     -------
@@ -187,15 +244,20 @@ def build_model(name: str, in_channels: int, num_classes: int, image_size: int, 
         On an unknown name (lists the valid ones).
     ValueError
         On an image size the CNNs cannot take (paper-cnn: not divisible by 4; small-cnn:
-        below 16).
+        below 16), or a width other than 1 for a model without a width factor.
     """
     factory = MODELS.get(name)
+    kwargs: dict[str, float] = {}
+    if width != 1.0:
+        if not width > 0 or "width" not in inspect.signature(factory).parameters:
+            raise ValueError(f"model={name!r} cannot take width={width} (width factors: small-cnn, resnet8; > 0)")
+        kwargs["width"] = width
     if name == "paper-cnn" and image_size % 4:
         raise ValueError(f"model={name!r} needs an image size divisible by 4, got {image_size}")
     if name == "small-cnn" and image_size < 16:
         raise ValueError(f"model={name!r} needs images of at least 16x16, got {image_size}")
     if seed is None:
-        return factory(in_channels, num_classes, image_size)
+        return factory(in_channels, num_classes, image_size, **kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return factory(in_channels, num_classes, image_size)
+        return factory(in_channels, num_classes, image_size, **kwargs)

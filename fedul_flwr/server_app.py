@@ -37,7 +37,8 @@ def global_models(cfg: RunConfig, method: Method, channels: int, classes: int, s
     :func:`~fedul_flwr.runtime.model_seed` of (seed, i): the same seed, the same weights)."""
     specs = [s for s in method.model_specs() if s.exchanged]
     return nn.ModuleDict(
-        {s.name: build_model(s.arch or cfg.model, channels, classes, size, seed=model_seed(cfg.seed, i)) for i, s in enumerate(specs)}
+        {s.name: build_model(s.arch or cfg.model, channels, classes, size, seed=model_seed(cfg.seed, i), width=s.width)
+         for i, s in enumerate(specs)}  # fmt: skip
     )
 
 

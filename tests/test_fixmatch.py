@@ -145,12 +145,3 @@ def test_feddb_federation_records_app_u_and_the_dma_weights(tmp_path: Path) -> N
         assert row["dma-loss"] <= row["dma-loss-uniform"]
         assert 0.0 <= row["pseudo-label-share"] <= 1.0
 
-
-def test_wrn_28_2_has_fixmatchs_size_and_takes_both_image_sizes() -> None:
-    from fedul_flwr.models import build_model
-
-    model = build_model("wrn-28-2", 3, 10, 32, seed=0)
-    assert sum(p.numel() for p in model.parameters()) == 1_467_610  # FixMatch's WRN-28-2: 1.47M
-    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
-    assert build_model("wrn-28-2", 1, 10, 28, seed=0)(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
-    assert torch.equal(build_model("wrn-28-2", 3, 10, 32, seed=0).classifier.weight, model.classifier.weight)

@@ -80,6 +80,8 @@ class ModelSpec:
         a seed of (run seed, node key, model) in the node's first round.
     trained : bool
         Optimised by the local loop.
+    width : float
+        Channel width factor of the architecture (> 0; e.g. HASSLE's residual models at 1/4).
 
     Raises
     ------
@@ -92,10 +94,13 @@ class ModelSpec:
     exchanged: bool = True
     kept: bool = False
     trained: bool = True
+    width: float = 1.0
 
     def __post_init__(self) -> None:
         if self.exchanged == self.kept:
             raise ValueError(f"model {self.name!r}: exactly one of exchanged / kept must be set")
+        if not self.width > 0:
+            raise ValueError(f"model {self.name!r}: width {self.width} must be > 0")
         if not self.name or "." in self.name:
             raise ValueError(f"model name {self.name!r} must be non-empty and contain no '.'")
 

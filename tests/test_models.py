@@ -1,0 +1,36 @@
+"""The model registry: sizes of the named architectures, width factors, seeded weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedul_flwr.methods.base import ModelSpec
+from fedul_flwr.models import build_model
+
+
+def _size(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_wrn_28_2_has_fixmatchs_size_and_takes_both_image_sizes() -> None:
+    model = build_model("wrn-28-2", 3, 10, 32, seed=0)
+    assert _size(model) == 1_467_610  # FixMatch's WRN-28-2: 1.47M
+    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert build_model("wrn-28-2", 1, 10, 28, seed=0)(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    assert torch.equal(build_model("wrn-28-2", 3, 10, 32, seed=0).classifier.weight, model.classifier.weight)
+
+
+def test_resnet8_and_width_factors() -> None:
+    """ResNet-8 is ~78k parameters on CIFAR-10; a width of 1/4 scales every channel count
+    (LeNet: 20, 50, 500 units -> 5, 12, 125), so the model is about 1/16 as large."""
+    full, quarter = build_model("resnet8", 3, 10, 32, seed=0), build_model("resnet8", 3, 10, 32, seed=0, width=0.25)
+    assert _size(full) == 78_042 and quarter(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+    assert 10 < _size(full) / _size(quarter) < 20
+    lenet = build_model("small-cnn", 1, 10, 28, seed=0, width=0.25)
+    assert [m.out_channels for m in lenet.features if isinstance(m, torch.nn.Conv2d)] == [5, 12]
+    assert lenet.classifier[1].out_features == 125
+    with pytest.raises(ValueError, match="model='wrn-28-2' cannot take width=0.5"):
+        build_model("wrn-28-2", 3, 10, 32, width=0.5)
+    with pytest.raises(ValueError, match="width 0 must be > 0"):
+        ModelSpec("r", width=0)
