@@ -111,6 +111,8 @@ class RunConfig:
     pu_labeled_fraction: float
     class_prior: str
     num_labeled: int
+    label_layout: str
+    labeled_share: float
     method: str
     model: str
     prior_noise: float
@@ -450,6 +452,7 @@ def _validate(cfg: RunConfig) -> None:
     for key in ("val-fraction", "client-test-fraction"):
         _check(0.0 <= d[key] < 1.0, f"{key}={d[key]} must be in [0, 1)")
     _check(0.0 < cfg.pu_labeled_fraction <= 1.0, f"pu-labeled-fraction={cfg.pu_labeled_fraction} must be in (0, 1]")
+    _check(0.0 <= cfg.labeled_share <= 1.0, f"labeled-share={cfg.labeled_share} must be in [0, 1]")
     cfg.local_epochs_of(0)  # raises on a malformed local-epochs-per-client
     _check(
         1 <= cfg.min_train_nodes <= cfg.min_available_nodes,

@@ -7,6 +7,8 @@
                                 "pu": labeled positives + unlabeled rest (fedul_flwr.data.pu)
                                 "labels-at-clients": a few labeled + many unlabeled images
                                 (fedul_flwr.data.labels_at_clients)
+                                "annotation-heterogeneity": fully / partially / un-labeled
+                                clients (fedul_flwr.data.annotation)
       -> ClientData             fedul_flwr.data.client_data
 
 In simulation the labels of the pool are used to *make* the U sets and are then dropped: the
@@ -22,6 +24,7 @@ cached per process, so a Ray actor builds its clients once, not every round.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -31,6 +34,7 @@ import numpy as np
 import torch
 
 from fedul_flwr.config import RunConfig
+from fedul_flwr.data.annotation import label_fractions, labeled_rows, parse_layout
 from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
 from fedul_flwr.data.datasets import ImageDataset, load_dataset
 from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
@@ -50,6 +54,7 @@ SETTING_PARTS: dict[str, tuple[str, ...]] = {
     "usets": ("unlabeled", "usets", "labeled"),
     "pu": ("labeled", "unlabeled", "positive-classes", "class-prior"),
     "labels-at-clients": ("labeled", "unlabeled"),
+    "annotation-heterogeneity": ("labeled", "unlabeled"),
 }
 """The parts a simulated client of each setting can hold (``labeled`` of ``usets``: on request)."""
 
@@ -370,3 +375,40 @@ def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: 
     log.info("client %d/%d: %d labeled + %d unlabeled images", partition_id, num_partitions, len(split.labeled),
              len(unlabeled))  # fmt: skip
     return _labeled_and_unlabeled(cfg, partition_id, num_partitions, split.labeled, unlabeled, local_test)
+
+
+@functools.lru_cache(maxsize=4)
+def client_label_fractions(cfg: RunConfig, num_partitions: int) -> list[float]:
+    """The label fraction of every client of the annotation-heterogeneity setting
+    (:func:`~fedul_flwr.data.annotation.label_fractions` over the clients' sizes; cached).
+
+    Raises
+    ------
+    ValueError
+        From :func:`~fedul_flwr.data.annotation.parse_layout` or the fraction solve.
+    """
+    layout = parse_layout(cfg.label_layout, num_partitions, cfg.labeled_share)
+    sizes = [len(client_rows(cfg, k, num_partitions)[0]) for k in range(num_partitions)]
+    return label_fractions(layout, sizes, cfg.labeled_share)
+
+
+@SETTINGS.register("annotation-heterogeneity")
+def annotation_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+    """A client of the annotation-heterogeneity setting (HASSLE): a random ``label fraction``
+    of its images with labels (the labeled part; absent for an unlabeled client), the rest
+    without (the unlabeled part; absent for a fully labeled client).
+
+    Raises
+    ------
+    ValueError
+        See :func:`client_rows` and :func:`client_label_fractions`.
+    """
+    indices, local_test, rng = client_rows(cfg, partition_id, num_partitions)
+    fraction = client_label_fractions(cfg, num_partitions)[partition_id]
+    labeled, unlabeled = labeled_rows(indices, fraction, rng)
+    log.info("client %d/%d: label fraction %.3f, %d labeled + %d unlabeled images", partition_id, num_partitions,
+             fraction, len(labeled), len(unlabeled))  # fmt: skip
+    client = _labeled_and_unlabeled(cfg, partition_id, num_partitions, labeled, unlabeled, local_test)
+    return dataclasses.replace(
+        client, labeled=client.labeled if len(labeled) else None, unlabeled=client.unlabeled if len(unlabeled) else None
+    )
