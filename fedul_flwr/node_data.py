@@ -12,6 +12,7 @@
     (FedPU): ``labeled/`` (the labeled images of the node's positive classes), ``unlabeled/``
     and ``class_prior.csv``, as the simulated PU client would hold them; with
     ``client-setting=labels-at-clients`` (FixMatch, FedDB) ``labeled/`` and ``unlabeled/``;
+    with ``client-setting=annotation-heterogeneity`` (HASSLE) the parts each client holds;
     ``--max-set-size`` then caps the labeled and the unlabeled part.
 ``validate``
     Check node folders against the run's dataset facts (class names, image shape) and print
@@ -122,9 +123,10 @@ def write_nodes(
 
 
 def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, max_size: int | None) -> list[Path]:
-    """Node folders with a labeled and an unlabeled part: node i holds what simulated client i
-    of the run's ``client-setting`` holds (positive-unlabeled: plus ``class_prior.csv``;
-    labels-at-clients: nothing else), each part cut to ``max_size`` random images when given."""
+    """Node folders with a labeled and an unlabeled part (either may be absent: a fully labeled
+    or an unlabeled client of the annotation-heterogeneity setting): node i holds what
+    simulated client i of the run's ``client-setting`` holds (positive-unlabeled: plus
+    ``class_prior.csv``), each part cut to ``max_size`` random images when given."""
     from fedul_flwr.data.simulated import SETTING_PARTS, load_client
     from fedul_flwr.data.sources import run_dataset_info
 
@@ -133,19 +135,22 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
     paths = []
     for i in range(num_nodes):
         client = load_client(cfg, i, num_nodes, parts)
-        assert client.labeled is not None and client.unlabeled is not None
         rng = np.random.default_rng([cfg.seed, i])
 
         def cut(n: int) -> torch.Tensor:
             keep = np.arange(n) if max_size is None or n <= max_size else np.sort(rng.choice(n, max_size, replace=False))
             return torch.from_numpy(keep)
 
-        lab, unl = cut(len(client.labeled)), cut(len(client.unlabeled))
+        labeled = None if client.labeled is None else client.labeled
+        if labeled is not None:
+            lab = cut(len(labeled))
+            labeled = (labeled.x[lab], labeled.y[lab])
+        unlabeled = None if client.unlabeled is None else client.unlabeled[cut(len(client.unlabeled))]
         test = None if client.test is None else (client.test.x, client.test.y)
+        images = client.unlabeled if client.unlabeled is not None else labeled[0]  # type: ignore[index]
         paths.append(
             write_node_dir(
-                out / f"node-{i}", client.unlabeled, None, info.class_names,
-                unlabeled=client.unlabeled[unl], labeled=(client.labeled.x[lab], client.labeled.y[lab]),
+                out / f"node-{i}", images, None, info.class_names, unlabeled=unlabeled, labeled=labeled,
                 class_prior=client.class_prior, test=test,
                 meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
             )

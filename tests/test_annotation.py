@@ -51,3 +51,16 @@ def test_simulated_clients_hold_the_parts_their_kind_has() -> None:
     labeled = sum(len(c.labeled) for c in clients if c.labeled is not None)
     total = labeled + sum(len(c.unlabeled) for c in clients if c.unlabeled is not None)
     assert labeled / total == pytest.approx(0.5, abs=1e-3)
+
+
+def test_node_folders_hold_only_the_parts_a_client_has(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from fedul_flwr.data.node_dir import validate_node_dir
+    from fedul_flwr.data.sources import run_dataset_info
+    from fedul_flwr.node_data import write_nodes
+
+    cfg = resolve_config({"client-setting": "annotation-heterogeneity", "label-layout": "L,P,U", "labeled-share": 0.5})
+    info = run_dataset_info(cfg)
+    paths = write_nodes(cfg, tmp_path, 3, max_set_size=50)
+    parts = [validate_node_dir(p, info.class_names, info.image_size, info.channels).parts for p in paths]
+    assert ["unlabeled" in p for p in parts] == [False, True, True]
+    assert ["labeled" in p for p in parts] == [True, True, False]
