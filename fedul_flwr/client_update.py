@@ -64,7 +64,9 @@ def _on(record: ArrayRecord | None, params: Parameters) -> Tensors:
 
 
 class ProximalTerm:
-    """FedProx: add mu (w - w_global) to each gradient ((mu / 2) ||w - w_global||^2).
+    """FedProx: add mu (w - w_anchor) to each gradient ((mu / 2) ||w - w_anchor||^2); the anchor
+    is the received global w_global (FedProx) or, given, another model's weights (HASSLE's
+    cross-model proximity term).
 
     Parameters
     ----------
@@ -73,15 +75,19 @@ class ProximalTerm:
     params : dict[str, nn.Parameter]
         The parameters it applies to, holding the received global weights w_global (copied
         here, before training).
+    anchor : dict[str, torch.Tensor] | None
+        Per parameter of ``params`` (same shapes): the weights to pull towards (copied);
+        ``None``: the parameters' current values.
     """
 
-    def __init__(self, mu: float, params: Parameters) -> None:
+    def __init__(self, mu: float, params: Parameters, anchor: Tensors | None = None) -> None:
         self.mu = mu
         self.params = params
-        self.anchor = {name: p.detach().clone() for name, p in params.items()}
+        source = anchor if anchor is not None else params
+        self.anchor = {name: source[name].detach().clone() for name in params}
 
     def after_backward(self) -> None:
-        """grad += mu * (w - w_global)."""
+        """grad += mu * (w - w_anchor)."""
         for name, p in self.params.items():
             if p.grad is not None:
                 p.grad.add_(p.detach() - self.anchor[name], alpha=self.mu)

@@ -1,0 +1,221 @@
+"""HASSLE trained by SUMA: clients from fully labeled to unlabeled, dual models aligned by
+residual models and a cross-model proximity term.
+
+"Federated Semi-Supervised Learning with Annotation Heterogeneity" (HASSLE, Heterogeneously
+Annotated Semi-Supervised LEarning), Sec. 4, Fig. 3, Eqs. 1-12, App. A. Every client may be
+fully labeled, partially labeled or unlabeled (the ``annotation-heterogeneity`` setting,
+:mod:`fedul_flwr.data.annotation`). Four models travel: a supervised model w_S and an
+unsupervised model w_U of the run's architecture, and two residual models r_{U-S}, r_{S-U}
+of the same architecture at ``hassle-residual-width`` of its channels (1/4), which learn the
+logit difference between the dual models (:mod:`.losses`).
+
+A client's round (Fig. 3; each phase runs the run's local epochs, the other models frozen as
+received):
+
+1. with labels (n_L > 0): r_{U-S} by Eqs. 7-9 on the labeled data, then w_S by cross-entropy
+   plus (gamma / 2) ||w_S - w_U||^2 towards the *received unsupervised* model (Eqs. 3, 12);
+2. with unlabeled data (n_U > 0): pseudo-labels argmax [f(u; w_S) + f(u; r_{U-S})] (Eq. 11),
+   then r_{S-U} by Eqs. 7-9 on them, then w_U by cross-entropy on them plus
+   (gamma / 2) ||w_U - w_S||^2 towards the received supervised model.
+
+A client sends the models its data trained (w_S and r_{U-S} with labels, w_U and r_{S-U} with
+unlabeled data) and its counts n_L, n_U; the server (:class:`HassleAggregation`) averages each
+model over the clients that sent it, w_S and r_{U-S} weighted by n_L, w_U and r_{S-U} by n_U
+(Eqs. 1, 2, 10), with the run's strategy; a model nobody sent keeps its global value.
+Predictors, evaluated centrally every round: SM = f(x; w_S) + f(x; r_{U-S}),
+UM = f(x; w_U) + f(x; r_{S-U}), EM = (SM + UM) / 2 (the headline).
+
+Choices the paper leaves open, made here (and in :mod:`.losses`):
+
+- **Local epochs**: the run's ``local-epochs`` for every phase.
+- **Temperature** T = ``hassle-temperature`` = 1; **KL direction** KL(target || residual) with
+  T^2 scaling (:mod:`.losses`); **lambda** = ``hassle-lambda`` = 1 (the paper's best).
+- **gamma** = ``hassle-gamma`` = 0.01 as FedProx's mu: the loss gains (gamma / 2) ||w - w'||^2,
+  the squared norm, applied as a gradient term (0 turns the proximity term off: the MPA
+  ablation).
+- **Which w_S pairs with r_{U-S}**: Eq. 11 and the inference rule pair the residual with the
+  dual model of the previous round, but App. A says four models travel. We send four and use
+  the received (current) w_S for the pseudo-labels and in SM (and w_U in UM): one model fewer
+  in flight, at the price of pairing models of the same round.
+- **EM** is the mean of the SM and UM logits ("mean outputs").
+- ``hassle-residual-width`` = 0 removes the residual models (the GRA ablation): pseudo-labels
+  from w_S alone (Eq. 5), SM = f(w_S), UM = f(w_U).
+- ``hassle-threshold`` = 0: every pseudo-label is kept (the paper's default; Table 6: 0.95).
+- Losses are batch means; pseudo-labels are computed once per round, in eval mode, on the
+  images as they are (no augmentation: the paper names none).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedul_flwr.config import Option
+from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, Predictor, RoundContext, Stream, register_method
+from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
+from fedul_flwr.strategies.per_model import PerModelAggregation
+from fedul_flwr.training import LocalLoop, TrainResult
+
+__all__ = ["Hassle", "HassleAggregation"]
+
+NUM_LABELED, NUM_UNLABELED = "num-labeled", "num-unlabeled"
+
+
+class HassleAggregation(PerModelAggregation):
+    """Each model over the clients that sent it: w_S and r_{U-S} weighted by n_L, w_U and
+    r_{S-U} by n_U (Eqs. 1, 2, 10)."""
+
+    model_weight_keys = {"w_S": NUM_LABELED, "r_US": NUM_LABELED, "w_U": NUM_UNLABELED, "r_SU": NUM_UNLABELED}
+
+
+@torch.no_grad()
+def _logits(modules: list[nn.Module], images: torch.Tensor, client: ClientData, device: torch.device, batch: int) -> torch.Tensor:
+    """Sum of the modules' logits on every image (eval mode): ``[n, K]`` on ``device``."""
+    for m in modules:
+        m.eval()
+    out = []
+    for i in range(0, len(images), batch):
+        x = client.to_input(images[i : i + batch].to(device))
+        out.append(sum(m(x).float() for m in modules))
+    return torch.cat(out)
+
+
+@register_method
+class Hassle(Method):
+    """HASSLE / SUMA (module docstring)."""
+
+    name = "hassle"
+    requires = ()
+    uses = ("labeled", "unlabeled")
+    setting = "annotation-heterogeneity"
+    options = (
+        Option("hassle-residual-width", lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: no residual models)"),
+        Option("hassle-lambda", lambda v: v >= 0, ">= 0"),
+        Option("hassle-gamma", lambda v: v >= 0, ">= 0"),
+        Option("hassle-temperature", lambda v: v > 0, "> 0"),
+        Option("hassle-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+    )
+    recorded_metrics = ("pseudo-label-share",)
+
+    @property
+    def residual(self) -> bool:
+        """Whether the residual models exist (GRA)."""
+        return float(self.option("hassle-residual-width")) > 0
+
+    def model_specs(self) -> tuple[ModelSpec, ...]:
+        """w_S, w_U and, with residuals, r_US (r_{U-S}) and r_SU (r_{S-U}) at the residual width."""
+        duals = (ModelSpec("w_S"), ModelSpec("w_U"))
+        if not self.residual:
+            return duals
+        width = float(self.option("hassle-residual-width"))
+        return duals + (ModelSpec("r_US", width=width), ModelSpec("r_SU", width=width))
+
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
+        """The dual models' supervised cross-entropy on the labeled data, or on the unlabeled
+        data's pseudo-labels from w_S for a client without labels (what SCAFFOLD's option I
+        takes a full gradient of; the round itself is :meth:`local_update`)."""
+        if client.labeled is not None:
+            x, y, model = client.labeled.x, client.labeled.y, "w_S"
+        else:
+            assert client.unlabeled is not None
+            x, model = client.unlabeled, "w_U"
+            y = _logits([models["w_S"]], x, client, ctx.device, self.cfg.eval_batch_size).argmax(dim=1).cpu()
+
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            return F.cross_entropy(models[model](batch["d"]["x"]), batch["d"]["y"])
+
+        return LocalTask({"d": Stream({"x": x, "y": y}, self.cfg.batch_size)}, loss)
+
+    def _side(
+        self, models: nn.ModuleDict, frozen: nn.ModuleDict, loop: LocalLoop, x: torch.Tensor, y: torch.Tensor,
+        mask: torch.Tensor, dual: str, other: str, residual: str,
+    ) -> list[TrainResult]:  # fmt: skip
+        """One side of the round: the residual of ``dual`` (Eqs. 7-9), then ``dual`` itself
+        with the proximity term towards the frozen ``other``."""
+        results = []
+        stream = {"d": Stream({"x": x, "y": y, "mask": mask}, self.cfg.batch_size)}
+        if self.residual:
+            t, lam = float(self.option("hassle-temperature")), float(self.option("hassle-lambda"))
+
+            def res_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+                b = batch["d"]
+                with torch.no_grad():
+                    base, target = frozen[dual](b["x"]), frozen[other](b["x"])
+                return residual_loss(models[residual](b["x"]), base, target, b["y"], t, lam, b["mask"])
+
+            results.append(loop.run(models, LocalTask(stream, res_loss), trained=[residual]))
+
+        def dual_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            b = batch["d"]
+            per_row = F.cross_entropy(models[dual](b["x"]), b["y"], reduction="none")
+            return (per_row * b["mask"].to(per_row.dtype)).sum() / b["mask"].sum().clamp_min(1)
+
+        hooks = loop.hooks
+        gamma = float(self.option("hassle-gamma"))
+        if gamma > 0:
+            # imported here: fedul_flwr.client_update imports the methods package
+            from fedul_flwr.client_update import ProximalTerm, shared_parameters
+
+            params = shared_parameters(models, [dual])  # keyed "<dual>.<parameter>"
+            anchor = {f"{dual}.{k}": v for k, v in frozen[other].named_parameters()}
+            hooks = hooks + (ProximalTerm(gamma, params, anchor),)
+        results.append(dataclasses.replace(loop, hooks=hooks).run(models, LocalTask(stream, dual_loss), trained=[dual]))
+        return results
+
+    def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
+        """The round of Fig. 3 (module docstring)."""
+        frozen = nn.ModuleDict({k: copy.deepcopy(m).requires_grad_(False) for k, m in models.items()}).eval()
+        results: list[TrainResult] = []
+        self._sent: tuple[str, ...] = ()
+        self._kept = 0.0
+        if client.labeled is not None and len(client.labeled):
+            ones = torch.ones(len(client.labeled), dtype=torch.bool)
+            results += self._side(models, frozen, loop, client.labeled.x, client.labeled.y, ones, "w_S", "w_U", "r_US")
+            self._sent += ("w_S", "r_US") if self.residual else ("w_S",)
+        if client.unlabeled is not None and len(client.unlabeled):
+            teachers = [frozen["w_S"], frozen["r_US"]] if self.residual else [frozen["w_S"]]
+            logits = _logits(teachers, client.unlabeled, client, ctx.device, self.cfg.eval_batch_size)
+            targets, mask = pseudo_labels(logits, float(self.option("hassle-threshold")))
+            targets, mask = targets.cpu(), mask.cpu()
+            self._kept = float(mask.float().mean())
+            if bool(mask.any()):
+                results += self._side(models, frozen, loop, client.unlabeled, targets, mask, "w_U", "w_S", "r_SU")
+                self._sent += ("w_U", "r_SU") if self.residual else ("w_U",)
+        if not results:
+            raise ValueError(f"{client.node} has no labeled image and no confident pseudo-label: nothing to train")
+        steps = sum(r.num_steps for r in results)
+        loss = sum(r.loss * r.num_steps for r in results) / steps
+        n = sum(len(p) for p in (client.labeled, client.unlabeled) if p is not None)
+        return TrainResult(loss=loss, num_examples=n, num_steps=steps)
+
+    def sent_models(self, client: ClientData, ctx: RoundContext) -> tuple[str, ...]:
+        """The models this client's data trained this round."""
+        return self._sent
+
+    def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
+        """n_L and n_U (the aggregation weights) and the share of the client's unlabeled images
+        whose pseudo-label passed the threshold (0 without unlabeled data)."""
+        return {
+            NUM_LABELED: float(0 if client.labeled is None else len(client.labeled)),
+            NUM_UNLABELED: float(0 if client.unlabeled is None else len(client.unlabeled)),
+            "pseudo-label-share": self._kept,
+        }
+
+    def aggregation(self) -> type | None:
+        """:class:`HassleAggregation`."""
+        return HassleAggregation
+
+    def predictors(self) -> dict[str, Predictor]:
+        """EM (headline), SM and UM."""
+        if self.residual:
+            sm = lambda models, x: models["w_S"](x) + models["r_US"](x)  # noqa: E731
+            um = lambda models, x: models["w_U"](x) + models["r_SU"](x)  # noqa: E731
+        else:
+            sm = lambda models, x: models["w_S"](x)  # noqa: E731
+            um = lambda models, x: models["w_U"](x)  # noqa: E731
+        return {"EM": lambda models, x: (sm(models, x) + um(models, x)) / 2, "SM": sm, "UM": um}
