@@ -326,7 +326,7 @@ def test_labels_reach_only_the_supervised_method_and_the_methods_of_labeled_sett
     labeled = [n for n, cls in METHODS.items() if "labeled" in cls.requires]
     assert sorted(labeled) == ["feddb", "fedpu", "fixmatch", "fixmatch-dpl", "supervised"]
     assert all(METHODS.get(n).setting != "usets" for n in labeled if n != "supervised")
-    label_free = [n for n in METHODS.names() if n not in labeled]
+    label_free = [n for n in METHODS.names() if n not in labeled and METHODS.get(n).setting == "usets"]
     assert label_free and all({"unlabeled", "usets"} <= set(METHODS.get(n).requires) for n in label_free)
     cfg = resolve_config(TINY)
     plain = load_client(cfg, 0, 2, UNLABELED)
@@ -441,7 +441,8 @@ def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("method", sorted(METHODS.names()))
 def test_every_method_runs_a_round_and_records_validation(method: str, tmp_path: Path, small_test_set: None) -> None:
     rc = {**TINY, "method": method, "val-fraction": VAL, "output-dir": str(tmp_path), "run-name": method,
-          "label-fraction": 0.5, "client-setting": METHODS.get(method).setting, "positive-classes": "5"}  # fmt: skip
+          "label-fraction": 0.5, "client-setting": METHODS.get(method).setting, "positive-classes": "5",
+          "label-layout": "P,U"}  # fmt: skip
     outputs = server_app.run_federation(InProcessGrid(client_app, 2, rc), resolve_config(rc))
     rows = [outputs.rows[r] for r in sorted(outputs.rows)]
     assert [r["round"] for r in rows] == [0, 1]

@@ -1,0 +1,129 @@
+"""HASSLE / SUMA: the losses of Eqs. 7-9 and 11 by hand, what each client type sends, and the
+per-model aggregation (weights, models nobody sent)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from fedul_flwr.client_app import app as client_app
+from fedul_flwr.config import resolve_config
+from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
+from fedul_flwr.server_app import run_federation
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max()
+    return z - np.log(np.exp(z).sum())
+
+
+def test_residual_loss_is_eqs_7_to_9_by_hand() -> None:
+    """CE(base + r, y) + lambda T^2 KL(softmax((other - base)/T) || softmax(r/T)), row mean."""
+    r = torch.tensor([[0.5, -0.2, 0.1], [1.0, 0.0, -1.0]])
+    base = torch.tensor([[2.0, 0.0, -1.0], [0.0, 0.5, 0.2]])
+    other = torch.tensor([[1.0, 1.0, 0.0], [0.3, 0.1, 0.9]])
+    y = torch.tensor([0, 2])
+    t, lam = 2.0, 0.7
+    rows = []
+    for i in range(2):
+        ce = -_log_softmax((base[i] + r[i]).numpy())[y[i]]
+        target = _log_softmax(((other[i] - base[i]) / t).numpy())
+        student = _log_softmax((r[i] / t).numpy())
+        rows.append(ce + lam * t**2 * float((np.exp(target) * (target - student)).sum()))
+    assert float(residual_loss(r, base, other, y, t, lam)) == pytest.approx(np.mean(rows), rel=1e-5)
+    masked = residual_loss(r, base, other, y, t, lam, torch.tensor([False, True]))
+    assert float(masked) == pytest.approx(rows[1], rel=1e-5)
+    # a residual equal to the tempered target difference has no KL left
+    exact = residual_loss(other - base, base, other, y, 1.0, 5.0)
+    assert float(exact) == pytest.approx(float(torch.nn.functional.cross_entropy(other, y)), rel=1e-5)
+
+
+def test_pseudo_labels_argmax_and_threshold() -> None:
+    logits = torch.tensor([[3.0, 0.0], [0.1, 0.0], [0.0, 4.0]])
+    targets, mask = pseudo_labels(logits, 0.0)
+    assert targets.tolist() == [0, 0, 1] and mask.all()
+    _, mask = pseudo_labels(logits, 0.95)
+    assert mask.tolist() == [True, False, True]
+
+
+class _ReplyGrid(InProcessGrid):
+    """Keeps every reply, by node."""
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        replies = list(super().pull_messages(message_ids))
+        self.replies.extend(replies)
+        return replies
+
+
+def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2) -> tuple[_ReplyGrid, list[dict]]:
+    rc = {"output-dir": str(tmp_path), "run-name": name, "num-rounds": rounds, "method": "hassle",
+          "client-setting": "annotation-heterogeneity", "label-layout": layout, "labeled-share": 0.5,
+          "samples-per-client": 300, "batch-size": 32, "min-available-nodes": 3, "min-train-nodes": 3}  # fmt: skip
+    grid = _ReplyGrid(client_app, 3, rc)
+    grid.replies = []
+    run_federation(grid, resolve_config(rc))
+    return grid, json.loads((tmp_path / name / "metrics.json").read_text())
+
+
+def _models_of(reply) -> set[str]:  # type: ignore[no-untyped-def]
+    return {k.split(".")[0] for k in reply.content["arrays"]}
+
+
+def test_each_client_type_sends_only_what_its_data_trains(tmp_path: Path) -> None:
+    """Fully labeled: w_S and r_US; partially labeled: all four; unlabeled: w_U and r_SU. SM, UM
+    and EM are evaluated every round."""
+    grid, rows = _run(tmp_path, "lpu", "L,P,U")
+    by_node = {r.metadata.src_node_id: _models_of(r) for r in grid.replies}
+    assert by_node == {1: {"w_S", "r_US"}, 2: {"w_S", "r_US", "w_U", "r_SU"}, 3: {"w_U", "r_SU"}}
+    assert all({"test-accuracy", "test-accuracy-SM", "test-accuracy-UM"} <= set(r) for r in rows)
+    for reply in grid.replies:
+        metrics = reply.content["metrics"]
+        assert metrics["num-labeled"] > 0 if "w_S" in _models_of(reply) else metrics["num-labeled"] == 0
+
+
+def test_aggregation_weights_each_model_by_its_counts_and_keeps_unsent_models() -> None:
+    """w_S over the clients that sent it by n_L, w_U by n_U; a round where no client has
+    labels leaves w_S (and r_US) as they were."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedul_flwr.methods.hassle import HassleAggregation
+    from fedul_flwr.strategies import strict
+
+    keys = {"w_S.p": 1.0, "r_US.p": 2.0, "w_U.p": 3.0, "r_SU.p": 4.0}
+    current = ArrayRecord({k: Array(np.full(2, v, dtype=np.float32)) for k, v in keys.items()})
+
+    def reply(node: int, models: dict[str, float], n_l: float, n_u: float) -> RecordDict:
+        arrays = ArrayRecord({k: Array(np.full(2, v, dtype=np.float32)) for k, v in models.items()})
+        metrics = MetricRecord({"num-examples": n_l + n_u, "num-labeled": n_l, "num-unlabeled": n_u})
+        return RecordDict({"arrays": arrays, "metrics": metrics, "node": ConfigRecord({"node-key": node})})
+
+    def aggregate(replies: dict[int, RecordDict]) -> dict[str, float]:
+        app = ClientApp()
+
+        @app.train()
+        def _reply(msg: Message, context: Context) -> Message:
+            return Message(replies[context.node_id], reply_to=msg)
+
+        strategy = strict(FedAvg, HassleAggregation)(min_available_nodes=len(replies), min_train_nodes=1)
+        grid = InProcessGrid(app, len(replies), {})
+        msgs = list(grid.send_and_receive(strategy.configure_train(1, current, ConfigRecord(), grid)))
+        arrays, _ = strategy.aggregate_train(1, msgs)
+        return {k: float(arrays[k].numpy()[0]) for k in keys}
+
+    got = aggregate({1: reply(1, {"w_S.p": 10.0, "r_US.p": 20.0}, 100, 0),
+                     2: reply(2, {"w_S.p": 0.0, "r_US.p": 0.0, "w_U.p": 30.0, "r_SU.p": 40.0}, 300, 100),
+                     3: reply(3, {"w_U.p": 70.0, "r_SU.p": 80.0}, 0, 300)})  # fmt: skip
+    assert got["w_S.p"] == pytest.approx(10.0 * 100 / 400)  # n_L: 100 and 300
+    assert got["r_US.p"] == pytest.approx(20.0 * 100 / 400)
+    assert got["w_U.p"] == pytest.approx((30.0 * 100 + 70.0 * 300) / 400)  # n_U: 100 and 300
+    assert got["r_SU.p"] == pytest.approx((40.0 * 100 + 80.0 * 300) / 400)
+    got = aggregate({1: reply(1, {"w_U.p": 70.0, "r_SU.p": 80.0}, 0, 300)})  # no client with labels
+    assert (got["w_S.p"], got["r_US.p"]) == (1.0, 2.0)  # kept
+    assert (got["w_U.p"], got["r_SU.p"]) == (70.0, 80.0)
