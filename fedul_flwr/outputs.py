@@ -109,7 +109,12 @@ class RunOutputs:
 
         rows = [self.rows[r] for r in sorted(self.rows) if "test-accuracy" in self.rows[r]]
         fig, ax = plt.subplots(figsize=(6, 4))
-        ax.plot([r["round"] for r in rows], [100 * r["test-accuracy"] for r in rows], marker="o", ms=3)
+        for key in self._accuracy_keys():
+            label = "headline" if key == "test-accuracy" else key.removeprefix("test-accuracy-")
+            ax.plot([r["round"] for r in rows if key in r], [100 * r[key] for r in rows if key in r], marker="o", ms=3,
+                    label=label)  # fmt: skip
+        if len(self._accuracy_keys()) > 1:
+            ax.legend(fontsize=8)
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy (%)")
         ax.set_title(f"{self.cfg.method} on {self.cfg.dataset} ({self.cfg.partition}, M={','.join(map(str, self.cfg.num_sets))})")
@@ -120,9 +125,15 @@ class RunOutputs:
         plt.close(fig)
         return out
 
+    def _accuracy_keys(self) -> list[str]:
+        """``test-accuracy`` (the method's headline predictor) and ``test-accuracy-<name>`` of
+        its other predictors."""
+        keys = {k for row in self.rows.values() for k in row if k.startswith("test-accuracy-")}
+        return ["test-accuracy", *sorted(keys)]
+
     def summary(self, num_clients: int) -> str:
-        """One line: method, dataset, clients, sets, rounds, final and best test accuracy,
-        wall time. Also written to ``summary.txt``."""
+        """One line: method, dataset, clients, sets, rounds, final and best test accuracy (and
+        the final accuracy of every other predictor), wall time. Also written to ``summary.txt``."""
         acc = {r: row["test-accuracy"] for r, row in self.rows.items() if "test-accuracy" in row}
         last = max(acc) if acc else 0
         best = max(acc, key=lambda r: acc[r]) if acc else 0
@@ -131,7 +142,8 @@ class RunOutputs:
             f"clients={num_clients} sets={','.join(map(str, self.cfg.num_sets))} rounds={last} "
             f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
             f"best-test-accuracy={100 * acc.get(best, math.nan):.2f}% (round {best}) "
-            f"wall-time={time.time() - self.started:.1f}s run-dir={self.path}"
+            + "".join(f"final-{k}={100 * self.rows.get(last, {}).get(k, math.nan):.2f}% " for k in self._accuracy_keys()[1:])
+            + f"wall-time={time.time() - self.started:.1f}s run-dir={self.path}"
         )
         (self.path / "summary.txt").write_text(line + "\n")
         return line

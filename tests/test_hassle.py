@@ -60,14 +60,14 @@ class _ReplyGrid(InProcessGrid):
         return replies
 
 
-def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2) -> tuple[_ReplyGrid, list[dict]]:
+def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2) -> tuple[_ReplyGrid, list[dict], str]:
     rc = {"output-dir": str(tmp_path), "run-name": name, "num-rounds": rounds, "method": "hassle",
           "client-setting": "annotation-heterogeneity", "label-layout": layout, "labeled-share": 0.5,
           "samples-per-client": 300, "batch-size": 32, "min-available-nodes": 3, "min-train-nodes": 3}  # fmt: skip
     grid = _ReplyGrid(client_app, 3, rc)
     grid.replies = []
-    run_federation(grid, resolve_config(rc))
-    return grid, json.loads((tmp_path / name / "metrics.json").read_text())
+    outputs = run_federation(grid, resolve_config(rc))
+    return grid, json.loads((tmp_path / name / "metrics.json").read_text()), outputs.summary(3)
 
 
 def _models_of(reply) -> set[str]:  # type: ignore[no-untyped-def]
@@ -77,10 +77,14 @@ def _models_of(reply) -> set[str]:  # type: ignore[no-untyped-def]
 def test_each_client_type_sends_only_what_its_data_trains(tmp_path: Path) -> None:
     """Fully labeled: w_S and r_US; partially labeled: all four; unlabeled: w_U and r_SU. SM, UM
     and EM are evaluated every round."""
-    grid, rows = _run(tmp_path, "lpu", "L,P,U")
+    grid, rows, summary = _run(tmp_path, "lpu", "L,P,U")
     by_node = {r.metadata.src_node_id: _models_of(r) for r in grid.replies}
     assert by_node == {1: {"w_S", "r_US"}, 2: {"w_S", "r_US", "w_U", "r_SU"}, 3: {"w_U", "r_SU"}}
     assert all({"test-accuracy", "test-accuracy-SM", "test-accuracy-UM"} <= set(r) for r in rows)
+    assert f"final-test-accuracy={100 * rows[-1]['test-accuracy']:.2f}%" in summary  # EM, the headline
+    assert f"final-test-accuracy-SM={100 * rows[-1]['test-accuracy-SM']:.2f}%" in summary
+    assert f"final-test-accuracy-UM={100 * rows[-1]['test-accuracy-UM']:.2f}%" in summary
+    assert (tmp_path / "lpu" / "accuracy.png").is_file()
     for reply in grid.replies:
         metrics = reply.content["metrics"]
         assert metrics["num-labeled"] > 0 if "w_S" in _models_of(reply) else metrics["num-labeled"] == 0
