@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from logging import INFO
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.logger import log
 from torch import nn
 
 from fedul_flwr import wire
@@ -119,6 +122,10 @@ def train(msg: Message, context: Context) -> Message:
     server_round = int(msg.content[wire.CONFIG][wire.SERVER_ROUND])  # a resumed run continues the numbering
     broadcast = {k: v for k, v in msg.content[wire.CONFIG].items() if k not in (wire.RUN_CONFIG, wire.SERVER_ROUND)}
     ctx = RoundContext(cfg.seed, server_round, c.key, c.device, broadcast)
+    if method.sits_out(c.data):  # e.g. an unlabeled client under a method that trains on labels
+        log(INFO, "%s sits round %d out: method %r needs %s, it holds %s", c.data.node, server_round, cfg.method,
+                 list(method.requires), list(c.data.parts()))  # fmt: skip
+        return _reply(msg, c, ArrayRecord(), {wire.TRAIN_LOSS: 0.0, wire.NUM_EXAMPLES: 0, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: 0})
     models = _models(c, msg, context.state)
     specs = method.model_specs()
     shared = [s.name for s in specs if s.exchanged and s.trained]
@@ -152,21 +159,27 @@ def train(msg: Message, context: Context) -> Message:
             context.state[wire.KEPT_MODEL_STATE + spec.name] = ArrayRecord(weights)
     sent = method.sent_models(c.data, ctx)
     extra = update.reply_records(result, sent)  # strategy records; fills update.metrics
-    metrics = MetricRecord(
-        {
-            wire.TRAIN_LOSS: result.loss,
-            wire.NUM_EXAMPLES: result.num_examples,
-            wire.UNIFORM_WEIGHT: 1,
-            wire.NUM_STEPS: result.num_steps,
-            **update.metrics,
-            **method.uploads(c.data, models, ctx),
-        }
-    )
+    metrics = {
+        wire.TRAIN_LOSS: result.loss,
+        wire.NUM_EXAMPLES: result.num_examples,
+        wire.UNIFORM_WEIGHT: 1,
+        wire.NUM_STEPS: result.num_steps,
+        **update.metrics,
+        **method.uploads(c.data, models, ctx),
+    }
     arrays = ArrayRecord(
         {f"{wire.model_prefix(name)}{k}": v.detach().cpu() for name in sent for k, v in models[name].state_dict().items()}
     )
-    node = ConfigRecord({wire.NODE_KEY: c.key})  # the server aggregates in this order
-    content = {wire.ARRAYS: arrays, wire.METRICS: metrics, wire.NODE_RECORD: node, **extra}
+    return _reply(msg, c, arrays, metrics, extra)
+
+
+def _reply(
+    msg: Message, c: _Client, arrays: ArrayRecord, metrics: dict[str, Any], extra: dict[str, ArrayRecord] | None = None
+) -> Message:
+    """The train reply: the sent models' arrays, the metrics, the node key (the server
+    aggregates in this order) and the strategy's extra records."""
+    node = ConfigRecord({wire.NODE_KEY: c.key})
+    content = {wire.ARRAYS: arrays, wire.METRICS: MetricRecord(metrics), wire.NODE_RECORD: node, **(extra or {})}
     return Message(RecordDict(content), reply_to=msg)
 
 

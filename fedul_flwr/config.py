@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import logging
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -37,11 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedul_flwr import get_logger
+
 PROJECT_DIR = Path(__file__).resolve().parent.parent
 CONF_DIR = PROJECT_DIR / "conf"
 PYPROJECT = PROJECT_DIR / "pyproject.toml"
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def _registry_choices() -> dict[str, tuple[str, ...]]:

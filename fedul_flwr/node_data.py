@@ -39,8 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedul_flwr.config import ConfigError, RunConfig, resolve_config
+from fedul_flwr.config import ConfigError, RunConfig, default_config, resolve_config
+from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
+from fedul_flwr.data.sources import dataset_facts, run_dataset_info
 
 __all__ = ["main", "write_nodes"]
 
@@ -91,7 +93,6 @@ def write_nodes(
         From partitioning / U-set construction.
     """
     from fedul_flwr.data.simulated import client_usets, load_run_dataset
-    from fedul_flwr.data.sources import run_dataset_info
 
     if cfg.client_setting != "usets":
         return _write_labeled_unlabeled_nodes(cfg, Path(out), num_nodes, max_set_size)
@@ -128,7 +129,6 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
     simulated client i of the run's ``client-setting`` holds (positive-unlabeled: plus
     ``class_prior.csv``), each part cut to ``max_size`` random images when given."""
     from fedul_flwr.data.simulated import SETTING_PARTS, load_client
-    from fedul_flwr.data.sources import run_dataset_info
 
     info = run_dataset_info(cfg)
     parts = frozenset(SETTING_PARTS[cfg.client_setting])
@@ -197,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (0 ok, 1 invalid data or settings, 2 usage)."""
     args = _parser().parse_args(argv)
     try:
+        if args.command == "validate":  # needs the dataset's facts only, no dataset files
+            for path in args.dirs:
+                print(validate_node_dir(path, *_facts(_validate_settings(args.run_config, args.dataset))).summary())
+            return 0
         cfg = _run_config(args.run_config, args.dataset)
         if args.command == "write":
             if args.num_nodes < 1:
@@ -210,20 +214,32 @@ def main(argv: Sequence[str] | None = None) -> int:
                 labeled=args.labeled,
             )
             for path in paths:
-                print(validate_node_dir(path, *_facts(cfg)).summary())
-            return 0
-        for path in args.dirs:
-            print(validate_node_dir(path, *_facts(cfg)).summary())
+                print(validate_node_dir(path, *_facts(run_dataset_info(cfg))).summary())
         return 0
     except (NodeDataError, ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
 
-def _facts(cfg: RunConfig) -> tuple[tuple[str, ...], int, int]:
-    from fedul_flwr.data.sources import run_dataset_info
+def _validate_settings(text: list[str] | None, dataset: str | None) -> DatasetInfo:
+    """The dataset facts ``validate`` checks against: ``dataset`` and ``class-names`` from the
+    arguments (the project's default dataset otherwise); other keys are ignored.
 
-    info = run_dataset_info(cfg)
+    Raises
+    ------
+    ConfigError
+        On bad ``class-names``.
+    ValueError
+        On an unknown dataset.
+    """
+    from flwr.common.config import parse_config_args
+
+    values = parse_config_args(text) if text else {}
+    name = dataset or str(values.get("dataset", default_config()["dataset"]))
+    return dataset_facts(name, str(values.get("class-names", "")))
+
+
+def _facts(info: DatasetInfo) -> tuple[tuple[str, ...], int, int]:
     return info.class_names, info.image_size, info.channels
 
 

@@ -59,6 +59,9 @@ class RunOutputs:
 
         Raises
         ------
+        FileExistsError
+            If ``run-name`` names a folder that holds files and ``resume`` is not set: an
+            earlier run's metrics and checkpoint are never overwritten.
         OSError
             If the folder cannot be created (the message names it).
         """
@@ -66,6 +69,11 @@ class RunOutputs:
         sets = "-".join(str(m) for m in cfg.num_sets)
         name = cfg.run_name or f"{stamp}-{cfg.method}-{cfg.dataset}-{cfg.partition}-M{sets}-s{cfg.seed}"
         path = resolve_output_dir(cfg.output_dir) / name
+        if cfg.run_name and not cfg.resume and path.is_dir() and any(path.iterdir()):
+            raise FileExistsError(
+                f"run folder {path} exists (run-name={cfg.run_name!r}): set resume=true to continue that run, "
+                "or choose another run-name (or remove the folder) to start a new one"
+            )
         try:
             path.mkdir(parents=True, exist_ok=bool(cfg.run_name))
         except OSError as exc:

@@ -4,19 +4,19 @@ model seeds."""
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from fedul_flwr import get_logger
 from fedul_flwr.acceleration import Acceleration
 
 if TYPE_CHECKING:
     from fedul_flwr.config import RunConfig
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 @functools.cache

@@ -43,6 +43,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import statistics
 import sys
 from collections.abc import Sequence
@@ -113,6 +114,7 @@ def run_one(run_config: dict[str, Any], num_clients: int, reuse: bool = False) -
         from fedul_flwr.server_app import run_federation
 
         random.seed(int(run_config["seed"]))  # Flower samples nodes with the global `random`
+        shutil.rmtree(Path(run_config["output-dir"]) / run_config["run-name"], ignore_errors=True)  # the runner reruns it
         outputs = run_federation(InProcessGrid(app, num_clients, run_config), resolve_config(run_config))
         rows, path = outputs.rows, outputs.path
     errors = {r: row["test-error"] for r, row in sorted(rows.items()) if "test-error" in row}

@@ -50,6 +50,7 @@ import argparse
 import json
 import multiprocessing
 import platform
+import shutil
 import signal
 import statistics
 import sys
@@ -101,7 +102,31 @@ FEDDB_ROWS: list[tuple[str, dict[str, Any]]] = [
     ("Dir(0.1)", {"partition": "dirichlet", "dirichlet-alpha": 0.1}),
 ]
 FEDDB_PROTOCOLS = {"cpu": ("feddb-cpu", 20), "paper": ("feddb", 100)}  # profile -> (preset, clients)
-ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation")
+# HASSLE (FSSL with annotation heterogeneity): Table 1 (labeled share), Table 7 (Dirichlet alpha
+# at 10%) and the GRA / MPA ablation of Table 2, on 20 clients of the ``hassle`` preset. The 5%
+# layout is the one its extraction shows (2 partially labeled clients, 18 unlabeled).
+HASSLE_COLUMNS: dict[str, dict[str, Any]] = {
+    "FedAvg (labeled only)": {"method": "supervised", "label-fraction": 1.0},
+    "FedProx (labeled only)": {"method": "supervised", "label-fraction": 1.0, "strategy": "fedprox", "proximal-mu": 0.01},
+    "FedAvg+FixMatch": {"method": "fixmatch"},
+    "HASSLE": {"method": "hassle"},
+}
+HASSLE_SHARES = {"5%": {"labeled-share": 0.05, "label-layout": "P*2,U*18"},
+                 "10%": {"labeled-share": 0.1, "label-layout": "ALL"},
+                 "20%": {"labeled-share": 0.2, "label-layout": "ALL"}}  # fmt: skip
+HASSLE_ROWS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "hassle-table1": [(f"Fashion-MNIST {k}", v) for k, v in HASSLE_SHARES.items()],
+    "hassle-table7": [(f"Fashion-MNIST 10%, alpha={a}", {**HASSLE_SHARES["10%"], "dirichlet-alpha": a}) for a in (0.01, 0.1, 1.0)],
+    "hassle-ablation": [("Fashion-MNIST 10%", HASSLE_SHARES["10%"])],
+}
+HASSLE_ABLATION: dict[str, dict[str, Any]] = {  # GRA: residual models; MPA: the proximity term
+    "neither": {"method": "hassle", "hassle-residual-width": 0.0, "hassle-gamma": 0.0},
+    "MPA": {"method": "hassle", "hassle-residual-width": 0.0},
+    "GRA": {"method": "hassle", "hassle-gamma": 0.0},
+    "GRA + MPA": {"method": "hassle"},
+}
+ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation",
+                  *HASSLE_ROWS)  # fmt: skip
 """Grids rendered in % test accuracy (the FedPU paper's unit); the others in % test error."""
 
 # --------------------------------------------------------------------------- paper numbers
@@ -184,7 +209,7 @@ PROFILES = {
                     "device": "cpu"}, seeds=(0,),
                    by_preset={"fedpu": {"num-rounds": 12, "batch-size": 100, "local-optimizer": "adam",
                                         "local-momentum": 0.0, "lr-decay": 1.0, "lr": 0.001}},
-                   preset_first=("feddb-cpu",)),
+                   preset_first=("feddb-cpu", "hassle")),
     "paper": Profile({"model": "paper-cnn", "num-rounds": 100, "lr": 0.0001, "batch-size": 128, "local-epochs": 1,
                       "device": "auto"}, seeds=(0, 1, 2),
                      l1_by_sets={"*": {"10": 1e-5, "20": 5e-5, "30": 2e-6, "40": 2e-6},
@@ -192,7 +217,7 @@ PROFILES = {
                      by_dataset={"cifar10": {"model": "resnet18"}},
                      by_preset={"fedpu": {"model": "small-cnn", "num-rounds": 200, "lr": 0.01, "l1-weight": 0.0},
                                 "feddb": {"l1-weight": 0.0}},
-                     preset_first=("feddb",)),
+                     preset_first=("feddb", "hassle")),
 }  # fmt: skip
 
 # --------------------------------------------------------------------------- grids
@@ -314,6 +339,30 @@ PAPER["feddb-ablation"] = {
 }  # fmt: skip
 
 
+# HASSLE's Table 1 and 7 (Fashion-MNIST columns; Top-1 %, alpha = 0.1 unless stated, 3 seeds)
+# and Table 2 (CIFAR-10 10%, shown for reference beside Fashion-MNIST)
+_HASSLE_PAPER = {"FedAvg (labeled only)": (69.09, 78.25, 82.95, 62.14, 82.51),
+                 "FedProx (labeled only)": (69.71, 79.14, 83.17, 63.64, 83.37),
+                 "FedAvg+FixMatch": (73.09, 80.83, 83.93, 68.19, 85.79),
+                 "HASSLE SM": (77.83, 83.22, 86.15, 72.43, 87.18), "HASSLE UM": (77.98, 83.91, 86.34, 73.54, 87.34),
+                 "HASSLE EM": (78.04, 84.04, 86.67, 73.79, 87.51)}  # 5%, 10%, 20%, alpha 0.01, alpha 1  # fmt: skip
+PAPER["hassle-table1"] = {(row, col, "*"): v[i] for col, v in _HASSLE_PAPER.items()
+                          for i, (row, _) in enumerate(HASSLE_ROWS["hassle-table1"])}  # fmt: skip
+PAPER["hassle-table7"] = {(row, col, "*"): v[i] for col, v in _HASSLE_PAPER.items()
+                          for i, (row, _) in zip((3, 1, 4), HASSLE_ROWS["hassle-table7"])}  # fmt: skip
+PAPER["hassle-ablation"] = {("Fashion-MNIST 10%", f"{col} {p}", "*"): v for col, values in
+                            (("neither", (57.85, 61.07, 61.86)), ("MPA", (65.04, 65.98, 66.47)),
+                             ("GRA", (62.11, 64.09, 64.54)), ("GRA + MPA", (66.34, 67.14, 67.79)))
+                            for p, v in zip(("SM", "UM", "EM"), values)}  # fmt: skip
+
+
+def hassle_specs(grid: str, seeds: Sequence[int]) -> list[RunSpec]:
+    """Runs of a HASSLE table: rows x (baselines and HASSLE, or the ablation's variants) x seeds."""
+    columns = HASSLE_ABLATION if grid == "hassle-ablation" else HASSLE_COLUMNS
+    return [RunSpec(grid, row, column, "*", s, 20, "hassle", {**row_over, **col_over})
+            for row, row_over in HASSLE_ROWS[grid] for column, col_over in columns.items() for s in seeds]  # fmt: skip
+
+
 def fedpu_specs(grid: str, seeds: Sequence[int]) -> list[RunSpec]:
     """Runs of a FedPU table: rows x FedPU's columns x sub-columns x seeds (the supervised
     Baseline-2 once per row: it does not depend on the PU sub-setting; both baselines once per
@@ -371,6 +420,8 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
         return sweep_specs(name, "table-e10", "MNIST non-IID", "FedUL", values, seeds)
     if name in FEDPU_ROWS:
         return fedpu_specs(name, seeds)
+    if name in HASSLE_ROWS:
+        return hassle_specs(name, seeds)
     if name == "feddb-ablation":
         preset, clients = FEDDB_PROTOCOLS[args.profile]
         return [RunSpec(name, row, column, "*", s, clients, preset, {**row_over, **col_over})
@@ -455,6 +506,7 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     from fedul_flwr.client_app import app
     from fedul_flwr.data import simulated
     from fedul_flwr.inprocess import InProcessGrid
+    from fedul_flwr.methods import get_method
     from fedul_flwr.server_app import run_federation
 
     if threads:
@@ -467,6 +519,12 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     tested = [r for r in metrics if "test-error" in r]
     best = best_val_round(metrics)
     by_round = {int(r["round"]): r for r in metrics}
+    names = list(get_method(cfg.method)(cfg).predictors())  # the headline first (HASSLE: EM, SM, UM)
+    predictors: dict[str, Any] = {"predictors": names}  # the others are recorded as test-accuracy-<name>
+    for name in names[1:]:
+        errors = [1.0 - r[f"test-accuracy-{name}"] for r in tested if r["round"] >= 1]
+        predictors[f"last-test-error-{name}"] = 1.0 - tested[-1][f"test-accuracy-{name}"]
+        predictors[f"best-test-error-{name}"] = min(errors) if errors else None
     return {
         "run-id": spec.run_id,
         "spec": asdict(spec),
@@ -478,6 +536,7 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
         "best-test-error": min(r["test-error"] for r in tested if r["round"] >= 1) if len(tested) > 1 else None,
         "best-val-round": best,
         "best-val-test-error": by_round[best]["test-error"] if best is not None else None,
+        **predictors,
         "wall-time-s": time.time() - start,
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
@@ -486,6 +545,8 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
 
 
 def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threads: int) -> tuple[str, dict[str, Any]]:
+    # a run without a record never finished (a killed grid): its folder is started afresh
+    shutil.rmtree(Path(run_config["output-dir"]) / run_config["run-name"], ignore_errors=True)
     record = execute(spec, run_config, threads)
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
@@ -573,20 +634,29 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
     paper = PAPER.get(grid, {})
     accuracy = grid in ACCURACY_GRIDS
     rows = list(dict.fromkeys(s.row for s in specs))
-    columns = list(dict.fromkeys(s.column for s in specs))
+    # a column whose runs have several predictors (HASSLE: SM, UM and the headline EM) shows
+    # one column per predictor, "<column> <name>", the headline last
+    names = {r["spec"]["column"]: r.get("predictors", []) for r in records}
+    shown: dict[str, tuple[str, str]] = {}  # shown column -> (spec column, record key)
+    for col in dict.fromkeys(s.column for s in specs):
+        found = names.get(col, [])
+        for name in found[1:] + found[:1] if len(found) > 1 else [""]:
+            shown[f"{col} {name}" if name else col] = (col, key if name in ("", found[0]) else f"{key}-{name}")
+    columns = list(shown)
     subs = list(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
     values: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     for r in records:
         s = r["spec"]
-        if r.get(key) is not None:
-            values[(s["row"], s["column"], s["sub"])].append(1.0 - r[key] if accuracy else r[key])
+        for label, (col, k) in shown.items():
+            if col == s["column"] and r.get(k) is not None:
+                values[(s["row"], label, s["sub"])].append(1.0 - r[k] if accuracy else r[k])
     gap = next(((a, b) for a, b in GAPS if a in columns and b in columns), None)
     head = ["setting", *columns] + ([f"gap {gap[0]} - {gap[1]}"] if gap else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
         cells = [row]
         for col in columns:
-            own = [x for x in dict.fromkeys(sp.sub for sp in specs if sp.column == col) if x != "*"]
+            own = [x for x in dict.fromkeys(sp.sub for sp in specs if sp.column == shown[col][0]) if x != "*"]
             cell_subs = own or ["*"]  # a column run once per row (a supervised reference) has one cell
             parts = []
             for sub in cell_subs:

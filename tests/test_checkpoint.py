@@ -78,3 +78,13 @@ def test_resume_needs_run_name_and_a_strategy_without_client_state() -> None:
         resolve_config({"resume": True})
     with pytest.raises(ConfigError, match="strategy='scaffold'"):
         resolve_config({"resume": True, "run-name": "x", "strategy": "scaffold"})
+
+
+def test_an_existing_run_name_is_refused_without_resume(tmp_path: Path) -> None:
+    """A second run under the same run-name stops before it writes anything: the first run's
+    metrics and checkpoint stay as they were."""
+    first = _run(tmp_path, **{"num-rounds": 1, "run-name": "taken"})
+    before = {p.name: p.read_bytes() for p in first.path.iterdir() if p.is_file()}
+    with pytest.raises(FileExistsError, match="run-name='taken'.*resume=true"):
+        _run(tmp_path, **{"num-rounds": 2, "run-name": "taken", "seed": 5})
+    assert {p.name: p.read_bytes() for p in first.path.iterdir() if p.is_file()} == before

@@ -84,3 +84,22 @@ def test_errors_name_the_key_and_value(override: dict, culprit: str) -> None:
 
 def test_every_key_is_a_field() -> None:
     assert set(resolve_config({}).as_dict()) == set(default_config())
+
+
+def test_the_projects_messages_reach_flowers_logger() -> None:
+    """Client-side lines (here the thread count a ClientApp sets) go through Flower's ``flwr``
+    logger, whose handlers feed the console, ``flwr run --stream`` and ``flwr log``."""
+    import logging
+
+    from fedul_flwr.runtime import configure_threads
+
+    seen: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    flower = logging.getLogger("flwr")
+    flower.addHandler(handler)
+    try:
+        configure_threads(1)
+    finally:
+        flower.removeHandler(handler)
+    assert any("torch uses 1 thread(s)" in line for line in seen), seen

@@ -1,5 +1,6 @@
 """HASSLE / SUMA: the losses of Eqs. 7-9 and 11 by hand, what each client type sends, and the
-per-model aggregation (weights, models nobody sent)."""
+per-model aggregation (weights, models nobody sent); its baselines on the same split, where a
+client without the data a method trains on sits the round out."""
 
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ class _ReplyGrid(InProcessGrid):
         return replies
 
 
-def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2) -> tuple[_ReplyGrid, list[dict], str]:
-    rc = {"output-dir": str(tmp_path), "run-name": name, "num-rounds": rounds, "method": "hassle",
+def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2, method: str = "hassle") -> tuple[_ReplyGrid, list[dict], str]:
+    rc = {"output-dir": str(tmp_path), "run-name": name, "num-rounds": rounds, "method": method,
           "client-setting": "annotation-heterogeneity", "label-layout": layout, "labeled-share": 0.5,
           "samples-per-client": 300, "batch-size": 32, "min-available-nodes": 3, "min-train-nodes": 3}  # fmt: skip
     grid = _ReplyGrid(client_app, 3, rc)
@@ -131,3 +132,55 @@ def test_aggregation_weights_each_model_by_its_counts_and_keeps_unsent_models() 
     got = aggregate({1: reply(1, {"w_U.p": 70.0, "r_SU.p": 80.0}, 0, 300)})  # no client with labels
     assert (got["w_S.p"], got["r_US.p"]) == (1.0, 2.0)  # kept
     assert (got["w_U.p"], got["r_SU.p"]) == (70.0, 80.0)
+
+
+@pytest.mark.parametrize(("method", "trains"), [("supervised", {1, 2}), ("fixmatch", {1, 2, 3}), ("fixmatch-dpl", {2})])
+def test_baselines_leave_out_clients_without_their_data(tmp_path: Path, method: str, trains: set[int]) -> None:
+    """FedAvg on the labels trains on the fully and the partially labeled client; FixMatch on
+    every client (L_s, L_u or both); FixMatch-DPL (labels and unlabeled images) on the partially
+    labeled one only. The others sit the round out: no array in the reply, no step, and the
+    train metrics come from those that trained."""
+    grid, rows, _ = _run(tmp_path, method, "L,P,U", method=method)
+    for reply in grid.replies:
+        metrics = reply.content["metrics"]
+        if reply.metadata.src_node_id in trains:
+            assert _models_of(reply) == {"f"} and metrics["num-steps"] > 0
+        else:
+            assert len(reply.content["arrays"]) == 0 and metrics["num-steps"] == 0 and metrics["num-examples"] == 0
+    assert all(r["train-loss"] > 0 for r in rows if r["round"] >= 1)
+
+
+def test_a_round_without_any_training_client_keeps_the_global_model() -> None:
+    """Every method's default aggregation (PerModelAggregation): replies without arrays are
+    left out of the model and of the metrics; when every client sat out, the model stays."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp.strategy import FedAvg
+
+    from fedul_flwr.methods.supervised import Supervised
+    from fedul_flwr.strategies import strict
+
+    current = ArrayRecord({"f.p": Array(np.full(2, 1.0, dtype=np.float32))})
+
+    def reply(value: float | None, n: int, loss: float) -> RecordDict:
+        arrays = ArrayRecord() if value is None else ArrayRecord({"f.p": Array(np.full(2, value, dtype=np.float32))})
+        metrics = MetricRecord({"num-examples": n, "train-loss": loss, "num-steps": int(n > 0)})
+        return RecordDict({"arrays": arrays, "metrics": metrics})
+
+    def aggregate(replies: dict[int, RecordDict]) -> tuple[ArrayRecord, MetricRecord | None]:
+        app = ClientApp()
+
+        @app.train()
+        def _reply(msg: Message, context: Context) -> Message:
+            return Message(replies[context.node_id], reply_to=msg)
+
+        mixin = Supervised(resolve_config({"method": "supervised"})).aggregation()
+        strategy = strict(FedAvg, mixin)(min_available_nodes=len(replies), min_train_nodes=1)
+        grid = InProcessGrid(app, len(replies), {})
+        return strategy.aggregate_train(1, list(grid.send_and_receive(strategy.configure_train(1, current, ConfigRecord(), grid))))
+
+    arrays, metrics = aggregate({1: reply(3.0, 100, 0.5), 2: reply(None, 0, 0.0), 3: reply(9.0, 300, 1.5)})
+    assert float(arrays["f.p"].numpy()[0]) == pytest.approx((3.0 * 100 + 9.0 * 300) / 400)
+    assert metrics is not None and metrics["train-loss"] == pytest.approx((0.5 * 100 + 1.5 * 300) / 400)
+    arrays, metrics = aggregate({1: reply(None, 0, 0.0), 2: reply(None, 0, 0.0)})
+    assert float(arrays["f.p"].numpy()[0]) == 1.0 and metrics is None

@@ -322,9 +322,10 @@ def test_fedpl_loss_draws_only_from_the_round_context() -> None:
 
 def test_labels_reach_only_the_supervised_method_and_the_methods_of_labeled_settings() -> None:
     # FedPU requires the labeled positives of the PU setting, FixMatch and FedDB the labeled
-    # images of the labels-at-clients setting; every U-set method is label-free
-    labeled = [n for n, cls in METHODS.items() if "labeled" in cls.requires]
-    assert sorted(labeled) == ["feddb", "fedpu", "fixmatch", "fixmatch-dpl", "supervised"]
+    # images of the labels-at-clients setting, HASSLE those of the clients that have labels;
+    # every U-set method is label-free
+    labeled = [n for n, cls in METHODS.items() if "labeled" in cls.requires + cls.uses]
+    assert sorted(labeled) == ["feddb", "fedpu", "fixmatch", "fixmatch-dpl", "hassle", "supervised"]
     assert all(METHODS.get(n).setting != "usets" for n in labeled if n != "supervised")
     label_free = [n for n in METHODS.names() if n not in labeled and METHODS.get(n).setting == "usets"]
     assert label_free and all({"unlabeled", "usets"} <= set(METHODS.get(n).requires) for n in label_free)

@@ -508,6 +508,9 @@ def test_cli_write_and_validate(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert node_data_main(["validate", str(out / "node-1"), "--dataset", "mnist-sample"]) == 0
     text = capsys.readouterr().out
     assert "node-1: OK" in text and "10 sets, 30 images of 1x28x28" in text and "cond(Pi)=" in text
+    # validating against full MNIST needs its facts only, not its files (no data-dir)
+    assert node_data_main(["validate", str(out / "node-1"), "--dataset", "mnist"]) == 0
+    assert "node-1: OK" in capsys.readouterr().out
     # a broken row: exit 1, the culprit on stderr
     csv_path = out / "node-1" / "priors.csv"
     lines = csv_path.read_text().splitlines()

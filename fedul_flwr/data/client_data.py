@@ -35,9 +35,11 @@ import torch
 
 from fedul_flwr.data.datasets import normalize
 
-__all__ = ["PARTS", "ClientData", "LabeledImages", "MissingPartError", "USetIndex"]
+__all__ = ["PARTS", "SEMI_SUPERVISED_PARTS", "ClientData", "LabeledImages", "MissingPartError", "USetIndex"]
 
 PARTS: tuple[str, ...] = ("labeled", "unlabeled", "usets", "positive-classes", "class-prior")
+SEMI_SUPERVISED_PARTS: frozenset[str] = frozenset({"labeled", "unlabeled"})
+"""The parts a client of labeled and unlabeled images may lack (``ClientData.optional_parts``)."""
 
 
 class MissingPartError(ValueError):
@@ -121,6 +123,12 @@ class ClientData:
         float64 ``[K]`` class prior of the client.
     test : LabeledImages | None
         Optional labeled local test split (client-side evaluation only).
+    optional_parts : frozenset[str]
+        Parts this client may lack by its setting's design: in the annotation-heterogeneity
+        setting (and a deployed node of labeled + unlabeled images) a fully labeled client
+        has no unlabeled part and an unlabeled client no labeled part. A method that requires
+        such a part does not fail on the client: the client sits the round out
+        (:meth:`fedul_flwr.methods.base.Method.sits_out`).
     """
 
     node: str
@@ -133,6 +141,7 @@ class ClientData:
     positive_classes: tuple[int, ...] | None = None
     class_prior: np.ndarray | None = None
     test: LabeledImages | None = None
+    optional_parts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.unlabeled is not None and (self.unlabeled.dtype != torch.uint8 or self.unlabeled.ndim != 4):
@@ -176,7 +185,8 @@ class ClientData:
         return tuple(p for p in PARTS if held[p])
 
     def require(self, method: str, parts: Iterable[str]) -> None:
-        """Check that this client holds every part ``method`` needs.
+        """Check that this client holds every part ``method`` needs (or may lack it: see
+        ``optional_parts``).
 
         Raises
         ------
@@ -189,7 +199,7 @@ class ClientData:
         unknown = [p for p in needed if p not in PARTS]
         if unknown:
             raise ValueError(f"method {method!r} asks for unknown data part(s) {unknown}; parts are {PARTS}")
-        missing = [p for p in needed if p not in self.parts()]
+        missing = [p for p in needed if p not in self.parts() and p not in self.optional_parts]
         if missing:
             raise MissingPartError(
                 f"method {method!r} needs the {' and '.join(repr(p) for p in missing)} part of the client's data, "

@@ -77,7 +77,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
+from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
 from fedul_flwr.data.usets import PriorMatrixError, USets, condition_number, validate_prior_matrix
 
 __all__ = [
@@ -669,7 +669,9 @@ def load_node_dir(
         and ``usets`` (set index int64 ``[n_u]``, priors ``[M_c, K]`` from ``priors.csv``)
         when the node has U sets, ``unlabeled`` alone for ``unlabeled/``, ``labeled`` and
         ``positive_classes`` (the classes of its labels) for ``labeled/``, ``class_prior``
-        for ``class_prior.csv``, ``test`` for ``test/``.
+        for ``class_prior.csv``, ``test`` for ``test/``. A node of labeled and plain unlabeled
+        images only (the semi-supervised layout, either part may be absent) marks both parts
+        optional: a method requiring the absent one sits the round out on it.
 
     Raises
     ------
@@ -694,6 +696,7 @@ def load_node_dir(
         positive_classes=None if node.labeled is None else tuple(int(c) for c in np.unique(node.labeled[1])),
         class_prior=node.report.class_prior,
         test=labeled(node.test),
+        optional_parts=SEMI_SUPERVISED_PARTS if node.set_index is None and node.report.class_prior is None else frozenset(),
     )
 
 

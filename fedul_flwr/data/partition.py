@@ -25,11 +25,11 @@ Everything is deterministic from ``seed``.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 
 import numpy as np
 
+from fedul_flwr import get_logger
 from fedul_flwr.registry import Registry
 
 Partitioner = Callable[..., list[np.ndarray]]
@@ -38,7 +38,7 @@ PARTITIONS: Registry[Partitioner] = Registry("partition")
 noniid_majority, noniid_minority_fraction, shards_per_client) -> list of index arrays`` (each uses
 what it needs)."""
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset

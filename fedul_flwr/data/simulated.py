@@ -26,16 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedul_flwr import get_logger
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.annotation import label_fractions, labeled_rows, parse_layout
-from fedul_flwr.data.client_data import ClientData, LabeledImages, USetIndex
+from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
 from fedul_flwr.data.datasets import ImageDataset, load_dataset
 from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
 from fedul_flwr.data.partition import holdout_split, partition_pool
@@ -58,7 +58,7 @@ SETTING_PARTS: dict[str, tuple[str, ...]] = {
 }
 """The parts a simulated client of each setting can hold (``labeled`` of ``usets``: on request)."""
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # extra entropy words that give the optional random draws their own streams, so enabling
 # them leaves the U sets of the default path (rng = [seed, partition id]) unchanged
@@ -410,5 +410,6 @@ def annotation_client(cfg: RunConfig, partition_id: int, num_partitions: int, pa
              fraction, len(labeled), len(unlabeled))  # fmt: skip
     client = _labeled_and_unlabeled(cfg, partition_id, num_partitions, labeled, unlabeled, local_test)
     return dataclasses.replace(
-        client, labeled=client.labeled if len(labeled) else None, unlabeled=client.unlabeled if len(unlabeled) else None
-    )
+        client, labeled=client.labeled if len(labeled) else None, unlabeled=client.unlabeled if len(unlabeled) else None,
+        optional_parts=SEMI_SUPERVISED_PARTS,
+    )  # fmt: skip

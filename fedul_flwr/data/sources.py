@@ -15,11 +15,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import logging
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from fedul_flwr import get_logger
 from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.data.client_data import ClientData, MissingPartError
 from fedul_flwr.data.datasets import DatasetInfo, dataset_info
@@ -28,25 +28,35 @@ from fedul_flwr.data.simulated import SETTING_PARTS, load_client
 
 __all__ = ["client_from_node_config", "node_key", "run_dataset_info"]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 
 def run_dataset_info(cfg: RunConfig) -> DatasetInfo:
-    """The run's dataset facts a node must match: ``dataset`` with ``class-names`` applied.
+    """The run's dataset facts a node must match: ``dataset`` with ``class-names`` applied
+    (:func:`dataset_facts`)."""
+    return dataset_facts(cfg.dataset, cfg.class_names)
+
+
+def dataset_facts(dataset: str, class_names: str = "") -> DatasetInfo:
+    """Class names, image size and channels of ``dataset``, with the comma-separated
+    ``class_names`` (the ``class-names`` key) replacing its own names when given. Needs no
+    dataset files.
 
     Raises
     ------
     ConfigError
-        If ``class-names`` does not list K distinct names (K of the run's dataset).
+        If ``class_names`` does not list K distinct names (K of the dataset).
+    ValueError
+        On an unknown dataset name.
     """
-    info = dataset_info(cfg.dataset)
-    if not cfg.class_names.strip():
+    info = dataset_info(dataset)
+    if not class_names.strip():
         return info
-    names = tuple(n.strip() for n in cfg.class_names.split(","))
+    names = tuple(n.strip() for n in class_names.split(","))
     if len(names) != len(info.class_names) or len(set(names)) != len(names) or not all(names):
         raise ConfigError(
-            f"class-names={cfg.class_names!r}: expected {len(info.class_names)} distinct non-empty comma-separated "
-            f"names (K of dataset {cfg.dataset!r}), got {len(names)}"
+            f"class-names={class_names!r}: expected {len(info.class_names)} distinct non-empty comma-separated "
+            f"names (K of dataset {dataset!r}), got {len(names)}"
         )
     return dataclasses.replace(info, class_names=names)
 

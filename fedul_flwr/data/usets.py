@@ -25,15 +25,15 @@ pool exactly, and the stated priors are realised by the data up to integer round
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedul_flwr import get_logger
 from fedul_flwr.registry import Registry
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 __all__ = [
     "PRIOR_SCHEMES",

@@ -40,6 +40,7 @@ from torch import nn
 from fedul_flwr.config import Option, RunConfig
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.registry import Registry
+from fedul_flwr.strategies.per_model import PerModelAggregation
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
@@ -295,6 +296,13 @@ class Method(ABC):
         trained = [spec.name for spec in self.model_specs() if spec.trained]
         return loop.run(models, self.local_task(client, models, ctx), trained=trained)
 
+    def sits_out(self, client: ClientData) -> bool:
+        """Whether the client lacks a part in ``requires`` that its setting lets it lack
+        (``ClientData.optional_parts``, e.g. an unlabeled client of the annotation-heterogeneity
+        setting under a method that trains on labels). Such a client trains nothing and
+        replies with no model; the aggregation (:meth:`aggregation`) leaves it out."""
+        return any(p not in client.parts() for p in self.requires)
+
     def sent_models(self, client: ClientData, ctx: RoundContext) -> tuple[str, ...]:
         """The exchanged models this client sends back (default: all of them)."""
         return tuple(spec.name for spec in self.model_specs() if spec.exchanged)
@@ -311,8 +319,11 @@ class Method(ABC):
 
     def aggregation(self) -> type | None:
         """A strategy mixin class for the server side (its ``aggregate_train`` runs before
-        the strategy's own), or ``None`` for the run's strategy as it is."""
-        return None
+        the strategy's own), or ``None`` for the run's strategy as it is. Default:
+        :class:`~fedul_flwr.strategies.per_model.PerModelAggregation`, which leaves out the
+        replies of clients that sat the round out (:meth:`sits_out`) and, for one model,
+        otherwise aggregates exactly as the run's strategy does."""
+        return PerModelAggregation
 
     def predictors(self) -> dict[str, Predictor]:
         """The predictors evaluated centrally every round, by name; the first is the

@@ -5,9 +5,11 @@ with ordinary cross-entropy on 10% of the training data *with true labels*
 (``label-fraction = 0.1``); with ``label-fraction = 1.0`` it is the fully supervised FL
 optimum that Theorem 4 says FedUL reaches ("as if the data had been labeled").
 
-It is the only method that requires the ``labeled`` part of a client's data: in simulation
-the true labels of the client's U-set images (the same images FedUL trains on), on a deployed
-node its ``labeled/`` folder; every other method never sees a label. Each client keeps a fixed random subset of ``round(label-fraction * n_c)`` of its images
+It requires the ``labeled`` part of a client's data: in the U-set setting the true labels of
+the client's U-set images (the same images FedUL trains on, which never sees a label), in the
+other settings the client's labeled images, on a deployed node its ``labeled/`` folder. An
+unlabeled client of the annotation-heterogeneity setting sits the round out (FedAvg and
+FedProx "on the labeled data only", HASSLE's baselines). Each client keeps a fixed random subset of ``round(label-fraction * n_c)`` of its images
 (at least 1), drawn once from ``seed`` (the same subset every round), so a 10% client also
 takes ~10% of the local steps per epoch.
 """

@@ -113,16 +113,17 @@ class DebiasedModelAggregation:
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """The strategy's aggregation with each reply weighted by beta_m; the metrics gain
-        ``dma-beta`` (beta in reply order), ``dma-loss-uniform`` and ``dma-loss``.
+        ``dma-beta`` (beta in reply order), ``dma-loss-uniform`` and ``dma-loss``. Replies
+        without a model (clients that sat the round out) are left out.
 
         Raises
         ------
         InconsistentMessageReplies
             If a successful reply lacks APP-U or the APP-Us differ in length.
         """
-        ok = [r for r in replies if not r.has_error()]
+        ok = [r for r in replies if not r.has_error() and len(r.content[wire.ARRAYS])]  # not clients that sat out
         if not ok:
-            return super().aggregate_train(server_round, ok)  # type: ignore[misc]
+            return None, None  # the global model stays
         vectors = []
         for reply in ok:
             value = reply.content[wire.METRICS].get(self.app_u_key)

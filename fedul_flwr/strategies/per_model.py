@@ -9,25 +9,30 @@ the run's strategy aggregates m alone, e.g. FedAvg:
 
     m <- sum_{i in S_m} w_{i,m} y_{i,m} / sum_{i in S_m} w_{i,m},
 
-and a model that no client sent keeps its previous global value. The strategy does the
+and a model that no client sent keeps its previous global value. A client that sat the round
+out (``Method.sits_out``: it lacks the data the method trains on) sends no model; the train
+metrics are aggregated over the clients that sent one. The strategy does the
 arithmetic, so FedProx, FedMedian, FedTrimmedAvg, FedAvgM, FedAdam / FedYogi / FedAdagrad,
 SCAFFOLD and FedNova all work per model: their cross-round state (FedOpt's moments, FedAvgM's
 momentum, SCAFFOLD's control variate) is split by model for each call and joined again, so
 each model has its own.
 
-Usage: a method's ``aggregation()`` returns a subclass that sets :attr:`model_weight_keys`
-(model -> reply metric) or overrides :meth:`model_weight`; the class is composed before the
-strategy in the MRO (:func:`fedul_flwr.strategies.strict`).
+Usage: it is every method's default ``aggregation()``; a method whose models have their own
+weights returns a subclass that sets :attr:`model_weight_keys` (model -> reply metric) or
+overrides :meth:`model_weight`. The class is composed before the strategy in the MRO
+(:func:`fedul_flwr.strategies.strict`).
 """
 
 from __future__ import annotations
 
 import copy
+from logging import INFO
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 
@@ -119,9 +124,11 @@ class PerModelAggregation:
         state = {a: getattr(self, a) for a in STATE_ATTRIBUTES if getattr(self, a, None) is not None}
         joined = {a: state.get(a) for a in STATE_ATTRIBUTES if hasattr(self, a)}
         new: dict[str, Array] = {}
+        senders: dict[str, int] = {}
         for model in models:
             keys = [k for k in order if wire.model_of(k) == model]
             views = [v for v in (self._view(r, model, keys) for r in ok) if v is not None]
+            senders[model] = len(views)
             if not views:
                 continue  # nobody sent this model: it keeps its global value
             for attr in joined:
@@ -134,9 +141,13 @@ class PerModelAggregation:
                 joined[attr] = _join(joined[attr], getattr(self, attr), keys, order, current)
         for attr, value in joined.items():
             setattr(self, attr, value)
+        if len(models) > 1 or senders[models[0]] < len(ok):
+            log(INFO, "round %d: replies per model %s (of %d)", server_round, senders, len(ok))
         merged = ArrayRecord({k: new[k] if k in new else current[k] for k in order})
-        metrics = self.train_metrics_aggr_fn([r.content for r in ok], self.weighted_by_key)  # type: ignore[attr-defined]
-        return merged, metrics
+        trained = [r.content for r in ok if len(r.content[wire.ARRAYS])]  # not the clients that sat out
+        if not trained:
+            return merged, None
+        return merged, self.train_metrics_aggr_fn(trained, self.weighted_by_key)  # type: ignore[attr-defined]
 
     def _view(self, reply: Message, model: str, keys: list[str]) -> Message | None:
         """The reply restricted to ``model``'s arrays (every ArrayRecord, e.g. SCAFFOLD's

@@ -137,6 +137,7 @@ class FixMatchDPL(FixMatch):
     """FixMatch with debiased pseudo-labels, computed once per round (module docstring)."""
 
     name = "fixmatch-dpl"
+    requires = ("labeled", "unlabeled")  # APP-U is over the unlabeled part; the labels anchor it
     recorded_metrics = (APP_U, "pseudo-label-share")
     options = FixMatch.options + (
         Option("dpl-ema", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),

@@ -25,6 +25,12 @@ Choices:
   averages over the confident images only.
 - The run's ``augment`` does not apply: FixMatch's views are part of the method (weak for
   labeled images, weak and strong for unlabeled ones).
+- **A client with one part only** (the annotation-heterogeneity setting: fully labeled or
+  unlabeled clients) trains on what it holds: L_s alone on labeled images, lambda L_u alone
+  on unlabeled ones (the unlabeled stream, mu B images per step, then drives the epoch), as
+  FSSL baselines run FixMatch on such clients. A client with neither sits the round out.
+  (FixMatch-DPL and FedDB need both parts: their APP-U is over the unlabeled part, and
+  their clients without one sit out.)
 """
 
 from __future__ import annotations
@@ -68,13 +74,19 @@ class FixMatch(Method):
     """FixMatch on each client's labeled and unlabeled images (module docstring)."""
 
     name = "fixmatch"
-    requires = ("labeled", "unlabeled")
+    requires = ()
+    uses = ("labeled", "unlabeled")
     setting = "labels-at-clients"
+    recorded_metrics = ("pseudo-label-share",)
     options = (
         Option("fixmatch-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
         Option("fixmatch-lambda", lambda v: v >= 0, ">= 0"),
         Option("fixmatch-mu", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
     )
+
+    def sits_out(self, client: ClientData) -> bool:
+        """A client with neither labeled nor unlabeled images (or without a required part)."""
+        return super().sits_out(client) or not {"labeled", "unlabeled"} & set(client.parts())
 
     def views(self, client: ClientData) -> tuple[Augmentation, Augmentation]:
         """The weak and the strong augmentation of this client's images."""
@@ -113,21 +125,34 @@ class FixMatch(Method):
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Streams ``labeled`` (weak view, y; drives the epoch) and ``unlabeled`` (weak and
-        strong views); loss = L_s + lambda L_u (module docstring)."""
-        assert client.labeled is not None  # ``requires``
+        strong views), those the client holds; loss = L_s + lambda L_u (module docstring)."""
         weak, _ = self.views(client)
-        labeled = Stream({"x": client.labeled.x, "y": client.labeled.y}, self.cfg.batch_size, images=(),
-                         views={"weak": ("x", weak)})  # fmt: skip
-        unlabeled = self.unlabeled_stream(client, models, ctx)
+        streams: dict[str, Stream] = {}
+        if "labeled" in client.parts():
+            assert client.labeled is not None
+            streams["labeled"] = Stream({"x": client.labeled.x, "y": client.labeled.y}, self.cfg.batch_size, images=(),
+                                        views={"weak": ("x", weak)})  # fmt: skip
+        if "unlabeled" in client.parts():
+            streams["unlabeled"] = self.unlabeled_stream(client, models, ctx)
         lam = float(self.option("fixmatch-lambda"))
 
         def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
-            lb, ub = batch["labeled"], batch["unlabeled"]
-            n_l, n_w = len(lb["y"]), len(ub["weak"]) if "weak" in ub else 0
-            parts = [lb["weak"], ub["weak"], ub["strong"]] if n_w else [lb["weak"], ub["strong"]]
+            lb, ub = batch.get("labeled", {}), batch.get("unlabeled", {})
+            n_l, n_w = len(lb["y"]) if lb else 0, len(ub["weak"]) if "weak" in ub else 0
+            parts = [t for t in (lb.get("weak"), ub.get("weak"), ub.get("strong")) if t is not None]
             logits = models["f"](torch.cat(parts))
-            supervised = F.cross_entropy(logits[:n_l], lb["y"])
-            targets, mask = self.pseudo_labels(logits[n_l : n_l + n_w] if n_w else None, ub)
-            return supervised + lam * unlabeled_loss(logits[n_l + n_w :], targets, mask)
+            total = F.cross_entropy(logits[:n_l], lb["y"]) if n_l else logits.sum() * 0
+            if ub:
+                targets, mask = self.pseudo_labels(logits[n_l : n_l + n_w] if n_w else None, ub)
+                self._kept += int(mask.sum())
+                self._seen += len(mask)
+                total = total + lam * unlabeled_loss(logits[n_l + n_w :], targets, mask)
+            return total
 
-        return LocalTask({"labeled": labeled, "unlabeled": unlabeled}, loss)
+        self._kept = self._seen = 0
+        return LocalTask(streams, loss)
+
+    def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
+        """``pseudo-label-share``: the share of the round's unlabeled images (over all steps)
+        whose pseudo-label passed the threshold (0 without unlabeled images)."""
+        return {"pseudo-label-share": self._kept / max(self._seen, 1)}
