@@ -38,7 +38,11 @@ from typing import Any
 
 from fedul_flwr import get_logger
 
-PROJECT_DIR = Path(__file__).resolve().parent.parent
+_SOURCE_DIR = Path(__file__).resolve().parent.parent
+PROJECT_DIR = _SOURCE_DIR if (_SOURCE_DIR / "pyproject.toml").is_file() else Path(__file__).resolve().parent / "_project"
+"""Where ``pyproject.toml`` (the defaults) and ``conf/`` (the presets) are: the source tree (a
+checkout, an editable install, a Flower app bundle), else the copy an installed wheel carries
+inside the package."""
 CONF_DIR = PROJECT_DIR / "conf"
 PYPROJECT = PROJECT_DIR / "pyproject.toml"
 

@@ -2,7 +2,10 @@
 # Credentials for a TLS + SuperNode-authenticated Flower federation (openssl, ssh-keygen).
 #
 # Usage: scripts/make_certs.sh [--out DIR] [--nodes N] [--host NAME]...
-#   --out DIR     output folder (default ./certificates); existing files are never overwritten
+#   --out DIR     output folder (default $HOME/.fedul-flwr/certificates, outside the repository);
+#                 existing files are never overwritten
+#   --owner U:G   who may read the key files (default 49999:49999, the user Flower's Docker
+#                 images run as); applied when run as root, else the chown to run is printed
 #   --nodes N     number of SuperNode key pairs (default 3)
 #   --host NAME   a DNS name or IP address the SuperLink is reached by; repeatable
 #                 (default: localhost, 127.0.0.1, ::1). Put your server's name here.
@@ -21,7 +24,8 @@
 # CLI:        root-certificates = "DIR/ca.crt" in the connection of $FLWR_HOME/config.toml
 set -euo pipefail
 
-OUT="certificates"
+OUT="${HOME}/.fedul-flwr/certificates"
+OWNER="49999:49999"
 NODES=3
 DAYS=365
 HOSTS=()
@@ -31,7 +35,8 @@ while [[ $# -gt 0 ]]; do
     --nodes) NODES="$2"; shift 2 ;;
     --host) HOSTS+=("$2"); shift 2 ;;
     --days) DAYS="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --owner) OWNER="$2"; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -70,3 +75,9 @@ done
 
 openssl verify -CAfile "$OUT/ca.crt" "$OUT/server.pem" > /dev/null
 echo "wrote $OUT: ca.crt, server.pem/.key (SAN $SAN), $NODES SuperNode key pairs supernode-<i>[.pub]"
+# private keys stay mode 600; the containers' user must own them to read them
+if [[ "$(id -u)" == 0 ]]; then
+  chown -R "$OWNER" "$OUT" && echo "handed $OUT to $OWNER (the containers' user)"
+else
+  echo "for the Docker images (uid ${OWNER%%:*}): sudo chown -R $OWNER $OUT   (the keys stay private, mode 600)"
+fi

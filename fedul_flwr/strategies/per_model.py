@@ -106,13 +106,16 @@ class PerModelAggregation:
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Per model: the replies that carry it, reweighted, aggregated by the strategy.
+        """Per model: the replies that carry it, reweighted, aggregated by the strategy. With one
+        model, its default weight and every successful reply carrying it, this is the
+        strategy's own aggregation, on all replies (errors included, as Flower counts them).
 
         Raises
         ------
         InconsistentMessageReplies
             If a reply carries a model with a non-positive weight, or before ``configure_train``.
         """
+        replies = list(replies)
         ok = [r for r in replies if not r.has_error()]
         if not ok:
             return None, None
@@ -121,6 +124,8 @@ class PerModelAggregation:
             raise InconsistentMessageReplies(reason="per-model aggregation before configure_train")
         order = list(current.keys())
         models = list(dict.fromkeys(wire.model_of(k) for k in order))
+        if len(models) == 1 and models[0] not in self.model_weight_keys and all(len(r.content[wire.ARRAYS]) for r in ok):
+            return super().aggregate_train(server_round, replies)  # type: ignore[misc]
         state = {a: getattr(self, a) for a in STATE_ATTRIBUTES if getattr(self, a, None) is not None}
         joined = {a: state.get(a) for a in STATE_ATTRIBUTES if hasattr(self, a)}
         new: dict[str, Array] = {}
