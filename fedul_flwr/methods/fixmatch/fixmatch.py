@@ -144,7 +144,7 @@ class FixMatch(Method):
             total = F.cross_entropy(logits[:n_l], lb["y"]) if n_l else logits.sum() * 0
             if ub:
                 targets, mask = self.pseudo_labels(logits[n_l : n_l + n_w] if n_w else None, ub)
-                self._kept += int(mask.sum())
+                self._kept = self._kept + mask.sum()  # a tensor: no device sync per step
                 self._seen += len(mask)
                 total = total + lam * unlabeled_loss(logits[n_l + n_w :], targets, mask)
             return total
@@ -155,4 +155,4 @@ class FixMatch(Method):
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """``pseudo-label-share``: the share of the round's unlabeled images (over all steps)
         whose pseudo-label passed the threshold (0 without unlabeled images)."""
-        return {"pseudo-label-share": self._kept / max(self._seen, 1)}
+        return {"pseudo-label-share": float(self._kept) / max(self._seen, 1)}
