@@ -640,8 +640,11 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
     shown: dict[str, tuple[str, str]] = {}  # shown column -> (spec column, record key)
     for col in dict.fromkeys(s.column for s in specs):
         found = names.get(col, [])
-        for name in found[1:] + found[:1] if len(found) > 1 else [""]:
-            shown[f"{col} {name}" if name else col] = (col, key if name in ("", found[0]) else f"{key}-{name}")
+        if len(found) < 2:  # one predictor: the plain column and the record's headline key
+            shown[col] = (col, key)
+            continue
+        for name in found[1:] + found[:1]:
+            shown[f"{col} {name}"] = (col, key if name == found[0] else f"{key}-{name}")
     columns = list(shown)
     subs = list(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
     values: dict[tuple[str, str, str], list[float]] = defaultdict(list)

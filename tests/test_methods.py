@@ -531,3 +531,15 @@ def test_table_puts_the_papers_numbers_in_brackets() -> None:
     records = [{"spec": dataclasses.asdict(s), "last-test-error": e} for s, e in zip(specs, (0.01, 0.02, 0.03, 0.005))]
     table = reproduce.render_table("table1", specs, records, "last-test-error")
     assert "| MNIST IID | 1.00 [0.78] / 2.00 [1.12] | 3.00 [1.79] | 0.50 | +0.50 / +1.50 |" in table
+
+
+def test_table_shows_one_column_per_predictor_headline_last() -> None:
+    specs = [reproduce.RunSpec("g", "r", c, "*", 0, 20, "hassle", {}) for c in ("FedAvg", "HASSLE")]
+    records = [
+        {"spec": dataclasses.asdict(specs[0]), "last-test-error": 0.3},  # a method with one predictor
+        {"spec": dataclasses.asdict(specs[1]), "predictors": ["EM", "SM", "UM"], "last-test-error": 0.1,
+         "last-test-error-SM": 0.2, "last-test-error-UM": 0.25},
+    ]  # fmt: skip
+    table = reproduce.render_table("g", specs, records, "last-test-error")
+    assert table.splitlines()[0] == "| setting | FedAvg | HASSLE SM | HASSLE UM | HASSLE EM |"
+    assert table.splitlines()[2] == "| r | 30.00 | 20.00 | 25.00 | 10.00 |"
