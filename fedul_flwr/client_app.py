@@ -32,12 +32,13 @@ from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, RoundContext, get_method
 from fedul_flwr.models import build_model
+from fedul_flwr.privacy import local_dp_mod
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.augment import build_augmentation
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.training import LocalLoop, evaluate
 
-app = ClientApp()
+app = ClientApp(mods=[local_dp_mod])  # Flower's LocalDpMod where differential-privacy=client-local
 
 
 @functools.lru_cache(maxsize=8)

@@ -80,6 +80,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "memory-format": ("auto", "channels-last", "contiguous"),
     "local-optimizer": ("adam", "sgd"),
     "scaffold-option": ("I", "II"),
+    "differential-privacy": ("none", "server-fixed", "server-adaptive", "client-local"),
 }
 """Fixed choice lists of core keys that have no registry of their own."""
 
@@ -144,6 +145,16 @@ class RunConfig:
     beta_2: float
     tau: float
     scaffold_option: str
+    num_malicious_nodes: int
+    num_nodes_to_select: int
+    differential_privacy: str
+    dp_noise_multiplier: float
+    dp_clipping_norm: float
+    dp_target_clipped_quantile: float
+    dp_clip_norm_lr: float
+    dp_sensitivity: float
+    dp_epsilon: float
+    dp_delta: float
     output_dir: str
     run_name: str
     resume: bool
@@ -477,6 +488,7 @@ def _validate(cfg: RunConfig) -> None:
     for key in ("tau", "lr", "dominant-factor"):
         _check(d[key] > 0, f"{key}={d[key]} must be > 0")
     _check(0.0 < cfg.fraction_train <= 1.0, f"fraction-train={cfg.fraction_train} must be in (0, 1]")
+    _validate_robustness(cfg)
     if cfg.resume:
         from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
 
@@ -503,6 +515,36 @@ def _validate(cfg: RunConfig) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     method.check_options(cfg)
+
+
+def _validate_robustness(cfg: RunConfig) -> None:
+    """The keys of the Byzantine-robust strategies and of differential privacy."""
+    _check(cfg.num_malicious_nodes >= 0, f"num-malicious-nodes={cfg.num_malicious_nodes} must be >= 0")
+    _check(cfg.num_nodes_to_select >= 1, f"num-nodes-to-select={cfg.num_nodes_to_select} must be >= 1")
+    needed = {"bulyan": 4 * cfg.num_malicious_nodes + 3, "krum": 2 * cfg.num_malicious_nodes + 3,
+              "multikrum": 2 * cfg.num_malicious_nodes + 3}.get(cfg.strategy, 0)  # fmt: skip
+    _check(
+        cfg.min_train_nodes >= needed,
+        f"strategy={cfg.strategy!r} with num-malicious-nodes={cfg.num_malicious_nodes} needs at least {needed} replies "
+        f"per round (Bulyan: 4f + 3, Krum: 2f + 3), so min-train-nodes={cfg.min_train_nodes} must be >= {needed}",
+    )
+    for key in ("dp-noise-multiplier", "dp-clip-norm-lr"):
+        _check(getattr(cfg, key.replace("-", "_")) >= 0, f"{key}={getattr(cfg, key.replace('-', '_'))} must be >= 0")
+    for key in ("dp-clipping-norm", "dp-sensitivity", "dp-epsilon"):
+        _check(getattr(cfg, key.replace("-", "_")) > 0, f"{key}={getattr(cfg, key.replace('-', '_'))} must be > 0")
+    _check(0.0 < cfg.dp_delta < 1.0, f"dp-delta={cfg.dp_delta} must be in (0, 1)")
+    _check(0.0 <= cfg.dp_target_clipped_quantile <= 1.0,
+           f"dp-target-clipped-quantile={cfg.dp_target_clipped_quantile} must be in [0, 1]")  # fmt: skip
+    _check(
+        not (cfg.differential_privacy.startswith("server") and cfg.strategy == "scaffold"),
+        f"differential-privacy={cfg.differential_privacy!r} with strategy='scaffold': Flower's server-side clipping "
+        "handles one ArrayRecord per reply and SCAFFOLD sends its control variates beside the model; use "
+        "differential-privacy=client-local",
+    )
+    _check(
+        not (cfg.resume and cfg.differential_privacy == "server-adaptive"),
+        "resume=true with differential-privacy='server-adaptive': the adapted clipping norm is not checkpointed",
+    )
 
 
 # --------------------------------------------------------------------------- method options

@@ -26,7 +26,7 @@ from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunOutputs, read_metrics
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
-from fedul_flwr.strategies import build_strategy
+from fedul_flwr.strategies import build_strategy, inner_strategy
 from fedul_flwr.training import evaluate
 
 app = ServerApp()
@@ -92,8 +92,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         start_round = ckpt.round
         models.load_state_dict(ckpt.state_dict)
         initial_arrays = ArrayRecord(ckpt.state_dict)  # as the strategy held them (FedOpt: float64)
-        restore_strategy_state(strategy, ckpt.strategy_state)
-        strategy.round_offset = start_round  # rounds r + 1, ... are configured and aggregated as such
+        restore_strategy_state(inner_strategy(strategy), ckpt.strategy_state)
+        inner_strategy(strategy).round_offset = start_round  # rounds r + 1, ... are configured and aggregated as such
         if (outputs.path / "metrics.json").is_file():
             outputs.rows.update({int(r["round"]): r for r in read_metrics(outputs.path) if int(r["round"]) <= start_round})
         log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
@@ -116,7 +116,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         if server_round > start_round:  # every finished round: the models, their round, the strategy state
             # the global arrays as the strategy holds them, not the models' float32 copy:
             # FedOpt strategies compute in float64, and an exact resume must continue from those
-            save_checkpoint(outputs.path, server_round, global_arrays, cfg.as_dict(), strategy)
+            save_checkpoint(outputs.path, server_round, global_arrays, cfg.as_dict(), inner_strategy(strategy))
         metrics = test(data.test_x, data.test_y, "test")
         if val_idx is not None:
             val = test(data.train_x[val_idx], data.train_y[val_idx], "val")

@@ -171,6 +171,21 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "scaffold-option": "SCAFFOLD's client control-variate update, `I` or `II` "
         "([update rules](server-strategies.md#update-rules))",
     },
+    "Privacy and robustness": {
+        "num-malicious-nodes": "f, the Byzantine nodes Krum / MultiKrum (need 2f + 3 replies) and Bulyan "
+        "(4f + 3) tolerate ([privacy and robustness](privacy.md))",
+        "num-nodes-to-select": "how many of the best-scored replies MultiKrum averages",
+        "differential-privacy": "`none`; `server-fixed` / `server-adaptive` (Flower's server-side DP wrappers); "
+        "`client-local` (Flower's `LocalDpMod` on every node) ([privacy and robustness](privacy.md))",
+        "dp-noise-multiplier": "z: the server adds N(0, (z C / n)^2) per coordinate to the mean of n clipped updates",
+        "dp-clipping-norm": "C, the L2 norm a whole-model update is clipped to (server-fixed, client-local); the "
+        "initial C of server-adaptive",
+        "dp-target-clipped-quantile": "server-adaptive: the share of updates that should be clipped",
+        "dp-clip-norm-lr": "server-adaptive: the geometric step of C per round",
+        "dp-sensitivity": "client-local: the Gaussian mechanism's sensitivity",
+        "dp-epsilon": "client-local: epsilon of the Gaussian mechanism, per round",
+        "dp-delta": "client-local: delta of the Gaussian mechanism, per round",
+    },
     "Outputs and runtime": {
         "output-dir": "where run folders go (on the SuperLink's machine in a deployment; use absolute paths)",
         "run-name": "run folder name (default: time, method, dataset, partition, sets, seed)",

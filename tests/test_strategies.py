@@ -107,6 +107,12 @@ def _grid(epochs: Sequence[int], app: ClientApp = linear_app) -> InProcessGrid:
     return InProcessGrid(app, n, {}, node_configs=configs)
 
 
+def _named(name: str):
+    """The config of strategy ``name``; Krum, MultiKrum and Bulyan need 3 replies a round."""
+    robust = {"min-available-nodes": 3, "min-train-nodes": 3} if name in ("krum", "multikrum", "bulyan") else {}
+    return resolve_config({"strategy": name, **robust})
+
+
 def _strategy(**knobs: object):
     return build_strategy(resolve_config({"min-available-nodes": 2, **knobs}))
 
@@ -128,9 +134,9 @@ def _weight(record: ArrayRecord) -> np.ndarray:
 def test_every_strategy_name_builds_a_strict_flower_strategy() -> None:
     assert {"fedavg", "fedprox", "scaffold", "fednova", "fedmedian", "fedtrimmedavg"} <= set(STRATEGIES.names())
     for name in STRATEGIES.names():
-        strategy = build_strategy(resolve_config({"strategy": name}))
+        strategy = build_strategy(_named(name))
         assert type(strategy).__name__.startswith("Strict")
-        base = STRATEGIES.get(name)(resolve_config({"strategy": name}))[0]
+        base = STRATEGIES.get(name)(_named(name))[0]
         assert type(strategy).__mro__[4] is base  # Strict, 3 mixins, the registered strategy class
     assert _strategy(strategy="fedprox", **{"proximal-mu": 0.1}).proximal_mu == 0.1
     fedadam = _strategy(strategy="fedadam")
@@ -150,7 +156,7 @@ def test_strict_makes_one_class_per_strategy_and_mixin() -> None:
     """``strict`` is cached: every way of asking for the same combination gets the same class
     (the one ``build_strategy`` instantiates), whether the absent mixin is passed or not."""
     for name in STRATEGIES.names():
-        strategy = build_strategy(resolve_config({"strategy": name}))
+        strategy = build_strategy(_named(name))
         base = type(strategy).__mro__[4]
         assert strict(base) is strict(base, None) is strict(base, method_mixin=None), name
         assert type(strategy) is strict(base), name
@@ -431,10 +437,11 @@ def test_full_gradient_leaves_the_model_and_batchnorm_statistics_alone() -> None
 
 # --------------------------------------------------------------------------- the real app
 @pytest.mark.slow
-@pytest.mark.parametrize("name", STRATEGIES.names())
+@pytest.mark.parametrize("name", [n for n in STRATEGIES.names() if n not in ("krum", "multikrum", "bulyan")])
 def test_every_strategy_trains_fedul_through_the_real_client_app(name: str) -> None:
     """One round of the real FedUL ClientApp per strategy (one config change each) on 2
-    nodes; ``samples-per-client`` keeps it cheap (500 embedded-sample images per client)."""
+    nodes; ``samples-per-client`` keeps it cheap (500 embedded-sample images per client).
+    Krum, MultiKrum and Bulyan need 3 nodes: ``tests/test_privacy_robustness.py``."""
     from fedul_flwr.client_app import app as client_app
     from fedul_flwr.methods import get_method
     from fedul_flwr.server_app import global_models

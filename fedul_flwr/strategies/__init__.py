@@ -14,7 +14,8 @@ are added to every strategy here:
 
 ``strategy`` picks the server algorithm from :data:`STRATEGIES`: Flower's FedAvg, FedProx
 (Li et al., MLSys 2020), FedAvgM (Hsu et al., 2019), FedAdam / FedYogi / FedAdagrad (Reddi
-et al., ICLR 2021), the robust FedMedian and FedTrimmedAvg (Yin et al., ICML 2018), or
+et al., ICLR 2021), the robust FedMedian and FedTrimmedAvg (Yin et al., ICML 2018), Krum /
+MultiKrum (Blanchard et al., NeurIPS 2017) and Bulyan (El Mhamdi et al., ICML 2018), or
 ours, :class:`~fedul_flwr.strategies.scaffold.Scaffold` (Karimireddy et al., ICML 2020)
 and :class:`~fedul_flwr.strategies.fednova.FedNova` (Wang et al., NeurIPS 2020). Their
 client-side work (prox term, control variates) is in :mod:`fedul_flwr.client_update`.
@@ -35,7 +36,20 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.common.logger import log
-from flwr.serverapp.strategy import FedAdagrad, FedAdam, FedAvg, FedAvgM, FedMedian, FedProx, FedTrimmedAvg, FedYogi
+from flwr.serverapp.strategy import (
+    Bulyan,
+    FedAdagrad,
+    FedAdam,
+    FedAvg,
+    FedAvgM,
+    FedMedian,
+    FedProx,
+    FedTrimmedAvg,
+    FedYogi,
+    Krum,
+    MultiKrum,
+    Strategy,
+)
 
 from fedul_flwr import wire
 from fedul_flwr.config import RunConfig
@@ -43,7 +57,7 @@ from fedul_flwr.registry import Registry
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.scaffold import Scaffold
 
-__all__ = ["STRATEGIES", "NoSuccessfulReplyError", "build_strategy", "reply_order", "strict"]
+__all__ = ["STRATEGIES", "NoSuccessfulReplyError", "build_strategy", "inner_strategy", "reply_order", "strict"]
 
 
 class NoSuccessfulReplyError(RuntimeError):
@@ -184,10 +198,23 @@ STRATEGIES.add("fedyogi", lambda cfg: (FedYogi, {**_fedopt(cfg), "beta_1": cfg.b
 STRATEGIES.add("fedadagrad", lambda cfg: (FedAdagrad, _fedopt(cfg)))
 STRATEGIES.add("fedmedian", lambda cfg: (FedMedian, {}))
 STRATEGIES.add("fedtrimmedavg", lambda cfg: (FedTrimmedAvg, {}))
+STRATEGIES.add("krum", lambda cfg: (Krum, {"num_malicious_nodes": cfg.num_malicious_nodes}))
+STRATEGIES.add(
+    "multikrum",
+    lambda cfg: (MultiKrum, {"num_malicious_nodes": cfg.num_malicious_nodes, "num_nodes_to_select": cfg.num_nodes_to_select}),
+)
+STRATEGIES.add("bulyan", lambda cfg: (Bulyan, {"num_malicious_nodes": cfg.num_malicious_nodes}))
 
 
-def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> FedAvg:
-    """The server strategy of the run, strict about empty rounds.
+def inner_strategy(strategy: Strategy) -> FedAvg:
+    """The strict strategy inside a DP wrapper (``strategy.strategy``), or ``strategy``: the
+    object whose rounds are offset on resume and whose state is checkpointed."""
+    return getattr(strategy, "strategy", strategy)
+
+
+def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> Strategy:
+    """The server strategy of the run, strict about empty rounds, inside Flower's server-side
+    DP wrapper when ``differential-privacy`` asks for one (:mod:`fedul_flwr.privacy`).
 
     Parameters
     ----------
@@ -197,15 +224,19 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> FedAvg:
         as FedOpt's logged ``eta_l``), the sampling settings ``fraction-train``,
         ``min-train-nodes`` and ``min-available-nodes``, ``aggregation-weights``, and
         ``client-test-fraction`` (client-side evaluation runs only when clients hold a
-        labeled local test split).
+        labeled local test split), ``num-malicious-nodes`` / ``num-nodes-to-select`` (Krum,
+        MultiKrum, Bulyan) and the ``dp-*`` keys.
     method_mixin : type | None
         The method's aggregation mixin (``Method.aggregation()``).
 
     Returns
     -------
-    FedAvg
-        An instance of ``strict(<strategy class>, method_mixin)``.
+    Strategy
+        An instance of ``strict(<strategy class>, method_mixin)``, or Flower's DP wrapper
+        around one (:func:`inner_strategy` unwraps it).
     """
+    from fedul_flwr.privacy import with_server_dp
+
     evaluate = 1.0 if cfg.client_test_fraction > 0 else 0.0
     if cfg.strategy == "scaffold" and cfg.local_optimizer != "sgd":
         log(
@@ -217,7 +248,7 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> FedAvg:
             cfg.local_optimizer,
         )
     strategy_class, specific = STRATEGIES.get(cfg.strategy)(cfg)
-    return strict(strategy_class, method_mixin)(
+    strategy = strict(strategy_class, method_mixin)(
         fraction_train=cfg.fraction_train,
         fraction_evaluate=evaluate,
         min_train_nodes=cfg.min_train_nodes,
@@ -226,3 +257,4 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> FedAvg:
         weighted_by_key=wire.WEIGHT_KEYS[cfg.aggregation_weights],
         **specific,
     )
+    return with_server_dp(strategy, cfg)
