@@ -158,6 +158,7 @@ class RunConfig:
     output_dir: str
     run_name: str
     resume: bool
+    tensorboard: bool
     eval_batch_size: int
     device: str
     client_threads: int

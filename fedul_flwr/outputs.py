@@ -14,6 +14,8 @@
         model-<name>.pt every other exchanged model of the method (several models in flight)
         accuracy.png    test accuracy per round
         summary.txt     the one-line summary printed at the end
+        tensorboard/    with tensorboard=true: the same metrics as TensorBoard event files
+                        (one scalar per metric and round; a vector metric as <name>/<i>)
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class RunOutputs:
     primary: str = "f"
     started: float = field(default_factory=time.time)
     rows: dict[int, dict[str, float]] = field(default_factory=dict)
+    writer: Any = None  # torch.utils.tensorboard.SummaryWriter with tensorboard=true
 
     @classmethod
     def create(cls, cfg: RunConfig, primary: str = "f") -> RunOutputs:
@@ -64,6 +67,8 @@ class RunOutputs:
             earlier run's metrics and checkpoint are never overwritten.
         OSError
             If the folder cannot be created (the message names it).
+        ImportError
+            With ``tensorboard=true``, if the ``tensorboard`` package is missing.
         """
         stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
         sets = "-".join(str(m) for m in cfg.num_sets)
@@ -79,7 +84,7 @@ class RunOutputs:
         except OSError as exc:
             raise OSError(f"cannot create run folder {path}: {exc}") from exc
         (path / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, sort_keys=True) + "\n")
-        return cls(path=path, cfg=cfg, primary=primary)
+        return cls(path=path, cfg=cfg, primary=primary, writer=_tensorboard_writer(path) if cfg.tensorboard else None)
 
     def record(self, server_round: int, **metrics: float | list[float]) -> None:
         """Merge metrics of ``server_round`` (numbers, or lists of numbers such as a K-vector)
@@ -88,6 +93,16 @@ class RunOutputs:
         row.update({k: [float(x) for x in v] if isinstance(v, list) else float(v) for k, v in metrics.items()})
         row.setdefault("wall-time", time.time() - self.started)
         self._write_tables()
+        if self.writer is not None:
+            for key, value in metrics.items():
+                for tag, x in ([(f"{key}/{i}", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]):
+                    self.writer.add_scalar(tag, float(x), global_step=server_round)
+            self.writer.flush()
+
+    def close(self) -> None:
+        """Close the TensorBoard writer, if any (the tables are complete after every record)."""
+        if self.writer is not None:
+            self.writer.close()
 
     def _write_tables(self) -> None:
         rows = [self.rows[r] for r in sorted(self.rows)]
@@ -155,6 +170,16 @@ class RunOutputs:
         )
         (self.path / "summary.txt").write_text(line + "\n")
         return line
+
+
+def _tensorboard_writer(path: Path) -> Any:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        raise ImportError(
+            f"tensorboard=true needs the tensorboard package on the server ({exc}): pip install 'fedul-flwr[tensorboard]'"
+        ) from exc
+    return SummaryWriter(log_dir=str(path / "tensorboard"))
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

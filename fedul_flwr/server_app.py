@@ -139,6 +139,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     models.load_state_dict(result.arrays.to_torch_state_dict())
     outputs.save_models({name: {k: v.cpu() for k, v in m.state_dict().items()} for name, m in models.items()})
     outputs.plot()
+    outputs.close()
     return outputs
 
 

@@ -187,6 +187,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "dp-delta": "client-local: delta of the Gaussian mechanism, per round",
     },
     "Outputs and runtime": {
+        "tensorboard": "also write the metrics of every round as TensorBoard event files to `<run folder>/tensorboard` "
+        "(`pip install \"fedul-flwr[tensorboard]\"` on the server; `tensorboard --logdir <output-dir>`)",
         "output-dir": "where run folders go (on the SuperLink's machine in a deployment; use absolute paths)",
         "run-name": "run folder name (default: time, method, dataset, partition, sets, seed)",
         "resume": "continue the run `<output-dir>/<run-name>` from its `checkpoint.pt` up to `num-rounds` "

@@ -123,3 +123,21 @@ def test_bad_test_prior_fails_before_round_one(tmp_path: Path) -> None:
 def test_summary_names_the_preset(tmp_path: Path) -> None:
     outputs, _ = _run(tmp_path, num_nodes=2, **{"num-rounds": 1, "samples-per-client": 100, "preset": "authors-code"})
     assert "preset=authors-code" in outputs.summary(num_clients=2)
+
+
+def test_tensorboard_event_files_hold_every_recorded_metric(tmp_path: Path) -> None:
+    """tensorboard=true: <run folder>/tensorboard holds one scalar per metric and round, the
+    same values as metrics.json (vector metrics as <name>/<i>)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    outputs, _ = _run(tmp_path, num_nodes=2, **{"num-rounds": 2, "samples-per-client": 200, "tensorboard": True})
+    rows = json.loads((outputs.path / "metrics.json").read_text())
+    events = EventAccumulator(str(outputs.path / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"test-accuracy", "test-loss", "train-loss"} <= tags
+    for key in ("test-accuracy", "train-loss"):
+        logged = {e.step: e.value for e in events.Scalars(key)}
+        assert logged == pytest.approx({r["round"]: r[key] for r in rows if key in r}, rel=1e-6)
+    without, _ = _run(tmp_path / "off", num_nodes=2, **{"num-rounds": 1, "samples-per-client": 100})
+    assert not (without.path / "tensorboard").exists()
