@@ -16,7 +16,7 @@ Nothing here changes *what* is trained -- the method's loss, the batches, the nu
   numerically sensitive regions). ``auto`` chooses ``bf16`` only where the hardware has
   native bfloat16 arithmetic (a CPU with AVX512-BF16 or AMX, a CUDA device that reports
   bf16 support): without it bfloat16 is emulated and slower than float32 (measured by
-  ``scripts/benchmark.py --only loop``, see ``docs/performance.md``).
+  ``fedul benchmark --only loop``, see ``docs/performance.md``).
 - **optimiser kernels** (``fused-optimizer``): Adam's and SGD's fused implementation (one
   kernel over all parameters), else ``foreach`` (multi-tensor), instead of the per-parameter
   loop PyTorch uses on CPU by default. Same update rule, same order of steps.

@@ -1,4 +1,4 @@
-"""Command line for deployed nodes' data folders (``fedul-node-data`` / ``python -m fedul_flwr.node_data``).
+"""Command line for deployed nodes' data folders (``fedul node-data``; also ``fedul-node-data``).
 
 ``write``
     Simulate N organisations: split the run's dataset exactly as a simulation would
@@ -21,12 +21,12 @@
 
 Examples::
 
-    fedul-node-data write --out /tmp/nodes --num-nodes 3 --max-set-size 20 \\
+    fedul node-data write --out /tmp/nodes --num-nodes 3 --max-set-size 20 \\
         --run-config 'num-sets=10 seed=1'
-    fedul-node-data write --out /tmp/nodes-sup --num-nodes 3 --labeled
-    fedul-node-data write --out /tmp/nodes-pu --num-nodes 5 --run-config 'client-setting="pu" positive-classes="2"'
-    fedul-node-data write --out /tmp/nodes-ssl --num-nodes 3 --run-config 'client-setting="labels-at-clients"'
-    fedul-node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
+    fedul node-data write --out /tmp/nodes-sup --num-nodes 3 --labeled
+    fedul node-data write --out /tmp/nodes-pu --num-nodes 5 --run-config 'client-setting="pu" positive-classes="2"'
+    fedul node-data write --out /tmp/nodes-ssl --num-nodes 3 --run-config 'client-setting="labels-at-clients"'
+    fedul node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -169,10 +170,16 @@ def _run_config(text: list[str] | None, dataset: str | None) -> RunConfig:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="fedul-node-data", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser, **parser_kwargs: Any) -> None:
+    """The ``write`` and ``validate`` subcommands (``parser_kwargs``: e.g. a help formatter)."""
+    sub = parser.add_subparsers(dest="node_command", required=True, metavar="{write,validate}")
     run_config_help = "run settings as for `flwr run --run-config`, e.g. 'num-sets=10 seed=1 partition=\"noniid\"'"
 
-    w = sub.add_parser("write", help="write simulated node folders from the run's dataset")
+    w = sub.add_parser("write", help="write simulated node folders from the run's dataset", **parser_kwargs)
     w.add_argument("--out", required=True, help="parent folder; node i goes to <out>/node-<i>")
     w.add_argument("--num-nodes", type=int, required=True, help="number of nodes (= num-partitions)")
     w.add_argument("--dataset", help="shortcut for --run-config dataset=...")
@@ -186,23 +193,26 @@ def _parser() -> argparse.ArgumentParser:
         "(not cut by --max-set-size), for the supervised reference",
     )
 
-    v = sub.add_parser("validate", help="check node folders and print a summary")
+    v = sub.add_parser("validate", help="check node folders and print a summary", **parser_kwargs)
     v.add_argument("dirs", nargs="+", help="node folder(s)")
     v.add_argument("--dataset", help="the run's dataset (class names, image shape); shortcut for dataset=...")
     v.add_argument("--run-config", action="append", help=run_config_help + " (class-names=... for custom names)")
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (0 ok, 1 invalid data or settings, 2 usage)."""
-    args = _parser().parse_args(argv)
+    return run(_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed ``write`` / ``validate`` command; returns the exit code."""
     try:
-        if args.command == "validate":  # needs the dataset's facts only, no dataset files
+        if args.node_command == "validate":  # needs the dataset's facts only, no dataset files
             for path in args.dirs:
                 print(validate_node_dir(path, *_facts(_validate_settings(args.run_config, args.dataset))).summary())
             return 0
         cfg = _run_config(args.run_config, args.dataset)
-        if args.command == "write":
+        if args.node_command == "write":
             if args.num_nodes < 1:
                 raise ValueError(f"--num-nodes must be >= 1, got {args.num_nodes}")
             paths = write_nodes(

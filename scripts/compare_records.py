@@ -1,6 +1,6 @@
 """Compare the per-round metrics of two folders of reproduction records, run by run.
 
-A record is the JSON file ``scripts/reproduce.py`` writes per run. Two records match
+A record is the JSON file ``fedul reproduce`` writes per run. Two records match
 *bit for bit* when every metric of every round is equal as a float (wall times aside);
 otherwise the first round and metric that differ are printed with both values.
 

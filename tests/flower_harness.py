@@ -73,7 +73,7 @@ class SuperLink:
         Every ``flwr ls`` is a new Python process (~1 CPU-second); by default the run is polled
         every 2 s. With ``done_file`` (a file the run writes at its end, e.g. its ``model.pt``)
         the wait checks that file every 0.25 s and asks ``flwr ls`` only when it exists or every 120 s, so that
-        timing runs (scripts/benchmark.py) do not share the CPU with the poller.
+        timing runs (fedul benchmark) do not share the CPU with the poller.
 
         Returns
         -------

@@ -5,8 +5,6 @@ the reproduction runner (determinism, resumable records, tables)."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import json
 import logging
 import math
 import os
@@ -30,6 +28,7 @@ from fedul_flwr.data.client_data import MissingPartError
 from fedul_flwr.data.prior_noise import noisy_priors
 from fedul_flwr.data.simulated import client_usets, load_client, load_run_dataset
 from fedul_flwr.data.sources import client_from_node_config
+from fedul_flwr.experiments import reproduce, runner
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import METHODS, get_method
 from fedul_flwr.methods.base import Batch, LocalTask, RoundContext, Stream
@@ -40,11 +39,6 @@ from fedul_flwr.methods.fedul import FedUL
 from fedul_flwr.methods.supervised import Supervised, labeled_subset
 from fedul_flwr.registry import UnknownChoiceError
 from fedul_flwr.training import train_local
-
-SPEC = importlib.util.spec_from_file_location("reproduce", Path(__file__).parent.parent / "scripts" / "reproduce.py")
-reproduce = importlib.util.module_from_spec(SPEC)
-sys.modules["reproduce"] = reproduce  # dataclasses look their module up
-SPEC.loader.exec_module(reproduce)
 
 TINY = {"samples-per-client": 200, "num-rounds": 1}  # 2 clients x 200 images of the embedded sample
 VAL = 0.05  # 600 labeled validation images of the embedded sample
@@ -452,7 +446,7 @@ def test_every_method_runs_a_round_and_records_validation(method: str, tmp_path:
     assert rows[1]["test-loss"] != rows[0]["test-loss"]  # f was trained and aggregated
 
 
-def test_runner_is_deterministic_resumable_and_renders(tmp_path: Path, small_test_set: None, capsys) -> None:
+def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: Path, small_test_set: None, capsys) -> None:
     profile = reproduce.PROFILES["cpu"]
     # 3 clients and 2 rounds: with 2 clients a weighted sum cannot depend on the order of its
     # terms, and with 1 round no aggregate is ever trained on
@@ -460,19 +454,42 @@ def test_runner_is_deterministic_resumable_and_renders(tmp_path: Path, small_tes
                              {"dataset": "mnist-sample", "method": "fedpl", "val-fraction": VAL, **TINY, "num-rounds": 2})  # fmt: skip
     rc = reproduce.run_config_of(spec, profile, "", tmp_path / "a", {})
     assert rc["num-rounds"] == 2 and rc["model"] == "small-cnn" and rc["preset"] == ""
-    first = reproduce.execute(spec, rc)
-    second = reproduce.execute(spec, {**rc, "output-dir": str(tmp_path / "b" / "runs")})
+    records = tmp_path / "a" / "records"
+    [first] = runner.run_grid([(spec, rc)], records, name="smoke")
+    terminal = capsys.readouterr()
+    assert "[1/1 " in terminal.out and f"{spec.run_id}: last-round test error" in terminal.out
+    assert "[ROUND" not in terminal.out + terminal.err  # Flower's log went to the run folder
+    log = Path(first["run-dir"]) / "flower.log"
+    assert first["log"] == str(log) and "[ROUND 2/2]" in log.read_text()
+    second = runner.execute(spec, {**rc, "output-dir": str(tmp_path / "b" / "runs")})
     strip = lambda rows: [{k: v for k, v in r.items() if k != "wall-time"} for r in rows]  # noqa: E731
     assert strip(first["metrics"]) == strip(second["metrics"])  # same preset + seed -> identical
     assert first["last-round"] == 2 and first["best-val-round"] in (1, 2)
     best = first["best-val-round"]
     assert first["best-val-test-error"] == first["metrics"][best]["test-error"]
     # resume: an existing record is not run again
-    records = tmp_path / "a" / "records"
-    records.mkdir(parents=True)
-    (records / f"{spec.run_id}.json").write_text(json.dumps(first))
-    done = reproduce.run_grid([spec], profile, tmp_path / "a", "", {})
-    assert "skip (record exists)" in capsys.readouterr().out and done == [first]
+    assert runner.run_grid([(spec, rc)], records, name="smoke") == [first]
+    assert "1 of 1 runs have records; running 0" in capsys.readouterr().out
+
+
+def test_fedul_command_shares_flag_conventions_and_shows_defaults(capsys) -> None:
+    from fedul_flwr import cli
+
+    for command in ("reproduce", "compare", "benchmark", "node-data"):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([command, "--help"])
+        assert exit_info.value.code == 0
+        usage = capsys.readouterr().out
+        if command in ("reproduce", "compare"):
+            assert "--seeds SEEDS" in usage and "--jobs JOBS" in usage and "(default: 1)" in usage
+    assert runner.parse_seeds("0,1, 2") == (0, 1, 2)
+    with pytest.raises(SystemExit, match="comma list of integers"):
+        runner.parse_seeds("0 1")
+    assert runner.parse_overrides(["lr=0.05", "fedprox:proximal-mu=0.1", "augment=weak"]) == (
+        {"lr": 0.05, "augment": "weak"}, {"fedprox": {"proximal-mu": 0.1}})  # fmt: skip
+    for bad in ("no-such-key=1", "num-rounds=two", "lr"):
+        with pytest.raises(SystemExit, match="--set"):
+            runner.parse_overrides([bad])
 
 
 def _children(pid: int) -> set[int]:
@@ -498,8 +515,7 @@ def _alive(pid: int) -> bool:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
 def test_runner_sigterm_stops_its_worker_processes(tmp_path: Path) -> None:
     """``kill <runner>`` must not leave ``--jobs`` workers running (and writing records) orphaned."""
-    script = Path(reproduce.__file__)
-    cmd = [sys.executable, str(script), "--grid", "smoke", "--jobs", "2", "--threads", "1",
+    cmd = [sys.executable, "-m", "fedul_flwr.cli", "reproduce", "--grid", "smoke", "--jobs", "2", "--threads", "1",
            "--out", str(tmp_path), "--set", "num-rounds=50"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers: set[int] = set()

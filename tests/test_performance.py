@@ -1,4 +1,4 @@
-"""Correctness of the speed-ups (their speed is measured by scripts/benchmark.py,
+"""Correctness of the speed-ups (their speed is measured by fedul benchmark,
 never by tests): the numpy IID split equals Flower Datasets' IidPartitioner, and the
 ClientApp's per-process caches (model modules, parsed run configuration) carry nothing over
 between clients or rounds."""

@@ -16,13 +16,26 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedul_flwr import wire
-from fedul_flwr.client_update import ProximalTerm, full_gradient, prepare_client_update, shared_parameters
+from fedul_flwr.client_update import (
+    ProximalTerm,
+    full_gradient,
+    prepare_client_update,
+    shared_parameters,
+)
 from fedul_flwr.config import ConfigError, resolve_config
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.base import Batch, LocalTask, Stream
@@ -469,46 +482,46 @@ def test_every_strategy_trains_fedul_through_the_real_client_app(name: str) -> N
     else:
         assert not stored
 
-# --------------------------------------------------------------------------- comparison script
-def _compare_script():
-    import importlib.util
-    from pathlib import Path
+# --------------------------------------------------------------------------- fedul compare
+def test_compare_builds_one_run_per_strategy_and_seed_and_renders_the_table() -> None:
+    import argparse
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "compare_strategies.py"
-    spec = importlib.util.spec_from_file_location("compare_strategies", path)
-    assert spec and spec.loader
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    from fedul_flwr.experiments import compare
 
+    args = argparse.Namespace(set=["lr=0.05", "fedprox:proximal-mu=0.1"], out="/tmp/x", strategies=["fedavg", "fedprox", "krum"],
+                              dataset="mnist-sample", data_dir="", rounds=2, clients=5, seeds="0,1")  # fmt: skip
+    runs, base = compare.compare_runs(args)
+    assert [(s.column, s.seed) for s, _ in runs] == [(n, seed) for n in ("fedavg", "fedprox", "krum") for seed in (0, 1)]
+    configs = {(s.column, s.seed): rc for s, rc in runs}
+    assert configs[("fedprox", 1)]["proximal-mu"] == 0.1 and configs[("fedavg", 0)]["lr"] == 0.05
+    assert base["min-train-nodes"] == 3  # Krum needs 2f + 3 replies
+    for _, rc in runs:
+        resolve_config(rc)  # every run's config is valid
+    with pytest.raises(SystemExit, match="not a strategy"):
+        compare.compare_runs(argparse.Namespace(**{**vars(args), "set": ["fedsgd:lr=0.1"]}))
 
-def test_compare_script_parses_overrides_and_renders_the_table() -> None:
-    script = _compare_script()
-    common, per = script._parse_sets(["lr=0.05", "fedprox:proximal-mu=0.1", "local-epochs-per-client=1,2,5"])
-    assert common == {"lr": "0.05", "local-epochs-per-client": "1,2,5"} and per == {"fedprox": {"proximal-mu": "0.1"}}
-    with pytest.raises(SystemExit):
-        script._parse_sets(["no-such-key=1"])
-    records = [
-        {"strategy": "fedavg", "strategy-settings": {}, "final-error": e, "best-error": e - 0.01} for e in (0.10, 0.12)
-    ] + [{"strategy": "fedprox", "strategy-settings": {"proximal-mu": 0.01}, "final-error": 0.2, "best-error": 0.15}]
-    table = script.render(records, "title")
+    def record(strategy: str, settings: dict, last: float, best: float) -> dict:
+        return {"spec": {"column": strategy, "overrides": settings}, "last-test-error": last, "best-test-error": best}
+
+    records = [record("fedavg", {}, e, e - 0.01) for e in (0.10, 0.12)] + [record("fedprox", {"proximal-mu": 0.01}, 0.2, 0.15)]
+    table = compare.render(records, "title")
     assert "| fedavg | - | 11.00 (1.41) | 10.00 (1.41) | 2 |" in table
     assert "| fedprox | proximal-mu=0.01 | 20.00 | 15.00 | 1 |" in table
 
 
-def test_compare_script_command_line_offers_the_registered_strategies_and_datasets(capsys) -> None:
-    script = _compare_script()
+def test_compare_command_line_offers_the_registered_strategies_and_datasets(capsys) -> None:
+    from fedul_flwr import cli
+
     with pytest.raises(SystemExit) as exit_info:
-        script.main(["--help"])
+        cli.main(["compare", "--help"])
     assert exit_info.value.code == 0
     usage = capsys.readouterr().out
-    assert "fedmedian" in usage and "fedtrimmedavg" in usage and "mnist-sample" in usage
+    assert "fedmedian" in usage and "bulyan" in usage and "mnist-sample" in usage
     with pytest.raises(SystemExit) as exit_info:  # argparse rejects a name no registry holds
-        script.main(["--strategies", "fedsgd"])
+        cli.main(["compare", "--strategies", "fedsgd"])
     assert exit_info.value.code == 2 and "fedsgd" in capsys.readouterr().err
 
 
-@pytest.mark.slow
 def test_scaffold_client_state_survives_rounds_under_flwr_run(tmp_path) -> None:
     """Ray simulation through a real SuperLink: each node's c_i round counter, read back
     from its ``context.state``, is 1 in round 1 and 2 in round 2 (2 nodes, both sampled)."""

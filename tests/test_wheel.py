@@ -56,11 +56,11 @@ def test_wheel_in_a_fresh_venv_writes_validates_and_runs_a_round(tmp_path: Path)
 
     work = tmp_path / "elsewhere"  # no source tree in sight
     work.mkdir()
-    tool = env_dir / "bin" / "fedul-node-data"
-    wrote = subprocess.run([str(tool), "write", "--out", str(work / "nodes"), "--num-nodes", "2", "--max-set-size", "4"],
+    tool = env_dir / "bin" / "fedul"
+    wrote = subprocess.run([str(tool), "node-data", "write", "--out", str(work / "nodes"), "--num-nodes", "2", "--max-set-size", "4"],
                            cwd=work, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert wrote.returncode == 0, wrote.stderr
-    checked = subprocess.run([str(tool), "validate", str(work / "nodes" / "node-0"), "--dataset", "mnist"],
+    checked = subprocess.run([str(tool), "node-data", "validate", str(work / "nodes" / "node-0"), "--dataset", "mnist"],
                              cwd=work, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert checked.returncode == 0 and "node-0: OK" in checked.stdout, checked.stderr
 

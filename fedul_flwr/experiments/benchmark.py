@@ -63,11 +63,14 @@ Sections (``--only loop,qc,client,flower,scale,gpu``; default: all):
 
 Examples::
 
-    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --out /tmp/bench.json
-    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only loop --repeats 5
-    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only qc --repeats 5
-    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --only scale --scale 10:1.0,100:0.1,1000:0.02
-    PYTHONPATH=. .venv/bin/python scripts/benchmark.py --quick        # smoke test, ~2 min
+    fedul benchmark --out /tmp/bench.json
+    fedul benchmark --only loop --repeats 5
+    fedul benchmark --only qc --repeats 5
+    fedul benchmark --only scale --scale 10:1.0,100:0.1,1000:0.02
+    fedul benchmark --quick        # smoke test, ~2 min
+
+The ``flower`` and ``scale`` sections start a real SuperLink with the test suite's harness
+(``tests/flower_harness.py``), so they run from a source checkout.
 """
 
 from __future__ import annotations
@@ -90,27 +93,25 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-PROJECT = Path(__file__).resolve().parent.parent
-if str(PROJECT) not in sys.path:
-    sys.path.insert(0, str(PROJECT))
+PROJECT = Path(__file__).resolve().parent.parent.parent
+"""The source checkout (its ``tests/flower_harness.py`` starts the SuperLinks)."""
 
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+import torch
+from torch import nn
 
-from fedul_flwr.acceleration import Acceleration, native_bf16  # noqa: E402
-from fedul_flwr.augment import build_augmentation  # noqa: E402
-from fedul_flwr.checkpoint import save_checkpoint  # noqa: E402
-from fedul_flwr.config import RunConfig, resolve_config  # noqa: E402
-from fedul_flwr.data.client_data import ClientData  # noqa: E402
-from fedul_flwr.data.datasets import normalize  # noqa: E402
-from fedul_flwr.data.simulated import load_client, load_run_dataset  # noqa: E402
-from fedul_flwr.methods import Method, RoundContext, get_method  # noqa: E402
-from fedul_flwr.methods.base import Predictor  # noqa: E402
-from fedul_flwr.models import build_model  # noqa: E402
-from fedul_flwr.runtime import loop_acceleration  # noqa: E402
-from fedul_flwr.server_app import global_models  # noqa: E402
-from fedul_flwr.training import LocalLoop, evaluate  # noqa: E402
-from tests.flower_harness import process_tree  # noqa: E402  (the process-tree walk the tests use)
+from fedul_flwr.acceleration import Acceleration, native_bf16
+from fedul_flwr.augment import build_augmentation
+from fedul_flwr.checkpoint import save_checkpoint
+from fedul_flwr.config import RunConfig, resolve_config
+from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.data.datasets import normalize
+from fedul_flwr.data.simulated import load_client, load_run_dataset
+from fedul_flwr.methods import Method, RoundContext, get_method
+from fedul_flwr.methods.base import Predictor
+from fedul_flwr.models import build_model
+from fedul_flwr.runtime import loop_acceleration
+from fedul_flwr.server_app import global_models
+from fedul_flwr.training import LocalLoop, evaluate
 
 SECTIONS = ("loop", "augment", "qc", "client", "flower", "scale", "gpu")
 State = dict[str, torch.Tensor]
@@ -818,7 +819,7 @@ def flwr_run(
         rounds 1..R), ``startup-s`` (submission -> end of the round-0 evaluation),
         ``total-s``, ``peak-rss-mb``, ``peak-pss-mb``, ``peak-processes``.
     """
-    from tests.flower_harness import superlink
+    superlink = _harness().superlink
 
     workdir.mkdir(parents=True, exist_ok=True)
     out_dir = workdir / "runs"
@@ -1119,16 +1120,31 @@ def scale_markdown(scale: Mapping[str, Any], label: str = "") -> str:
 # --------------------------------------------------------------------------- main
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line options (see the module docstring)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+def _harness() -> Any:
+    """``tests/flower_harness.py`` of the source checkout (SuperLink start, process trees)."""
+    if not (PROJECT / "tests" / "flower_harness.py").is_file():
+        raise SystemExit("the flower and scale sections need a source checkout (tests/flower_harness.py)")
+    if str(PROJECT) not in sys.path:
+        sys.path.insert(0, str(PROJECT))
+    from tests import flower_harness
+
+    return flower_harness
+
+
+def process_tree(root: int) -> list[int]:
+    """Pids of ``root`` and its descendants (the test harness's walk)."""
+    return _harness().process_tree(root)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``fedul benchmark`` (see the module docstring)."""
     p.add_argument("--only", default=",".join(SECTIONS), help="comma list of sections: " + ",".join(SECTIONS))
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (medians are reported)")
     p.add_argument("--out", default="", help="write the results as JSON to this file")
     p.add_argument("--workdir", default="", help="scratch folder (SuperLink homes, run folders); default: a temp dir")
     p.add_argument("--threads", type=int, default=2, help="torch threads of the bare loop = client-resources-num-cpus")
     p.add_argument("--dataset", default="mnist-sample", help="dataset of the qc, flower and gpu sections")
-    p.add_argument("--data-dir", default="/work/shared/data", help="torchvision root (full MNIST for scale)")
+    p.add_argument("--data-dir", default="", help="torchvision root (full MNIST for scale; not needed for mnist-sample)")
     p.add_argument("--model", default="small-cnn")
     p.add_argument("--num-sets", default="10", help="M per client")
     p.add_argument("--samples-per-client", type=int, default=0, help="cap n_c (run-config samples-per-client; 0 = all)")
@@ -1157,14 +1173,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
     p.add_argument("--markdown", default="", help="also write the loop and scale results as markdown tables here")
     p.add_argument("--render", default="", help="only render --markdown from these earlier --out JSONs (comma list; runs nothing)")
-    args = p.parse_args(argv)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return finalize_args(p.parse_args(argv))
+
+
+def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Apply ``--quick`` and check ``--only``."""
     if args.quick:
         args.repeats, args.rounds, args.scale_rounds, args.qc_clients, args.flower_clients = 1, 2, 2, 2, 2
         args.scale, args.samples_per_client = "10:0.2", 300
         args.loop_clients, args.loop_samples = 2, "resnet18:32"
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
-        p.error(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
+        raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
     return args
 
 
@@ -1185,7 +1211,17 @@ def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the selected sections; print a summary; write ``--out`` (and ``--markdown``)."""
-    args = parse_args(argv)
+    return benchmark(parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``fedul benchmark``."""
+    benchmark(finalize_args(args))
+    return 0
+
+
+def benchmark(args: argparse.Namespace) -> dict[str, Any]:
+    """Run the sections of ``args``; print a summary; write ``--out`` (and ``--markdown``)."""
     if args.render:
         files = [Path(f) for f in args.render.split(",")]
         results = {f.stem: json.loads(f.read_text()) for f in files}

@@ -37,35 +37,34 @@ Profiles (``--profile``):
 
 Examples::
 
-    python scripts/reproduce.py --grid table1 --profile cpu --data-dir /work/shared/data --jobs 2
-    python scripts/reproduce.py --grid table1 --profile paper --data-dir /data
-    python scripts/reproduce.py --grid smoke --profile cpu          # 2 rounds, embedded sample
-    python scripts/reproduce.py --grid table1 --profile cpu --render-only
-    python scripts/reproduce.py --grid table1 --list                 # the runs, nothing executed
+    fedul reproduce --grid table1 --profile cpu --data-dir /work/shared/data --jobs 2
+    fedul reproduce --grid table1 --profile paper --data-dir /data
+    fedul reproduce --grid smoke --profile cpu          # 2 rounds, embedded sample
+    fedul reproduce --grid table1 --profile cpu --render-only
+    fedul reproduce --grid table1 --list                 # the runs, nothing executed
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import platform
-import shutil
-import signal
 import statistics
 import sys
-import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PROJECT = Path(__file__).resolve().parent.parent
-if str(PROJECT) not in sys.path:
-    sys.path.insert(0, str(PROJECT))
-
-from fedul_flwr.config import default_config, load_preset, resolve_config  # noqa: E402
+from fedul_flwr.config import default_config, load_preset
+from fedul_flwr.experiments.runner import (
+    RunSpec,
+    add_common_arguments,
+    load_records,
+    parse_overrides,
+    parse_seeds,
+    run_grid,
+)
 
 # --------------------------------------------------------------------------- methods
 
@@ -221,26 +220,6 @@ PROFILES = {
 }  # fmt: skip
 
 # --------------------------------------------------------------------------- grids
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of a grid: where it goes in the table and what it overrides."""
-
-    grid: str
-    row: str  # table row, e.g. "MNIST IID"
-    column: str  # table column, e.g. "FedUL"
-    sub: str  # sub-column inside a cell, e.g. the number of sets "10"
-    seed: int
-    clients: int
-    preset: str
-    overrides: dict[str, Any]
-
-    @property
-    def run_id(self) -> str:
-        """File-safe id, unique within a profile."""
-        text = f"{self.grid}__{self.row}__{self.column}__{self.sub}__s{self.seed}"
-        return "".join(c if c.isalnum() or c in "-_." else "-" for c in text.replace("%", "pct"))
 
 
 def _rows(datasets: Iterable[str], partitions: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
@@ -477,142 +456,6 @@ def run_config_of(spec: RunSpec, profile: Profile, data_dir: str, out_dir: Path,
     return values
 
 
-def best_val_round(metrics: Sequence[Mapping[str, float]]) -> int | None:
-    """Round >= 1 with the lowest ``val-error`` (earliest on ties); None without validation."""
-    rows = [r for r in metrics if r["round"] >= 1 and "val-error" in r]
-    return int(min(rows, key=lambda r: (r["val-error"], r["round"]))["round"]) if rows else None
-
-
-def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict[str, Any]:
-    """Run one federation in this process and return its JSON record.
-
-    Parameters
-    ----------
-    spec : RunSpec
-        Where the run goes in the table.
-    run_config : dict
-        Complete run config (:func:`run_config_of`).
-    threads : int
-        torch threads (0: leave as is).
-
-    Returns
-    -------
-    dict
-        The record (see module doc). Deterministic for a given run config on CPU, apart from
-        ``wall-time`` entries.
-    """
-    import torch
-
-    from fedul_flwr.client_app import app
-    from fedul_flwr.data import simulated
-    from fedul_flwr.inprocess import InProcessGrid
-    from fedul_flwr.methods import get_method
-    from fedul_flwr.server_app import run_federation
-
-    if threads:
-        torch.set_num_threads(threads)
-    start = time.time()
-    cfg = resolve_config(run_config)
-    outputs = run_federation(InProcessGrid(app, spec.clients, run_config), cfg)
-    simulated.load_client.cache_clear()  # a grid visits many configs: free the client tensors
-    metrics = [outputs.rows[r] for r in sorted(outputs.rows)]
-    tested = [r for r in metrics if "test-error" in r]
-    best = best_val_round(metrics)
-    by_round = {int(r["round"]): r for r in metrics}
-    names = list(get_method(cfg.method)(cfg).predictors())  # the headline first (HASSLE: EM, SM, UM)
-    predictors: dict[str, Any] = {"predictors": names}  # the others are recorded as test-accuracy-<name>
-    for name in names[1:]:
-        errors = [1.0 - r[f"test-accuracy-{name}"] for r in tested if r["round"] >= 1]
-        predictors[f"last-test-error-{name}"] = 1.0 - tested[-1][f"test-accuracy-{name}"]
-        predictors[f"best-test-error-{name}"] = min(errors) if errors else None
-    return {
-        "run-id": spec.run_id,
-        "spec": asdict(spec),
-        "run-config": run_config,
-        "config": cfg.as_dict(),
-        "metrics": metrics,
-        "last-round": int(tested[-1]["round"]),
-        "last-test-error": tested[-1]["test-error"],
-        "best-test-error": min(r["test-error"] for r in tested if r["round"] >= 1) if len(tested) > 1 else None,
-        "best-val-round": best,
-        "best-val-test-error": by_round[best]["test-error"] if best is not None else None,
-        **predictors,
-        "wall-time-s": time.time() - start,
-        "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
-        "run-dir": str(outputs.path),
-    }
-
-
-def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threads: int) -> tuple[str, dict[str, Any]]:
-    # a run without a record never finished (a killed grid): its folder is started afresh
-    shutil.rmtree(Path(run_config["output-dir"]) / run_config["run-name"], ignore_errors=True)
-    record = execute(spec, run_config, threads)
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)  # atomic: a killed run leaves no record, so it is redone on resume
-    return path, record
-
-
-def run_grid(
-    specs: Sequence[RunSpec], profile: Profile, out_dir: Path, data_dir: str, user: Mapping[str, Any],
-    jobs: int = 1, threads: int = 0,
-) -> list[dict[str, Any]]:  # fmt: skip
-    """Run every spec whose record is missing (``jobs`` worker processes), print progress,
-    and return all records of ``specs`` (old and new)."""
-    records_dir = out_dir / "records"
-    records_dir.mkdir(parents=True, exist_ok=True)
-    todo = []
-    for spec in specs:
-        path = records_dir / f"{spec.run_id}.json"
-        if path.exists():
-            print(f"skip (record exists) {spec.run_id}", flush=True)
-        else:
-            todo.append((spec, run_config_of(spec, profile, data_dir, out_dir, user), str(path)))
-    print(f"{len(specs) - len(todo)} of {len(specs)} runs done; running {len(todo)} with {jobs} job(s)", flush=True)
-    grid_start = time.time()
-
-    def report(i: int, record: dict[str, Any]) -> None:
-        best = record["best-val-test-error"]
-        print(
-            f"[{i}/{len(todo)}] {record['run-id']}: last {100 * record['last-test-error']:.2f}% "
-            f"best-val {'-' if best is None else f'{100 * best:.2f}%'} in {record['wall-time-s']:.0f}s "
-            f"(grid {time.time() - grid_start:.0f}s)",
-            flush=True,
-        )
-
-    if jobs <= 1:
-        for i, (spec, rc, path) in enumerate(todo, 1):
-            print(f"[{i}/{len(todo)}] start {spec.run_id}", flush=True)
-            report(i, _execute_to_file(spec, rc, path, threads)[1])
-    else:
-        # SIGTERM (kill, a scheduler's time limit) becomes SystemExit here, so leaving the
-        # ``with`` block terminates the workers instead of leaving them running orphaned.
-        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-        try:
-            with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-                args = [(spec, rc, path, threads or 1) for spec, rc, path in todo]
-                for i, (_, record) in enumerate(pool.imap_unordered(_execute_to_file_star, args), 1):
-                    report(i, record)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-    return load_records(specs, out_dir)
-
-
-def _execute_to_file_star(args: tuple[RunSpec, dict[str, Any], str, int]) -> tuple[str, dict[str, Any]]:
-    return _execute_to_file(*args)
-
-
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-def load_records(specs: Sequence[RunSpec], out_dir: Path) -> list[dict[str, Any]]:
-    """Existing records of ``specs``."""
-    paths = [out_dir / "records" / f"{s.run_id}.json" for s in specs]
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
-
-
 # --------------------------------------------------------------------------- rendering
 
 
@@ -759,53 +602,40 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
 # --------------------------------------------------------------------------- CLI
 
 
-def _parse_set(items: Sequence[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected key=value")
-        default = default_config().get(key)
-        if default is None:
-            raise SystemExit(f"--set {item!r}: unknown key; valid: {sorted(default_config())}")
-        out[key] = type(default)(value) if not isinstance(default, bool) else value.lower() == "true"
-    return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point (see module doc)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--grid", default="table1", choices=GRIDS)
-    p.add_argument("--profile", default="cpu", choices=sorted(PROFILES))
-    p.add_argument("--methods", default=",".join(METHOD_KEYS), help=f"comma list of {list(METHOD_KEYS)}")
-    p.add_argument("--datasets", default="mnist", help="table rows (table1*, table-e12, table-e13)")
-    p.add_argument("--partitions", default="iid,noniid")
-    p.add_argument("--sets", default="10,20,40", help="M values (table1*, table-e13)")
-    p.add_argument("--seeds", default="", help="comma list; default: the profile's")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``fedul reproduce`` (see the module doc)."""
+    p.add_argument("--grid", default="table1", choices=GRIDS, help="the table to reproduce")
+    p.add_argument("--profile", default="cpu", choices=sorted(PROFILES), help="compute settings of every run")
+    p.add_argument("--methods", default=",".join(METHOD_KEYS), help="comma list of columns (table1*)")
+    p.add_argument("--datasets", default="mnist", help="comma list of table rows (table1*, table-e12, table-e13)")
+    p.add_argument("--partitions", default="iid,noniid", help="comma list of table rows (table1*)")
+    p.add_argument("--sets", default="10,20,40", help="comma list of M values (table1*, table-e13)")
     p.add_argument("--subs", default="", help="comma list: run only these sub-columns (e.g. loop-check's plain,defaults)")
-    p.add_argument("--data-dir", default="", help="absolute torchvision root (e.g. /work/shared/data)")
-    p.add_argument("--out", default=str(PROJECT / "outputs" / "reproduce"), help="results root")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra run-config override")
-    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch default; 1 with --jobs>1)")
+    add_common_arguments(p, out="outputs/reproduce", seeds_help="comma list; empty: the profile's seeds")
     p.add_argument("--list", action="store_true", help="print the runs and exit")
-    p.add_argument("--render-only", action="store_true", help="only render tables/plots of existing records")
-    args = p.parse_args(argv)
+    p.add_argument("--render-only", action="store_true", help="only render tables and plots of existing records")
 
+
+def run(args: argparse.Namespace) -> int:
+    """``fedul reproduce``: run the grid's missing runs, render its tables. Exit 1 while runs
+    are missing."""
     profile = PROFILES[args.profile]
-    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else profile.seeds
+    seeds = parse_seeds(args.seeds) or profile.seeds
     specs = build_grid(args.grid, args, seeds)
     if args.subs:
         specs = [spec for spec in specs if spec.sub in args.subs.split(",")]
     out_dir = Path(args.out).expanduser().resolve() / args.profile
-    user = _parse_set(args.set)
+    common, targeted = parse_overrides(args.set)
+    if targeted:
+        raise SystemExit(f"--set {next(iter(targeted))}:...: fedul reproduce takes key=value without a column")
     if args.list:
         for spec in specs:
             print(spec.run_id, spec.clients, "clients", json.dumps(spec.overrides))
         print(f"{len(specs)} runs")
         return 0
-    records = load_records(specs, out_dir) if args.render_only else run_grid(
-        specs, profile, out_dir, args.data_dir, user, jobs=args.jobs, threads=args.threads)  # fmt: skip
+    runs = [(spec, run_config_of(spec, profile, args.data_dir, out_dir, common)) for spec in specs]
+    records = load_records(specs, out_dir / "records") if args.render_only else run_grid(
+        runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=args.grid)  # fmt: skip
     if not records:
         print(f"no records of grid {args.grid!r} in {out_dir / 'records'}: nothing to render", file=sys.stderr)
         return 1
@@ -813,7 +643,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(path.read_text())
     print(f"wrote {path}")
     return 0 if len(records) == len(specs) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,68 @@
+"""The ``fedul`` command: one entry point for the project's tools, one set of flag conventions.
+
+Subcommands:
+
+``fedul reproduce``
+    The papers' tables as resumable grids of in-process federations, rendered beside the
+    papers' numbers (:mod:`fedul_flwr.experiments.reproduce`).
+``fedul compare``
+    One method under several server strategies, same data and seeds
+    (:mod:`fedul_flwr.experiments.compare`).
+``fedul benchmark``
+    Speed and memory of the training loop, the ClientApp, Flower's simulation and scale
+    (:mod:`fedul_flwr.experiments.benchmark`).
+``fedul node-data``
+    Write and validate the data folders of deployed nodes (:mod:`fedul_flwr.node_data`).
+
+The grid commands share one runner (:mod:`fedul_flwr.experiments.runner`) and its flags:
+``--seeds 0,1`` (comma list), ``--data-dir``, ``--out``, ``--set [COLUMN:]KEY=VALUE``,
+``--jobs``, ``--threads`` (0: cores // jobs); a run with a record is never run again (delete
+the record to redo it); each run's Flower log goes to ``flower.log`` in its run folder and the
+terminal shows a progress bar and one line per finished run. ``fedul <command> --help`` shows
+every option with its default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+
+__all__ = ["build_parser", "main"]
+
+COMMANDS: dict[str, tuple[str, str]] = {
+    "reproduce": ("fedul_flwr.experiments.reproduce", "reproduce the papers' tables (resumable grids)"),
+    "compare": ("fedul_flwr.experiments.compare", "compare server strategies on the same runs"),
+    "benchmark": ("fedul_flwr.experiments.benchmark", "measure the loop, the ClientApp, Flower and scale"),
+    "node-data": ("fedul_flwr.node_data", "write and validate deployed nodes' data folders"),
+}
+"""Subcommand -> (module with ``add_arguments(parser)`` and ``run(args) -> int``, summary)."""
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in ``--help``; descriptions (the modules' docstrings) as written."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``fedul`` parser with its subcommands (each imported when the parser is built)."""
+    parser = argparse.ArgumentParser(prog="fedul", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, summary) in COMMANDS.items():
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=summary, description=module.__doc__, formatter_class=HelpFormatter)
+        if name == "node-data":
+            module.add_arguments(p, formatter_class=HelpFormatter)
+        else:
+            module.add_arguments(p)
+        p.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``fedul``; returns the subcommand's exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
