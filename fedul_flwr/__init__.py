@@ -1,5 +1,5 @@
 """fedul-flwr: FedUL (Lu et al., ICLR 2022) -- federated learning from unlabeled sets with
-known class priors -- as a Flower app. See README.md."""
+known class priors -- as a Flower app (README.md; the documentation site is built from docs/)."""
 
 import logging
 

@@ -20,8 +20,8 @@ exchanged and trained models (their parameters keyed as on the wire, ``"<model>.
   c_i has been updated in, also kept in the state). Option II is exact for ``local-optimizer = "sgd"``; with Adam
   (x - y_i) / (K * lr) is the mean Adam direction, a different scale than gradients, and
   Adam rescales the correction c - c_i per coordinate under either option: on MNIST
-  non-IID SCAFFOLD with Adam clients diverged after round 1 (README, "The comparison
-  table"), so use SGD clients with SCAFFOLD.
+  non-IID SCAFFOLD with Adam clients diverged after round 1 (docs/server-strategies.md, "The
+  comparison table"), so use SGD clients with SCAFFOLD.
 - FedNova (Wang et al., NeurIPS 2020) needs only the step count tau_i, which every client
   reports as the metric ``num-steps``.
 

@@ -81,7 +81,7 @@ class SuperLink:
             The run's ``flwr ls`` record and its log.
         """
         args = ["run", ".", self.connection, "--format", "json", "--run-config", run_config]
-        args += ["--federation-config", federation_config]
+        args += ["--federation-config", federation_config] if federation_config else []
         submitted = self.flwr(*args)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         reply = json.loads(submitted.stdout)

@@ -244,7 +244,7 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> Strategy
             "SCAFFOLD's correction c - c_i (and option II's (x - y_i) / (K * lr)) assumes local SGD; "
             "with local-optimizer=%r the optimiser rescales it per coordinate (measured: accuracy "
             "falls after round 1 with either option). Prefer local-optimizer='sgd' "
-            "(README, 'Server strategies').",
+            "(docs/server-strategies.md).",
             cfg.local_optimizer,
         )
     strategy_class, specific = STRATEGIES.get(cfg.strategy)(cfg)
