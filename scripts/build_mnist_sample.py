@@ -15,7 +15,7 @@ selected training indices' digest).
 
 Usage::
 
-    python scripts/build_mnist_sample.py --mnist-root ../shared/data
+    python scripts/build_mnist_sample.py --mnist-root /path/to/torchvision-root
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def md5(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mnist-root", default="../shared/data", help="torchvision root holding MNIST/raw/")
+    ap.add_argument("--mnist-root", required=True, help="torchvision root holding MNIST/raw/")
     ap.add_argument("--train-size", type=int, default=12000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(REPO / "fedul_flwr" / "assets" / "mnist_sample.npz"))

@@ -1,6 +1,6 @@
 """Tests for fedul_flwr.data.datasets.
 
-They need neither ../shared nor the network: the embedded sample ships with the repo, and
+They need no dataset files and no network: the embedded sample ships with the repo, and
 the torchvision paths run on tiny fake datasets written into ``tmp_path`` (real IDX ``.gz``
 files for MNIST, pickled batches in a ``.tar.gz`` for CIFAR-10). The fakes cannot match
 torchvision's md5s, so the archive check ``_verify_archive`` is monkeypatched where the

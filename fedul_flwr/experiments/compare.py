@@ -22,7 +22,7 @@ least 3 replies a round (``--clients 5`` samples all 5); the others take the app
 Examples::
 
     # the table of the docs (2 CPU cores: ~13 min per run, two runs at a time)
-    fedul compare --data-dir /work/shared/data --rounds 20 --seeds 0,1 --jobs 2
+    fedul compare --data-dir /path/to/torchvision-root --rounds 20 --seeds 0,1 --jobs 2
     # smoke check on the embedded sample
     fedul compare --dataset mnist-sample --rounds 2
     # unequal local work (FedNova's and SCAFFOLD's case), plain SGD clients

@@ -37,7 +37,7 @@ Profiles (``--profile``):
 
 Examples::
 
-    fedul reproduce --grid table1 --profile cpu --data-dir /work/shared/data --jobs 2
+    fedul reproduce --grid table1 --profile cpu --data-dir /path/to/torchvision-root --jobs 2
     fedul reproduce --grid table1 --profile paper --data-dir /data
     fedul reproduce --grid smoke --profile cpu          # 2 rounds, embedded sample
     fedul reproduce --grid table1 --profile cpu --render-only
