@@ -56,7 +56,7 @@ def test_round_without_successful_reply_fails_loudly(tmp_path: Path) -> None:
         run_federation(grid, resolve_config(rc))
 
 
-def test_uniform_and_sample_weighting_differ(tmp_path: Path) -> None:
+def test_uniform_and_sample_weighting_differ(tmp_path: Path, small_test_set: None) -> None:
     # unequal clients (num-sets differs -> same data, so use the non-IID split: equal sizes);
     # use a Dirichlet split, whose client sizes differ, and compare aggregated weights.
     # val-fraction=0.8 only shrinks the pool (2.4k images) to keep the test quick
@@ -125,7 +125,7 @@ def test_summary_names_the_preset(tmp_path: Path) -> None:
     assert "preset=authors-code" in outputs.summary(num_clients=2)
 
 
-def test_tensorboard_event_files_hold_every_recorded_metric(tmp_path: Path) -> None:
+def test_tensorboard_event_files_hold_every_recorded_metric(tmp_path: Path, small_test_set: None) -> None:
     """tensorboard=true: <run folder>/tensorboard holds one scalar per metric and round, the
     same values as metrics.json (vector metrics as <name>/<i>)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -143,7 +143,11 @@ def test_every_strategy_aggregates_each_model_of_a_multi_model_method(strategy: 
         rc["local-optimizer"] = "sgd"
     if strategy == "fedprox":
         rc["proximal-mu"] = 0.1
-    grid = RecordingGrid(client_app, 2, rc)  # key 0: a and b; key 1: b only
+    nodes = 2  # key 0: a and b; key 1: b only
+    if strategy in ("krum", "multikrum", "bulyan"):  # at least 3 senders of each model (Krum 2f + 3, Bulyan 4f + 3)
+        nodes = 5  # keys 0, 2, 4 send a and b; keys 1, 3 only b
+        rc.update({"min-available-nodes": nodes, "min-train-nodes": nodes})
+    grid = RecordingGrid(client_app, nodes, rc)
     outputs = server_app.run_federation(grid, resolve_config(rc))
     initial = server_app.global_models(resolve_config(rc), get_method(DUAL)(resolve_config(rc)), 1, 10, 28)
     for model, path in (("a", "model.pt"), ("b", "model-b.pt")):

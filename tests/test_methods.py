@@ -26,7 +26,7 @@ from fedul_flwr.config import ConfigError, resolve_config
 from fedul_flwr.data import simulated
 from fedul_flwr.data.client_data import MissingPartError
 from fedul_flwr.data.prior_noise import noisy_priors
-from fedul_flwr.data.simulated import client_usets, load_client, load_run_dataset
+from fedul_flwr.data.simulated import client_usets, load_client
 from fedul_flwr.data.sources import client_from_node_config
 from fedul_flwr.experiments import reproduce, runner
 from fedul_flwr.inprocess import InProcessGrid
@@ -420,17 +420,6 @@ def test_samples_per_client_and_knob_validation() -> None:
 
 
 # --------------------------------------------------------------------------- federations
-
-
-@pytest.fixture
-def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Central evaluation on the first 500 test images, to keep the federations fast."""
-
-    def load(cfg):
-        data = load_run_dataset(cfg)
-        return dataclasses.replace(data, test_x=data.test_x[:500], test_y=data.test_y[:500])
-
-    monkeypatch.setattr(server_app, "load_run_dataset", load)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS.names()))

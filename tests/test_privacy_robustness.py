@@ -118,11 +118,11 @@ def test_client_local_dp_clips_each_update_on_the_node() -> None:
     assert 0 < _distance(initial, final) <= 2 * clip * (1 + 1e-5)
 
 
-def test_client_local_dp_composes_with_hassle_and_server_dp_refuses_it_clearly(tmp_path: Path) -> None:
+def test_client_local_dp_composes_with_hassle_and_server_dp_refuses_it_clearly(tmp_path: Path, small_test_set: None) -> None:
     """HASSLE's clients send only some of the four models: LocalDpMod clips each reply against
     the received copy of just those; Flower's server-side clipping cannot, and says so."""
     rc = {**CHEAP, "method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "L,P,U",
-          "labeled-share": 0.5, "batch-size": 32, "num-rounds": 2, "output-dir": str(tmp_path),
+          "labeled-share": 0.5, "samples-per-client": 100, "batch-size": 32, "num-rounds": 2, "output-dir": str(tmp_path),
           "differential-privacy": "client-local", "dp-clipping-norm": 0.05, "dp-sensitivity": 1e-12}  # fmt: skip
     run_federation(InProcessGrid(client_app, 3, {**rc, "run-name": "local"}), resolve_config({**rc, "run-name": "local"}))
     rows = json.loads((tmp_path / "local" / "metrics.json").read_text())
