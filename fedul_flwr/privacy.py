@@ -80,13 +80,13 @@ from flwr.serverapp.strategy import (
 )
 
 from fedul_flwr import wire
-from fedul_flwr.config import RunConfig, config_from_json
+from fedul_flwr.config import CHOICES, RunConfig, config_from_json
 from fedul_flwr.data.sources import node_key
 
 __all__ = ["DP_MODES", "local_dp_mod", "with_server_dp"]
 
-DP_MODES: tuple[str, ...] = ("none", "server-fixed", "server-adaptive", "client-local")
-"""Values of ``differential-privacy``."""
+DP_MODES: tuple[str, ...] = CHOICES["differential-privacy"]
+"""Values of ``differential-privacy``: none, server-fixed, server-adaptive, client-local."""
 _LOCAL_DP_STREAM = 0x1DB  # keeps the node's noise stream apart from its other seeded draws
 
 
@@ -193,10 +193,15 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig) -> Strategy:
     return strategy
 
 
+@functools.lru_cache(maxsize=8)
+def _parsed(text: str) -> RunConfig:
+    return config_from_json(text)
+
+
 def _run_config(msg: Message) -> RunConfig | None:
     config = msg.content.config_records.get(wire.CONFIG)
     text = None if config is None else config.get(wire.RUN_CONFIG)
-    return config_from_json(text) if isinstance(text, str) else None
+    return _parsed(text) if isinstance(text, str) else None
 
 
 def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
@@ -206,6 +211,11 @@ def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
     The reply's model arrays are clipped against the received copy of exactly the models the
     client sends (HASSLE's partial replies included) and noised by ``LocalDpMod``; a client
     that sat the round out and failed replies pass unchanged.
+
+    Raises
+    ------
+    RuntimeError
+        If ``LocalDpMod`` rejects the reply (the ClientApp then replies with the error).
     """
     cfg = _run_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
     if cfg is None or cfg.differential_privacy != "client-local":
