@@ -1,4 +1,4 @@
-"""Command line for deployed nodes' data folders (``fedul node-data``; also ``fedul-node-data``).
+"""Command line for deployed nodes' data folders (``fedul node-data``; ``python -m fedul_flwr.node_data``).
 
 ``write``
     Simulate N organisations: split the run's dataset exactly as a simulation would
@@ -169,7 +169,7 @@ def _run_config(text: list[str] | None, dataset: str | None) -> RunConfig:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fedul-node-data", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fedul node-data", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return parser
 

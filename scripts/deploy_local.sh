@@ -10,7 +10,7 @@
 #   --workdir DIR        where node data, FLWR_HOME, logs and run outputs go
 #                        (default: a new folder under /tmp)
 #   --data-root DIR      use existing node folders DIR/node-0 .. DIR/node-<N-1> instead of
-#                        writing simulated ones (see `fedul-node-data write --help`)
+#                        writing simulated ones (see `fedul node-data write --help`)
 #   --max-set-size K     images per U set of the simulated nodes (default 20)
 #   --run-config "..."   extra run settings for `flwr run`, e.g. "num-rounds=3 lr=0.0005"
 #                        (default "num-rounds=2")
@@ -88,10 +88,10 @@ start() {  # start LOGFILE CMD...: run CMD in its own session (process group); r
 if [[ -z "$DATA_ROOT" ]]; then
   DATA_ROOT="$WORKDIR/nodes"
   echo "writing $NODES simulated node folders to $DATA_ROOT"
-  fedul-node-data write --out "$DATA_ROOT" --num-nodes "$NODES" --max-set-size "$MAX_SET_SIZE" > "$WORKDIR/node-data.txt"
+  fedul node-data write --out "$DATA_ROOT" --num-nodes "$NODES" --max-set-size "$MAX_SET_SIZE" > "$WORKDIR/node-data.txt"
 fi
 for ((i = 0; i < NODES; i++)); do
-  fedul-node-data validate "$DATA_ROOT/node-$i" > /dev/null
+  fedul node-data validate "$DATA_ROOT/node-$i" > /dev/null
 done
 
 # 2. SuperLink (Fleet, Control and runtime APIs on one port) and a connection for the CLI
