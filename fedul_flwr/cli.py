@@ -50,10 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (module_name, summary) in COMMANDS.items():
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=summary, description=module.__doc__, formatter_class=HelpFormatter)
-        if name == "node-data":
-            module.add_arguments(p, formatter_class=HelpFormatter)
-        else:
-            module.add_arguments(p)
+        module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
 

@@ -41,11 +41,6 @@ from fedul_flwr.training import LocalLoop, evaluate
 app = ClientApp(mods=[local_dp_mod])  # Flower's LocalDpMod where differential-privacy=client-local
 
 
-@functools.lru_cache(maxsize=8)
-def _config(text: str) -> RunConfig:
-    return config_from_json(text)
-
-
 @dataclass(frozen=True)
 class _Client:
     cfg: RunConfig
@@ -71,7 +66,7 @@ def _client(msg: Message, context: Context) -> _Client:
             f"the {msg.metadata.message_type} message carries no '{wire.RUN_CONFIG}' in its config: "
             "the fedul-flwr ServerApp sends the resolved run configuration with every message"
         )
-    cfg = _config(text)
+    cfg = config_from_json(text)
     configure_threads(cfg.client_threads)
     method = get_method(cfg.method)(cfg)
     data = client_from_node_config(cfg, context.node_config, method=cfg.method, parts=method.requires, uses=method.uses)
@@ -168,8 +163,9 @@ def train(msg: Message, context: Context) -> Message:
         **update.metrics,
         **method.uploads(c.data, models, ctx),
     }
+    in_order = [s.name for s in specs if s.name in sent]  # the global ArrayRecord's order (Flower's DP pairs by position)
     arrays = ArrayRecord(
-        {f"{wire.model_prefix(name)}{k}": v.detach().cpu() for name in sent for k, v in models[name].state_dict().items()}
+        {f"{wire.model_prefix(name)}{k}": v.detach().cpu() for name in in_order for k, v in models[name].state_dict().items()}
     )
     return _reply(msg, c, arrays, metrics, extra)
 

@@ -324,8 +324,14 @@ def _parse_positive_ints(key: str, value: Any, allow_empty: bool = False) -> tup
     return values
 
 
-def _coerce(key: str, value: Any, kind: type) -> Any:
-    """``value`` as ``kind`` (bool / int / float / str), naming ``key`` on failure."""
+def coerce_value(key: str, value: Any, kind: type) -> Any:
+    """``value`` as ``kind`` (bool / int / float / str; ``"true"`` / ``"false"`` for bool).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``key`` and ``value`` when it is not a valid ``kind``.
+    """
     try:
         if kind is bool:
             if isinstance(value, str):
@@ -383,18 +389,20 @@ def config_from_values(values: Mapping[str, Any]) -> RunConfig:
         elif key == "test-prior":
             kwargs[field.name] = value  # parsed below, once the dataset is known
         else:
-            kwargs[field.name] = _coerce(key, value, _FIELD_TYPES[str(field.type)])
+            kwargs[field.name] = coerce_value(key, value, _FIELD_TYPES[str(field.type)])
     kwargs["test_prior"] = _parse_test_prior(kwargs["test_prior"], str(kwargs["dataset"]))
     extra = tuple(
-        (key, _coerce(key, values[key], type(defaults[key]))) for key in sorted(defaults) if key not in CORE_KEYS
+        (key, coerce_value(key, values[key], type(defaults[key]))) for key in sorted(defaults) if key not in CORE_KEYS
     )
     cfg = RunConfig(**kwargs, extra=extra)
     _validate(cfg)
     return cfg
 
 
+@functools.lru_cache(maxsize=8)
 def config_from_json(text: str) -> RunConfig:
-    """:func:`config_from_values` of a :meth:`RunConfig.to_json` string.
+    """:func:`config_from_values` of a :meth:`RunConfig.to_json` string (cached: every message of
+    a run carries the same text, and the result is frozen).
 
     Raises
     ------
@@ -529,10 +537,11 @@ def _validate_robustness(cfg: RunConfig) -> None:
         f"strategy={cfg.strategy!r} with num-malicious-nodes={cfg.num_malicious_nodes} needs at least {needed} replies "
         f"per round (Bulyan: 4f + 3, Krum: 2f + 3), so min-train-nodes={cfg.min_train_nodes} must be >= {needed}",
     )
+    d = cfg.as_dict()
     for key in ("dp-noise-multiplier", "dp-clip-norm-lr"):
-        _check(getattr(cfg, key.replace("-", "_")) >= 0, f"{key}={getattr(cfg, key.replace('-', '_'))} must be >= 0")
+        _check(d[key] >= 0, f"{key}={d[key]} must be >= 0")
     for key in ("dp-clipping-norm", "dp-sensitivity", "dp-epsilon"):
-        _check(getattr(cfg, key.replace("-", "_")) > 0, f"{key}={getattr(cfg, key.replace('-', '_'))} must be > 0")
+        _check(d[key] > 0, f"{key}={d[key]} must be > 0")
     _check(0.0 < cfg.dp_delta < 1.0, f"dp-delta={cfg.dp_delta} must be in (0, 1)")
     _check(0.0 <= cfg.dp_target_clipped_quantile <= 1.0,
            f"dp-target-clipped-quantile={cfg.dp_target_clipped_quantile} must be in [0, 1]")  # fmt: skip

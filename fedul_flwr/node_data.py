@@ -35,7 +35,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -174,9 +173,10 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def add_arguments(parser: argparse.ArgumentParser, **parser_kwargs: Any) -> None:
-    """The ``write`` and ``validate`` subcommands (``parser_kwargs``: e.g. a help formatter)."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``write`` and ``validate`` subcommands (with ``parser``'s help formatter)."""
     sub = parser.add_subparsers(dest="node_command", required=True, metavar="{write,validate}")
+    parser_kwargs = {"formatter_class": parser.formatter_class}
     run_config_help = "run settings as for `flwr run --run-config`, e.g. 'num-sets=10 seed=1 partition=\"noniid\"'"
 
     w = sub.add_parser("write", help="write simulated node folders from the run's dataset", **parser_kwargs)

@@ -92,7 +92,8 @@ _LOCAL_DP_STREAM = 0x1DB  # keeps the node's noise stream apart from its other s
 
 class ClippableReplies:
     """Mixin for Flower's server-side DP wrappers: hand them only replies with an update to
-    clip, check each carries exactly the global model's arrays, and set the wrapper's
+    clip, check each carries exactly the global model's arrays in their order (the ClientApp sends
+    them in the order of the method's model specs), and set the wrapper's
     ``num_sampled_clients`` (the noise's divisor) to their number.
 
     Raises
@@ -125,15 +126,13 @@ class ClippableReplies:
             sent = list(reply.content[wire.ARRAYS].keys())
             if not sent:  # sat the round out: nothing to clip
                 continue
-            if sorted(sent) == sorted(expected):  # Flower pairs arrays by position: put them in the global order
-                record = reply.content[wire.ARRAYS]
-                reply.content[wire.ARRAYS] = ArrayRecord({k: record[k] for k in expected})
-            else:
+            if sent != expected:  # Flower pairs the reply's arrays with the global ones by position
                 missing = sorted({k.split(".", 1)[0] for k in expected} - {k.split(".", 1)[0] for k in sent})
+                detail = f"models missing: {missing}" if missing else "in another order"
                 raise ValueError(
                     f"round {server_round}: node {reply.metadata.src_node_id} sent {len(sent)} of the "
-                    f"{len(expected)} global arrays (models missing: {missing}); server-side DP clips "
-                    "whole-model updates: use differential-privacy=client-local"
+                    f"{len(expected)} global arrays ({detail}); server-side DP clips whole-model updates: use "
+                    "differential-privacy=client-local"
                 )
             kept.append(reply)
         self.num_sampled_clients = max(1, len(kept))
@@ -193,15 +192,10 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig) -> Strategy:
     return strategy
 
 
-@functools.lru_cache(maxsize=8)
-def _parsed(text: str) -> RunConfig:
-    return config_from_json(text)
-
-
 def _run_config(msg: Message) -> RunConfig | None:
     config = msg.content.config_records.get(wire.CONFIG)
     text = None if config is None else config.get(wire.RUN_CONFIG)
-    return _parsed(text) if isinstance(text, str) else None
+    return config_from_json(text) if isinstance(text, str) else None
 
 
 def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

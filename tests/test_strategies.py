@@ -490,7 +490,8 @@ def test_compare_builds_one_run_per_strategy_and_seed_and_renders_the_table() ->
 
     args = argparse.Namespace(set=["lr=0.05", "fedprox:proximal-mu=0.1"], out="/tmp/x", strategies=["fedavg", "fedprox", "krum"],
                               dataset="mnist-sample", data_dir="", rounds=2, clients=5, seeds="0,1")  # fmt: skip
-    runs, base = compare.compare_runs(args)
+    runs, base, common = compare.compare_runs(args)
+    assert common == {"lr": 0.05}
     assert [(s.column, s.seed) for s, _ in runs] == [(n, seed) for n in ("fedavg", "fedprox", "krum") for seed in (0, 1)]
     configs = {(s.column, s.seed): rc for s, rc in runs}
     assert configs[("fedprox", 1)]["proximal-mu"] == 0.1 and configs[("fedavg", 0)]["lr"] == 0.05

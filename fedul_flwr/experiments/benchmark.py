@@ -1120,6 +1120,7 @@ def scale_markdown(scale: Mapping[str, Any], label: str = "") -> str:
 # --------------------------------------------------------------------------- main
 
 
+@functools.cache
 def _harness() -> Any:
     """``tests/flower_harness.py`` of the source checkout (SuperLink start, process trees)."""
     if not (PROJECT / "tests" / "flower_harness.py").is_file():

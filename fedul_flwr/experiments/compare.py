@@ -60,8 +60,9 @@ STRATEGY_SETTINGS: dict[str, dict[str, Any]] = {
 BASE_SETTINGS: dict[str, Any] = {"method": "fedul", "dataset": "mnist", "partition": "noniid", "num-sets": 10}
 
 
-def compare_runs(args: argparse.Namespace) -> tuple[list[tuple[RunSpec, dict[str, Any]]], dict[str, Any]]:
-    """The comparison's runs (spec, complete run config) and the settings common to all."""
+def compare_runs(args: argparse.Namespace) -> tuple[list[tuple[RunSpec, dict[str, Any]]], dict[str, Any], dict[str, Any]]:
+    """The comparison's runs (spec, complete run config), the settings common to all, and the
+    ``--set`` values among them."""
     common, per_strategy = parse_overrides(args.set)
     unknown = set(per_strategy) - set(STRATEGIES.names())
     if unknown:
@@ -86,7 +87,7 @@ def compare_runs(args: argparse.Namespace) -> tuple[list[tuple[RunSpec, dict[str
         for seed in parse_seeds(args.seeds) or (0,):
             spec = RunSpec("compare", row, strategy, "*", seed, args.clients, "", settings)
             runs.append((spec, {**base, **settings, "strategy": strategy, "seed": seed, "run-name": spec.run_id}))
-    return runs, base
+    return runs, base, common
 
 
 def _cell(values: list[float]) -> str:
@@ -118,10 +119,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``fedul compare``: run the missing runs, write and print ``strategies.md``."""
-    runs, base = compare_runs(args)
+    runs, base, common = compare_runs(args)
     out = Path(args.out).expanduser().resolve()
     records = run_grid(runs, out / "records", jobs=args.jobs, threads=args.threads, name="compare")
-    common, _ = parse_overrides(args.set)
     header = (
         f"{base['method']}, {args.dataset} {base['partition']}, {args.clients} clients, M = {base['num-sets']}, "
         f"{args.rounds} rounds, seeds {args.seeds or '0'}"

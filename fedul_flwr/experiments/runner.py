@@ -338,7 +338,7 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, dic
     SystemExit
         On a malformed item or a key that ``[tool.flwr.app.config]`` lacks.
     """
-    from fedul_flwr.config import default_config
+    from fedul_flwr.config import ConfigError, coerce_value, default_config
 
     defaults = default_config()
     common: dict[str, Any] = {}
@@ -348,10 +348,9 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, dic
         key, sep, text = assignment.partition("=")
         if not sep or key not in defaults:
             raise SystemExit(f"--set {item!r}: expected [column:]key=value with a key of [tool.flwr.app.config]")
-        default = defaults[key]
         try:
-            value: Any = text.lower() == "true" if isinstance(default, bool) else type(default)(text)
-        except ValueError:
-            raise SystemExit(f"--set {item!r}: {text!r} is not a {type(default).__name__} like {key}'s default") from None
+            value = coerce_value(key, text, type(defaults[key]))
+        except ConfigError as exc:
+            raise SystemExit(f"--set {item!r}: {exc}") from None
         (targeted.setdefault(target, {}) if target else common)[key] = value
     return common, targeted
