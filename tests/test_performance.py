@@ -13,7 +13,7 @@ from torch import nn
 
 import fedul_flwr.client_app as client_module
 from fedul_flwr import wire
-from fedul_flwr.config import RunConfig, resolve_config
+from fedul_flwr.config import RunConfig, config_from_json, resolve_config
 from fedul_flwr.data.partition import _label_dataset, iid_partition
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.models import build_model
@@ -71,8 +71,8 @@ def test_cached_model_carries_nothing_between_messages() -> None:
 def test_run_config_is_parsed_once_per_text() -> None:
     base = resolve_config({})
     text = base.to_json()
-    one = client_module._config(text)
+    one = config_from_json(text)
     assert one == base  # the client runs with exactly the server's resolution
-    assert client_module._config(base.to_json()) is one  # an equal text: the cached object
-    other = client_module._config(resolve_config({"seed": 5}).to_json())
+    assert config_from_json(base.to_json()) is one  # an equal text: the cached object
+    other = config_from_json(resolve_config({"seed": 5}).to_json())
     assert other.seed == 5 and one.seed == 0
