@@ -5,7 +5,10 @@ setting ``resume=true``).
 ``<run folder>/checkpoint.pt`` holds ``{"round": r, "state_dict": the global arrays of f
 after round r, as the strategy holds them (dtype included),
 "config": the run's dashed-key settings, "strategy_state": the strategy's cross-round
-arrays}``. It is replaced atomically (write to a temporary file, then ``os.replace``), so a
+arrays, "random_state": Python's global ``random`` state after round r}``. The last is the
+state of Flower's node sampling (it draws from the global ``random``, seeded once per run):
+restored, a resumed run with ``fraction-train < 1`` picks the same clients in rounds r + 1, ...
+as an uninterrupted one. It is replaced atomically (write to a temporary file, then ``os.replace``), so a
 crash while writing leaves the previous checkpoint intact.
 
 What a checkpoint restores, and what it cannot: FedUL clients re-create their optimiser
@@ -21,6 +24,7 @@ variates c_i live in the clients' state, which a server checkpoint cannot hold.
 from __future__ import annotations
 
 import os
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,12 +73,16 @@ class Checkpoint:
         The run settings of the run that wrote it.
     strategy_state : dict[str, Any]
         The strategy's cross-round arrays (:func:`strategy_state`); empty for stateless ones.
+    random_state : tuple or None
+        ``random.getstate()`` after round r (Flower's node sampling); None in checkpoints
+        written before it was saved.
     """
 
     round: int
     state_dict: dict[str, torch.Tensor]
     config: dict[str, Any]
     strategy_state: dict[str, Any] = field(default_factory=dict)
+    random_state: tuple[Any, ...] | None = None
 
 
 def _tensors(value: Any) -> dict[str, Any]:
@@ -130,7 +138,8 @@ def save_checkpoint(
     strategy: object | None = None,
 ) -> Path:
     """Atomically write ``<run_dir>/checkpoint.pt`` for ``server_round`` (f's ``state_dict``,
-    the run ``config`` and, if given, ``strategy``'s cross-round state); returns its path."""
+    the run ``config``, if given ``strategy``'s cross-round state, and Python's ``random``
+    state); returns its path."""
     path = Path(run_dir) / CHECKPOINT_FILE
     tmp = path.with_suffix(".pt.tmp")
     payload = {
@@ -138,6 +147,7 @@ def save_checkpoint(
         "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()},
         "config": config,
         "strategy_state": strategy_state(strategy) if strategy is not None else {},
+        "random_state": random.getstate(),
     }
     torch.save(payload, tmp)
     os.replace(tmp, path)
@@ -158,7 +168,8 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         return Checkpoint(
-            int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {}))
+            int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {})),
+            payload.get("random_state"),
         )
     except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from exc

@@ -93,9 +93,13 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         models.load_state_dict(ckpt.state_dict)
         initial_arrays = ArrayRecord(ckpt.state_dict)  # as the strategy held them (FedOpt: float64)
         restore_strategy_state(inner_strategy(strategy), ckpt.strategy_state)
+        if ckpt.random_state is not None:  # Flower's node sampling continues where it stopped
+            random.setstate(ckpt.random_state)
         inner_strategy(strategy).round_offset = start_round  # rounds r + 1, ... are configured and aggregated as such
         if (outputs.path / "metrics.json").is_file():
             outputs.rows.update({int(r["round"]): r for r in read_metrics(outputs.path) if int(r["round"]) <= start_round})
+            # wall-time goes on from the stopped run's (time spent running, not the pause between)
+            outputs.started -= float(outputs.rows.get(start_round, {}).get("wall-time", 0.0))
         log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
 
     def test(x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:

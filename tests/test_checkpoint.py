@@ -18,7 +18,7 @@ from fedul_flwr.outputs import read_metrics
 from fedul_flwr.server_app import run_federation
 
 
-def _run(tmp_path: Path, **overrides: object):
+def _run(tmp_path: Path, clients: int = 2, **overrides: object):
     run_config = {
         "num-sets": 10,
         "samples-per-client": 150,
@@ -30,7 +30,7 @@ def _run(tmp_path: Path, **overrides: object):
         "output-dir": str(tmp_path),
         **overrides,
     }
-    grid = InProcessGrid(client_app, 2, run_config)
+    grid = InProcessGrid(client_app, clients, run_config)
     return run_federation(grid, resolve_config(run_config))
 
 
@@ -88,3 +88,19 @@ def test_an_existing_run_name_is_refused_without_resume(tmp_path: Path) -> None:
     with pytest.raises(FileExistsError, match="run-name='taken'.*resume=true"):
         _run(tmp_path, **{"num-rounds": 2, "run-name": "taken", "seed": 5})
     assert {p.name: p.read_bytes() for p in first.path.iterdir() if p.is_file()} == before
+
+
+@pytest.mark.slow
+def test_resume_with_client_sampling_picks_the_same_clients(tmp_path: Path) -> None:
+    """fraction-train < 1: Flower samples nodes from Python's global ``random``; the checkpoint
+    carries its state, so the resumed rounds 3 and 4 train the clients the uninterrupted ones do
+    (re-seeded instead, they would repeat rounds 1 and 2's draws)."""
+    sampled = {"fraction-train": 0.5, "num-rounds": 4}
+    full = _run(tmp_path, clients=4, **{**sampled, "run-name": "full"})
+    _run(tmp_path, clients=4, **{**sampled, "num-rounds": 2, "run-name": "part"})
+    resumed = _run(tmp_path, clients=4, **{**sampled, "run-name": "part", "resume": True})
+    final_full = torch.load(full.path / "model.pt", weights_only=True)
+    final_resumed = torch.load(resumed.path / "model.pt", weights_only=True)
+    for key in final_full:
+        assert torch.equal(final_full[key], final_resumed[key]), key
+    assert read_metrics(resumed.path)[-1]["wall-time"] >= read_metrics(resumed.path)[2]["wall-time"]

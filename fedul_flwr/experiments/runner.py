@@ -9,12 +9,14 @@ configuration's ``output-dir``. Then:
 - its record ``<records>/<run-id>.json`` (run config, resolved config, per-round metrics,
   last-round and best test error, test error at the best-validation round, every
   predictor's errors, wall time) is written atomically, so a run with a record is skipped
-  and an interrupted grid resumes where it stopped (a run without one starts afresh);
+  and an interrupted grid resumes where it stopped: a run without a record continues after
+  the last round of its checkpoint where that is exact (:func:`resumable_round`), else it
+  starts afresh;
 - Flower's log of the run goes to ``<run folder>/flower.log`` (not to the terminal); the
   terminal shows a progress bar with the time estimate (on a terminal) and one summary line
   per finished run;
 - Ctrl-C or SIGTERM stops the runner and its worker processes; an unfinished run writes no
-  record.
+  record, only its per-round checkpoint.
 
 ``jobs`` runs go at once in spawned worker processes, each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
@@ -41,7 +43,7 @@ from typing import Any
 
 __all__ = [
     "RunSpec", "add_common_arguments", "best_val_round", "execute", "load_records", "parse_overrides", "parse_seeds",
-    "run_grid", "threads_per_job",
+    "resumable_round", "run_grid", "threads_per_job",
 ]  # fmt: skip
 
 LOG_FILE = "flower.log"
@@ -187,16 +189,57 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     }
 
 
-def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threads: int) -> dict[str, Any]:
-    """:func:`execute` with Flower's log in the run folder; writes the record atomically."""
+def resumable_round(run_config: Mapping[str, Any]) -> int:
+    """Last round of an unfinished run that can be continued from its checkpoint, else 0.
+
+    A run folder without a record holds a stopped run. It is continued (``resume=true``)
+    where its ``checkpoint.pt`` was written with the same resolved settings (``resume`` and
+    ``num-rounds`` aside) and the strategy keeps all its state on the server
+    (:data:`~fedul_flwr.checkpoint.RESUMABLE_STRATEGIES`); such a run ends with the weights
+    of an uninterrupted one. Anything else (no or unreadable checkpoint, other settings,
+    SCAFFOLD) is started afresh (0).
+    """
+    from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, load_checkpoint
+    from fedul_flwr.config import resolve_config
+
     run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
-    # a run without a record never finished (a killed grid): its folder is started afresh
-    shutil.rmtree(run_dir, ignore_errors=True)
+    if run_config.get("strategy") not in RESUMABLE_STRATEGIES or not (run_dir / "checkpoint.pt").is_file():
+        return 0
+    try:
+        ckpt = load_checkpoint(run_dir)
+    except CheckpointError:
+        return 0
+    if ckpt.random_state is None:  # written before the sampling state was saved: not exact
+        return 0
+    free = ("resume", "num-rounds")  # a run may be continued to more rounds than it was stopped at
+
+    def settings(config: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in config.items() if k not in free}
+
+    same = settings(resolve_config(dict(run_config)).as_dict()) == settings(ckpt.config)
+    return ckpt.round if same and ckpt.round < int(run_config["num-rounds"]) else 0
+
+
+def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threads: int) -> dict[str, Any]:
+    """:func:`execute` with Flower's log in the run folder; writes the record atomically.
+    A stopped run is continued from its checkpoint where :func:`resumable_round` allows."""
+    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
+    resumed = resumable_round(run_config)
+    if resumed:
+        run_config = {**run_config, "resume": True}
+    else:  # a run without a record never finished (a killed grid): its folder is started afresh
+        shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder does not exist yet
+    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder may not exist yet
+    if resumed and (run_dir / LOG_FILE).is_file():
+        (run_dir / LOG_FILE).replace(log)  # the log goes on
     with flower_log_to(log):
         record = execute(spec, run_config, threads)
     log.replace(run_dir / LOG_FILE)
+    if resumed:
+        record["resumed-after-round"] = resumed
+        # the stopped part's running time: the wall-time of its last round (the metric table goes on)
+        record["wall-time-s"] += next((float(r.get("wall-time", 0.0)) for r in record["metrics"] if r["round"] == resumed), 0.0)
     record["log"] = str(run_dir / LOG_FILE)
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
