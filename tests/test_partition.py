@@ -89,3 +89,18 @@ def test_holdout_is_stratified(labels: np.ndarray) -> None:
     assert np.all(np.bincount(labels[held], minlength=10) == 120)
     kept0, held0 = holdout_split(labels, 0.0, seed=0)
     assert len(held0) == 0 and len(kept0) == len(labels)
+
+
+def test_dirichlet_on_a_small_pool_scales_its_minimum_and_names_a_failed_draw() -> None:
+    """A 1000-image labeled pool over 20 clients at alpha = 0.1 (the FedDB setting): the
+    default minimum (N // (10 C) = 5 here) lets every seed draw; an unreachable minimum
+    stops with an error naming alpha, the pool, the clients and the seed."""
+    from fedul_flwr.data.partition import dirichlet_partition
+
+    labels = np.repeat(np.arange(10), 100)
+    for seed in range(5):
+        parts = dirichlet_partition(labels, 20, 0.1, seed)
+        assert min(len(p) for p in parts) >= 5
+        assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+    with pytest.raises(ValueError, match=r"dirichlet-alpha=0.1: .*1000 samples over 20 clients .*at least 40 \(seed 0\)"):
+        dirichlet_partition(labels, 20, 0.1, 0, min_partition_size=40)
