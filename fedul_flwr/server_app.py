@@ -117,6 +117,11 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         server_round += start_round  # Flower counts the rounds of this start() from 1
         global_arrays = arrays.to_torch_state_dict()
         models.load_state_dict(global_arrays)
+        train = inner_strategy(strategy).last_train_metrics  # this round's aggregate (evaluation comes last)
+        if server_round > start_round and train is not None:  # recorded as the run goes, so a stopped run keeps them
+            keys = (wire.TRAIN_LOSS, *method.recorded_metrics)
+            outputs.record(server_round, **{k: train[k] for k in keys if k in train})
+            inner_strategy(strategy).last_train_metrics = None
         if server_round > start_round:  # every finished round: the models, their round, the strategy state
             # the global arrays as the strategy holds them, not the models' float32 copy:
             # FedOpt strategies compute in float64, and an exact resume must continue from those
@@ -137,9 +142,6 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         evaluate_config=settings,
         evaluate_fn=central_evaluate,
     )
-    for server_round, metrics in result.train_metrics_clientapp.items():
-        keys = (wire.TRAIN_LOSS, *method.recorded_metrics)
-        outputs.record(server_round + start_round, **{k: metrics[k] for k in keys if k in metrics})
     models.load_state_dict(result.arrays.to_torch_state_dict())
     outputs.save_models({name: {k: v.cpu() for k, v in m.state_dict().items()} for name, m in models.items()})
     outputs.plot()

@@ -104,3 +104,22 @@ def test_resume_with_client_sampling_picks_the_same_clients(tmp_path: Path) -> N
     for key in final_full:
         assert torch.equal(final_full[key], final_resumed[key]), key
     assert read_metrics(resumed.path)[-1]["wall-time"] >= read_metrics(resumed.path)[2]["wall-time"]
+
+
+def test_each_checkpoint_comes_with_its_rounds_train_metrics(tmp_path: Path, monkeypatch) -> None:
+    """A run killed after round r keeps round r's train metrics: they are in metrics.json by
+    the time the checkpoint of round r is written, not only when the run ends."""
+    from fedul_flwr import server_app
+
+    seen: dict[int, dict] = {}
+    original = server_app.save_checkpoint
+
+    def spy(run_dir, server_round, *args, **kwargs):
+        rows = {int(r["round"]): r for r in read_metrics(Path(run_dir))} if (Path(run_dir) / "metrics.json").is_file() else {}
+        seen[server_round] = rows.get(server_round, {})
+        return original(run_dir, server_round, *args, **kwargs)
+
+    monkeypatch.setattr(server_app, "save_checkpoint", spy)
+    _run(tmp_path, **{"num-rounds": 2, "run-name": "spied"})
+    assert sorted(seen) == [1, 2]
+    assert all("train-loss" in row for row in seen.values()), seen

@@ -123,12 +123,17 @@ class ResumedRounds:
     """
 
     round_offset: int = 0
+    last_train_metrics: MetricRecord | None = None
+    """The aggregated train metrics of the latest round, for the server to record (and
+    checkpoint) with that round's evaluation."""
 
     def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Iterable[Message]:
         return super().configure_train(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
 
     def aggregate_train(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
-        return super().aggregate_train(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+        arrays, metrics = super().aggregate_train(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+        self.last_train_metrics = metrics
+        return arrays, metrics
 
     def configure_evaluate(self, server_round: int, *args: Any, **kwargs: Any) -> Iterable[Message]:
         return super().configure_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
