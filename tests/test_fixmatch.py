@@ -145,3 +145,23 @@ def test_feddb_federation_records_app_u_and_the_dma_weights(tmp_path: Path) -> N
         assert row["dma-loss"] <= row["dma-loss-uniform"]
         assert 0.0 <= row["pseudo-label-share"] <= 1.0
 
+
+
+def test_feddb_diagnostics_by_hand() -> None:
+    """The ablation's 'why' tables: share in %, APP-U max/min, 1/sum(beta^2), DMA losses;
+    a round a record lacks is left out of the mean and the cell says so."""
+    from fedul_flwr.experiments.feddb_diagnostics import diagnostics_of, render_diagnostics
+
+    row = {"round": 10, "pseudo-label-share": 0.25, "app-u": [0.2, 0.4, 0.4], "dma-beta": [0.5, 0.25, 0.25],
+           "dma-loss-uniform": 0.3, "dma-loss": 0.1}  # fmt: skip
+    got = diagnostics_of(row)
+    assert got["share"] == pytest.approx(25.0) and got["app-u-ratio"] == pytest.approx(2.0)
+    assert got["effective-clients"] == pytest.approx(1 / (0.25 + 0.0625 + 0.0625))
+    assert (got["dma-loss-uniform"], got["dma-loss"]) == (0.3, 0.1)
+    assert diagnostics_of({"round": 3, "test-error": 0.2}) == {}
+    spec = {"row": "IID", "column": "FedDB"}
+    records = [{"spec": spec, "metrics": [row]}, {"spec": spec, "metrics": [{**row, "round": 50, "pseudo-label-share": 0.75}]}]
+    text = render_diagnostics(records, rounds=(10, 50))
+    assert "| IID | FedDB | 25.0 (1 of 2 seeds) | 75.0 (1 of 2 seeds) |" in text
+    assert "| IID | FedDB | 2.67 (1 of 2 seeds) | 2.67 (1 of 2 seeds) |" in text  # effective clients
+    assert render_diagnostics([{"spec": spec, "metrics": [{"round": 10, "test-error": 0.1}]}]) == ""

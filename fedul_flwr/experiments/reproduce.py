@@ -584,13 +584,19 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
             render_table(grid, specs, records, "best-val-test-error"),
             "",
         ]
+    if grid == "feddb-ablation":  # the quantities DPL and DMA act on, by round
+        from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
+
+        text += ["### Why: pseudo-labels, APP-U and DMA's weights by round", "", render_diagnostics(records), ""]
     if records:  # every run's wall time and the settings that decide it
-        text += ["### Wall time per run", "", "| run | wall time (s) | threads | loop |", "|---|---|---|---|"]
+        text += ["### Wall time per run", "",
+                 "| run | wall time (s) | threads | device | loop | continued after round |", "|---|---|---|---|---|---|"]  # fmt: skip
         for r in sorted(records, key=lambda r: r["run-id"]):
             c = r["config"]
             loop = " ".join(str(c.get(k, "-")) for k in ("precision", "memory-format"))
             loop += " fused" if c.get("fused-optimizer") else (" per-parameter" if "fused-optimizer" in c else "")
-            text.append(f"| {r['run-id']} | {r['wall-time-s']:.0f} | {r.get('threads', '-')} | {loop} |")
+            text.append(f"| {r['run-id']} | {r['wall-time-s']:.0f} | {r.get('threads', '-')} | {c.get('device', '-')} | "
+                        f"{loop} | {r.get('resumed-after-round', '-')} |")  # fmt: skip
         text.append("")
     plots = plot_curves(grid, records, out_dir / "plots") if records else []
     text += [f"![{p.stem}](plots/{p.name})" for p in plots]
