@@ -117,20 +117,20 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         server_round += start_round  # Flower counts the rounds of this start() from 1
         global_arrays = arrays.to_torch_state_dict()
         models.load_state_dict(global_arrays)
+        metrics = test(data.test_x, data.test_y, "test")
+        if val_idx is not None:
+            val = test(data.train_x[val_idx], data.train_y[val_idx], "val")
+            metrics.update({k: v for k, v in val.items() if not k.startswith("val-loss")})
         train = inner_strategy(strategy).last_train_metrics  # this round's aggregate (evaluation comes last)
         if server_round > start_round and train is not None:  # recorded as the run goes, so a stopped run keeps them
             keys = (wire.TRAIN_LOSS, *method.recorded_metrics)
             outputs.record(server_round, **{k: train[k] for k in keys if k in train})
             inner_strategy(strategy).last_train_metrics = None
-        if server_round > start_round:  # every finished round: the models, their round, the strategy state
-            # the global arrays as the strategy holds them, not the models' float32 copy:
-            # FedOpt strategies compute in float64, and an exact resume must continue from those
-            save_checkpoint(outputs.path, server_round, global_arrays, cfg.as_dict(), inner_strategy(strategy))
-        metrics = test(data.test_x, data.test_y, "test")
-        if val_idx is not None:
-            val = test(data.train_x[val_idx], data.train_y[val_idx], "val")
-            metrics.update({k: v for k, v in val.items() if not k.startswith("val-loss")})
         outputs.record(server_round, **metrics)
+        if server_round > start_round:  # every finished round, once its row is written: the models, their
+            # round, the strategy state -- the global arrays as the strategy holds them, not the models'
+            # float32 copy: FedOpt strategies compute in float64, and an exact resume must continue from those
+            save_checkpoint(outputs.path, server_round, global_arrays, cfg.as_dict(), inner_strategy(strategy))
         return MetricRecord(metrics)
 
     settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json()})  # the clients use the server's resolution

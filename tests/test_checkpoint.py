@@ -107,8 +107,8 @@ def test_resume_with_client_sampling_picks_the_same_clients(tmp_path: Path) -> N
 
 
 def test_each_checkpoint_comes_with_its_rounds_train_metrics(tmp_path: Path, monkeypatch) -> None:
-    """A run killed after round r keeps round r's train metrics: they are in metrics.json by
-    the time the checkpoint of round r is written, not only when the run ends."""
+    """A run killed after round r keeps round r's train and test metrics: they are in
+    metrics.json by the time the checkpoint of round r is written, not only when the run ends."""
     from fedul_flwr import server_app
 
     seen: dict[int, dict] = {}
@@ -122,4 +122,4 @@ def test_each_checkpoint_comes_with_its_rounds_train_metrics(tmp_path: Path, mon
     monkeypatch.setattr(server_app, "save_checkpoint", spy)
     _run(tmp_path, **{"num-rounds": 2, "run-name": "spied"})
     assert sorted(seen) == [1, 2]
-    assert all("train-loss" in row for row in seen.values()), seen
+    assert all("train-loss" in row and "test-error" in row for row in seen.values()), seen
