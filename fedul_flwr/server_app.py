@@ -122,7 +122,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
             val = test(data.train_x[val_idx], data.train_y[val_idx], "val")
             metrics.update({k: v for k, v in val.items() if not k.startswith("val-loss")})
         train = inner_strategy(strategy).last_train_metrics  # this round's aggregate (evaluation comes last)
-        if server_round > start_round and train is not None:  # recorded as the run goes, so a stopped run keeps them
+        if train is not None:  # recorded as the run goes (not at the end), so a stopped run keeps them
             keys = (wire.TRAIN_LOSS, *method.recorded_metrics)
             outputs.record(server_round, **{k: train[k] for k in keys if k in train})
             inner_strategy(strategy).last_train_metrics = None

@@ -202,12 +202,11 @@ def resumable_round(run_config: Mapping[str, Any]) -> int:
     from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, load_checkpoint
     from fedul_flwr.config import resolve_config
 
-    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
-    if run_config.get("strategy") not in RESUMABLE_STRATEGIES or not (run_dir / "checkpoint.pt").is_file():
+    if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
         return 0
     try:
-        ckpt = load_checkpoint(run_dir)
-    except CheckpointError:
+        ckpt = load_checkpoint(Path(run_config["output-dir"]) / run_config["run-name"])
+    except CheckpointError:  # none (the run stopped before its first round) or unreadable
         return 0
     if ckpt.random_state is None:  # written before the sampling state was saved: not exact
         return 0

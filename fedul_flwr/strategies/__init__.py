@@ -119,7 +119,9 @@ class ResumedRounds:
     ``Strategy.start`` counts its rounds from 1; a run resumed after round r
     (``resume=true``) sets ``round_offset = r``, so that round r + 1 is configured (the
     clients' ``server-round``, hence their seeds) and aggregated (FedAdam's bias correction
-    uses the round) exactly as in an uninterrupted run.
+    uses the round) exactly as in an uninterrupted run. It also keeps the latest round's
+    aggregated train metrics (``last_train_metrics``), which the server records with that
+    round's evaluation, so a stopped run keeps the metrics of every finished round.
     """
 
     round_offset: int = 0
