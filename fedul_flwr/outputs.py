@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -185,3 +186,10 @@ def _tensorboard_writer(path: Path) -> Any:
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """Load ``metrics.json`` of a finished run folder."""
     return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+def running_time(rows: Iterable[Mapping[str, Any]]) -> float:
+    """Seconds a (stopped) run has run: the largest ``wall-time`` of its metric rows (0 if none).
+    The largest rather than the last round's: a run stopped between its checkpoint and its
+    metric row lacks that row."""
+    return max((float(r["wall-time"]) for r in rows if "wall-time" in r), default=0.0)

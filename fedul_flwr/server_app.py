@@ -24,7 +24,7 @@ from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
-from fedul_flwr.outputs import RunOutputs, read_metrics
+from fedul_flwr.outputs import RunOutputs, read_metrics, running_time
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
 from fedul_flwr.training import evaluate
@@ -99,7 +99,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         if (outputs.path / "metrics.json").is_file():
             outputs.rows.update({int(r["round"]): r for r in read_metrics(outputs.path) if int(r["round"]) <= start_round})
             # wall-time goes on from the stopped run's (time spent running, not the pause between)
-            outputs.started -= float(outputs.rows.get(start_round, {}).get("wall-time", 0.0))
+            outputs.started -= running_time(outputs.rows.values())
         log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
 
     def test(x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:

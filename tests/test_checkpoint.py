@@ -123,3 +123,12 @@ def test_each_checkpoint_comes_with_its_rounds_train_metrics(tmp_path: Path, mon
     _run(tmp_path, **{"num-rounds": 2, "run-name": "spied"})
     assert sorted(seen) == [1, 2]
     assert all("train-loss" in row and "test-error" in row for row in seen.values()), seen
+
+
+def test_running_time_is_the_largest_wall_time_of_a_stopped_run() -> None:
+    """A run stopped between its checkpoint and that round's metric row still reports the
+    running time of its last written row."""
+    from fedul_flwr.outputs import running_time
+
+    assert running_time([{"round": 0, "wall-time": 1.5}, {"round": 1, "wall-time": 7.0}, {"round": 2}]) == 7.0
+    assert running_time([]) == 0.0

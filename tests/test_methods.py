@@ -461,11 +461,14 @@ def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: 
     assert "1 of 1 runs have records; running 0" in capsys.readouterr().out
     # a run stopped after round 1 (checkpoint, no record) goes on from there: same metrics
     stopped = {**rc, "output-dir": str(tmp_path / "c" / "runs")}
-    runner.execute(spec, {**stopped, "num-rounds": 1})
+    part = runner.execute(spec, {**stopped, "num-rounds": 1})
     assert runner.resumable_round(stopped) == 1
     assert runner.resumable_round({**stopped, "lr": 2 * stopped["lr"]}) == 0  # other settings: afresh
     [continued] = runner.run_grid([(spec, stopped)], tmp_path / "c" / "records", name="smoke")
     assert continued["resumed-after-round"] == 1 and continued["run-config"]["resume"] is True
+    stopped_time = max(r["wall-time"] for r in part["metrics"])
+    assert continued["wall-time-s"] > stopped_time  # the stopped part's running time is counted
+    assert continued["metrics"][-1]["wall-time"] > stopped_time  # and the metric table's clock goes on
     assert strip(continued["metrics"]) == strip(first["metrics"])
     assert "[ROUND 1/1]" in Path(continued["log"]).read_text()  # the stopped part's log is kept
 

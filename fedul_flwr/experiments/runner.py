@@ -224,8 +224,12 @@ def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threa
     A stopped run is continued from its checkpoint where :func:`resumable_round` allows."""
     run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
     resumed = resumable_round(run_config)
+    stopped_time = 0.0  # how long the stopped part ran
     if resumed:
+        from fedul_flwr.outputs import read_metrics, running_time
+
         run_config = {**run_config, "resume": True}
+        stopped_time = running_time(read_metrics(run_dir)) if (run_dir / "metrics.json").is_file() else 0.0
     else:  # a run without a record never finished (a killed grid): its folder is started afresh
         shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -237,8 +241,7 @@ def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threa
     log.replace(run_dir / LOG_FILE)
     if resumed:
         record["resumed-after-round"] = resumed
-        # the stopped part's running time: the wall-time of its last round (the metric table goes on)
-        record["wall-time-s"] += next((float(r.get("wall-time", 0.0)) for r in record["metrics"] if r["round"] == resumed), 0.0)
+        record["wall-time-s"] += stopped_time
     record["log"] = str(run_dir / LOG_FILE)
     tmp = Path(path).with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
