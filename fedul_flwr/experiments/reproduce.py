@@ -124,6 +124,13 @@ HASSLE_ABLATION: dict[str, dict[str, Any]] = {  # GRA: residual models; MPA: the
     "GRA": {"method": "hassle", "hassle-gamma": 0.0},
     "GRA + MPA": {"method": "hassle"},
 }
+BRACKET_NOTES = {  # what the [paper] numbers are where they are not the same experiment
+    "feddb-ablation": "[paper]: the paper's CIFAR-10 numbers (WRN-28-2, 100 clients), for reference only.",
+    "hassle-ablation": "[paper]: the paper's Table 2, on CIFAR-10 (ResNet-8), for reference only.",
+    "hassle-table1": "[paper]: trained with SGD lr 0.1; these runs use lr 0.01, at which training stays finite "
+                     "(docs/hassle.md).",
+    "hassle-table7": "[paper]: trained with SGD lr 0.1; these runs use lr 0.01 (docs/hassle.md).",
+}
 ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation",
                   *HASSLE_ROWS)  # fmt: skip
 """Grids rendered in % test accuracy (the FedPU paper's unit); the others in % test error."""
@@ -567,7 +574,8 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         f"## {grid} ({profile_name} profile)",
         "",
         f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper]"
-        + (f" for {sub_name} = {subs}" if subs else "") + "; mean (std) over seeds when there are several.",
+        + (f" for {sub_name} = {subs}" if subs else "") + "; mean (std) over seeds when there are several."
+        + (f" {BRACKET_NOTES[grid]}" if grid in BRACKET_NOTES else ""),
         "",
         f"### Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
         "",
