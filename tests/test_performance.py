@@ -1,9 +1,12 @@
 """Correctness of the speed-ups (their speed is measured by fedul benchmark,
 never by tests): the numpy IID split equals Flower Datasets' IidPartitioner, and the
 ClientApp's per-process caches (model modules, parsed run configuration) carry nothing over
-between clients or rounds."""
+between clients or rounds; the benchmark's markdown shows the measured numbers."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,3 +79,20 @@ def test_run_config_is_parsed_once_per_text() -> None:
     assert config_from_json(base.to_json()) is one  # an equal text: the cached object
     other = config_from_json(resolve_config({"seed": 5}).to_json())
     assert other.seed == 5 and one.seed == 0
+
+
+def test_augment_section_renders_its_ratios_and_one_row_per_method() -> None:
+    """``--markdown`` of the ``augment`` section: the views-to-model ratio and each method's
+    round cost relative to supervised FedAvg come from the results, not from the text."""
+    from fedul_flwr.experiments.benchmark import render_markdown
+
+    results = json.loads((Path(__file__).parent.parent / "docs" / "benchmarks" / "augment.json").read_text())
+    augment = results["augment"]
+    augment["augmentation-over-forward-backward"] = 0.123
+    augment["round-cost-over-supervised"]["fixmatch"] = 9.87
+    text = render_markdown(results)
+    assert "**0.12**" in text
+    rows = [line for line in text.splitlines() if line.startswith("| fixmatch")]
+    assert [r.split("|")[1].strip() for r in rows] == ["fixmatch", "fixmatch-dpl"]
+    assert rows[0].endswith("| 9.9x |")
+    assert "| strong views |" in text and "| forward + backward |" in text

@@ -1172,7 +1172,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-precisions", default="fp32,bf16", help="precision values of the gpu section's runs")
     p.add_argument("--loop-device", default="cpu", help="device of the loop section (cpu or cuda)")
     p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
-    p.add_argument("--markdown", default="", help="also write the loop and scale results as markdown tables here")
+    p.add_argument("--markdown", default="", help="also write the loop, augment and scale results as markdown tables here")
     p.add_argument("--render", default="", help="only render --markdown from these earlier --out JSONs (comma list; runs nothing)")
 
 
@@ -1195,8 +1195,27 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
+def augment_markdown(augment: Mapping[str, Any]) -> str:
+    """The ``augment`` section as markdown: one step's weak and strong views against the
+    model's forward + backward (median seconds; the target is a ratio below 1), and a local
+    round of each method relative to supervised FedAvg on the same clients."""
+    s, step = augment["setting"], augment["median-step-s"]
+    lines = [f"One step of B = {s['B']} labeled + mu B = {s['mu'] * s['B']} unlabeled images (`{s['model']}`, "
+             f"`{s['dataset']}`, {s['threads']} thread(s), medians of {s['repeats']} repeats):", "",
+             "| part of the step | median ms |", "|---|---|"]  # fmt: skip
+    lines += [f"| {name} | {1e3 * value:.1f} |" for name, value in step.items()]
+    lines += ["", f"Augmentation (weak + strong views) / forward + backward: "
+              f"**{augment['augmentation-over-forward-backward']:.2f}**.", "",
+              f"One local round (1 epoch) of {s['clients']} clients, {s['num-labeled']} labels over all clients:", "",
+              "| method | median s per round | relative to supervised |", "|---|---|---|"]  # fmt: skip
+    lines += [f"| {name} | {augment['median-round-s'][name]:.2f} | {ratio:.1f}x |"
+              for name, ratio in augment["round-cost-over-supervised"].items()]  # fmt: skip
+    return "\n".join(lines)
+
+
 def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
-    """Markdown of the ``loop`` and ``scale`` sections of a results dict (with the machine)."""
+    """Markdown of the ``loop``, ``augment`` and ``scale`` sections of a results dict (with the
+    machine)."""
     m = results["machine"]
     parts = [f"Measured {m['date-utc']} on {m['cpu']} ({m['cpu-count']} cores, {m.get('cpu-capability', '?')}, "
              f"native bf16: {m.get('native-bf16-cpu', '?')}), torch {m['torch']}, flwr {m['flwr']}, "
@@ -1205,6 +1224,8 @@ def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
         s = results["loop"]["setting"]
         parts.append(f"Loop: FedUL, {s['clients']} clients of `{s['dataset']}`, M = {s['num-sets']}, "
                      f"{s['threads']} threads, medians of {s['repeats']} interleaved repeats.\n\n" + loop_markdown(results["loop"]))  # fmt: skip
+    if "augment" in results:
+        parts.append(augment_markdown(results["augment"]))
     if "scale" in results:
         parts.append(scale_markdown(results["scale"], label))
     return "\n\n".join(parts) + "\n"
