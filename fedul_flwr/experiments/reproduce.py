@@ -127,9 +127,9 @@ HASSLE_ABLATION: dict[str, dict[str, Any]] = {  # GRA: residual models; MPA: the
 BRACKET_NOTES = {  # what the [paper] numbers are where they are not the same experiment
     "feddb-ablation": "[paper]: the paper's CIFAR-10 numbers (WRN-28-2, 100 clients), for reference only.",
     "hassle-ablation": "[paper]: the paper's Table 2, on CIFAR-10 (ResNet-8), for reference only.",
-    "hassle-table1": "[paper]: trained with SGD lr 0.1; these runs use lr 0.01, at which training stays finite "
-                     "(docs/hassle.md).",
-    "hassle-table7": "[paper]: trained with SGD lr 0.1; these runs use lr 0.01 (docs/hassle.md).",
+    "hassle-table1": "[paper]: trained with SGD lr 0.1; the `hassle` preset uses lr 0.01, at which training "
+                     "stays finite here (docs/hassle.md).",
+    "hassle-table7": "[paper]: trained with SGD lr 0.1; the `hassle` preset uses lr 0.01 (docs/hassle.md).",
 }
 ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation",
                   *HASSLE_ROWS)  # fmt: skip
