@@ -459,6 +459,15 @@ def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: 
     # resume: an existing record is not run again
     assert runner.run_grid([(spec, rc)], records, name="smoke") == [first]
     assert "1 of 1 runs have records; running 0" in capsys.readouterr().out
+    # the same run in another grid (same settings, another name) shares the record, untrained
+    twin = dataclasses.replace(spec, grid="other")
+    [shared] = runner.run_grid([(twin, {**rc, "run-name": twin.run_id})], records, name="other")
+    assert shared["same-run-as"] == spec.run_id and shared["run-id"] == twin.run_id
+    assert shared["metrics"] == first["metrics"] and not (tmp_path / "a" / "runs" / twin.run_id).exists()
+    assert "record shared" in capsys.readouterr().out
+    other_lr = dataclasses.replace(spec, grid="lr")  # other settings: trained
+    [trained] = runner.run_grid([(other_lr, {**rc, "run-name": other_lr.run_id, "lr": 2 * rc["lr"]})], records)
+    assert "same-run-as" not in trained and (tmp_path / "a" / "runs" / other_lr.run_id).is_dir()
     # a run stopped after round 1 (checkpoint, no record) goes on from there: same metrics
     stopped = {**rc, "output-dir": str(tmp_path / "c" / "runs")}
     part = runner.execute(spec, {**stopped, "num-rounds": 1})

@@ -566,7 +566,7 @@ def plot_curves(grid: str, records: Sequence[Mapping[str, Any]], plots_dir: Path
 def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], out_dir: Path) -> Path:
     """Write ``results-<grid>.md`` (both tables, settings, wall time) and the plots."""
     done = len(records)
-    wall = sum(r["wall-time-s"] for r in records)
+    wall = sum(r["wall-time-s"] for r in records if not r.get("same-run-as"))  # a shared run counts once
     sub_name = "sets M" if grid.startswith("table1") or grid in ("table-e13", "fashion", "smoke") else "sweep value"
     subs = " / ".join(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
     unit = "accuracy" if grid in ACCURACY_GRIDS else "error"
@@ -603,7 +603,8 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
             c = r["config"]
             loop = " ".join(str(c.get(k, "-")) for k in ("precision", "memory-format"))
             loop += " fused" if c.get("fused-optimizer") else (" per-parameter" if "fused-optimizer" in c else "")
-            text.append(f"| {r['run-id']} | {r['wall-time-s']:.0f} | {r.get('threads', '-')} | {c.get('device', '-')} | "
+            shared = f" (= {r['same-run-as']})" if r.get("same-run-as") else ""
+            text.append(f"| {r['run-id']}{shared} | {r['wall-time-s']:.0f} | {r.get('threads', '-')} | {c.get('device', '-')} | "
                         f"{loop} | {r.get('resumed-after-round', '-')} |")  # fmt: skip
         text.append("")
     plots = plot_curves(grid, records, out_dir / "plots") if records else []

@@ -16,7 +16,9 @@ configuration's ``output-dir``. Then:
   terminal shows a progress bar with the time estimate (on a terminal) and one summary line
   per finished run;
 - Ctrl-C or SIGTERM stops the runner and its worker processes; an unfinished run writes no
-  record, only its per-round checkpoint.
+  record, only its per-round checkpoint;
+- a run whose resolved settings (its name aside) equal those of a recorded run, e.g. of
+  another grid, is not trained again: it gets a copy of that record with ``same-run-as``.
 
 ``jobs`` runs go at once in spawned worker processes, each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
@@ -301,6 +303,7 @@ def run_grid(
 
     records_dir.mkdir(parents=True, exist_ok=True)
     todo = [(s, rc, str(records_dir / f"{s.run_id}.json")) for s, rc in runs if not (records_dir / f"{s.run_id}.json").exists()]
+    todo = [(s, rc, path) for s, rc, path in todo if not _share_record(s, rc, Path(path), records_dir)]
     per_run = threads_per_job(threads, jobs)
     print(f"[{name}] {len(runs) - len(todo)} of {len(runs)} runs have records; running {len(todo)}, "
           f"{jobs} at a time, {per_run} torch thread(s) each", flush=True)  # fmt: skip
@@ -332,6 +335,36 @@ def run_grid(
             finally:
                 signal.signal(signal.SIGTERM, previous)
     return load_records([s for s, _ in runs], records_dir)
+
+
+SHARED_FREE = ("run-name", "resume")
+"""Resolved settings that do not change a run's result: two runs equal in all others are one."""
+
+
+def _settings(config: Mapping[str, Any]) -> str:
+    return json.dumps({k: v for k, v in config.items() if k not in SHARED_FREE}, sort_keys=True)
+
+
+def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, records_dir: Path) -> bool:
+    """Write ``spec``'s record from an existing record of the same run, if there is one.
+
+    Two grids may hold the same run (HASSLE's full method is a column of Table 1 and of the
+    ablation). A record in ``records_dir`` whose resolved settings equal this run's (its name
+    aside) is copied under this run's id with ``same-run-as`` naming the original; nothing is
+    trained. Returns whether it was.
+    """
+    from fedul_flwr.config import resolve_config
+
+    wanted = _settings(resolve_config(dict(run_config)).as_dict())
+    for other in sorted(records_dir.glob("*.json")):
+        record = json.loads(other.read_text())
+        if "config" in record and not record.get("same-run-as") and _settings(record["config"]) == wanted:
+            shared = {**record, "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config,
+                      "same-run-as": record["run-id"]}  # fmt: skip
+            path.write_text(json.dumps(shared, indent=1) + "\n")
+            print(f"[{spec.grid}] {spec.run_id}: the same run as {record['run-id']} (record shared)", flush=True)
+            return True
+    return False
 
 
 def load_records(specs: Sequence[RunSpec], records_dir: Path) -> list[dict[str, Any]]:
