@@ -465,9 +465,11 @@ def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: 
     assert shared["same-run-as"] == spec.run_id and shared["run-id"] == twin.run_id
     assert shared["metrics"] == first["metrics"] and not (tmp_path / "a" / "runs" / twin.run_id).exists()
     assert "record shared" in capsys.readouterr().out
-    other_lr = dataclasses.replace(spec, grid="lr")  # other settings: trained
-    [trained] = runner.run_grid([(other_lr, {**rc, "run-name": other_lr.run_id, "lr": 2 * rc["lr"]})], records)
-    assert "same-run-as" not in trained and (tmp_path / "a" / "runs" / other_lr.run_id).is_dir()
+    other_lr = dataclasses.replace(spec, grid="lr")  # other settings, or other clients: trained
+    fewer = dataclasses.replace(spec, grid="fewer", clients=2)
+    trained = runner.run_grid([(other_lr, {**rc, "run-name": other_lr.run_id, "lr": 2 * rc["lr"]}),
+                               (fewer, {**rc, "run-name": fewer.run_id})], records)  # fmt: skip
+    assert [("same-run-as" in r, Path(r["run-dir"]).name) for r in trained] == [(False, s.run_id) for s in (other_lr, fewer)]
     # a run stopped after round 1 (checkpoint, no record) goes on from there: same metrics
     stopped = {**rc, "output-dir": str(tmp_path / "c" / "runs")}
     part = runner.execute(spec, {**stopped, "num-rounds": 1})

@@ -17,8 +17,8 @@ configuration's ``output-dir``. Then:
   per finished run;
 - Ctrl-C or SIGTERM stops the runner and its worker processes; an unfinished run writes no
   record, only its per-round checkpoint;
-- a run whose resolved settings (its name aside) equal those of a recorded run, e.g. of
-  another grid, is not trained again: it gets a copy of that record with ``same-run-as``.
+- a run whose clients and resolved settings (its name aside) equal those of a recorded run,
+  e.g. of another grid, is not trained again: it gets a copy of that record with ``same-run-as``.
 
 ``jobs`` runs go at once in spawned worker processes, each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
@@ -349,16 +349,17 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, records
     """Write ``spec``'s record from an existing record of the same run, if there is one.
 
     Two grids may hold the same run (HASSLE's full method is a column of Table 1 and of the
-    ablation). A record in ``records_dir`` whose resolved settings equal this run's (its name
-    aside) is copied under this run's id with ``same-run-as`` naming the original; nothing is
-    trained. Returns whether it was.
+    ablation). A record in ``records_dir`` of as many clients whose resolved settings equal
+    this run's (its name aside) is copied under this run's id with ``same-run-as`` naming the
+    original; nothing is trained. Returns whether it was.
     """
     from fedul_flwr.config import resolve_config
 
     wanted = _settings(resolve_config(dict(run_config)).as_dict())
     for other in sorted(records_dir.glob("*.json")):
         record = json.loads(other.read_text())
-        if "config" in record and not record.get("same-run-as") and _settings(record["config"]) == wanted:
+        same = "config" in record and record.get("spec", {}).get("clients") == spec.clients and _settings(record["config"]) == wanted
+        if same and not record.get("same-run-as"):
             shared = {**record, "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config,
                       "same-run-as": record["run-id"]}  # fmt: skip
             path.write_text(json.dumps(shared, indent=1) + "\n")
