@@ -593,6 +593,11 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
             render_table(grid, specs, records, "best-val-test-error"),
             "",
         ]
+    if grid in HASSLE_ROWS and records:  # each predictor's course, beside the baselines'
+        from fedul_flwr.experiments.hassle_diagnostics import render_diagnostics as predictor_windows
+
+        text += ["### Why: each predictor's mean test accuracy (%) by windows of rounds, and rounds at chance", "",
+                 predictor_windows(records), ""]  # fmt: skip
     if grid == "feddb-ablation":  # the quantities DPL and DMA act on, by round
         from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
 
