@@ -24,10 +24,10 @@ import csv
 import json
 import math
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch

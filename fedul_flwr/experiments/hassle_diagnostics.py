@@ -71,17 +71,13 @@ def render_diagnostics(records: Sequence[Mapping[str, Any]], num_classes: int = 
         return ""
     last = max(int(r["last-round"]) for r in records)
     windows = [(lo, min(lo + window - 1, last)) for lo in range(1, last + 1, window)]
-    cells: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
-    keys: dict[tuple[str, str, str], str] = {}
+    cells: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}  # (row, column, label, metric) -> runs
     for r in records:
         for label, key in predictor_columns(r):
-            cell = (r["spec"]["row"], r["spec"]["column"], label)
-            cells.setdefault(cell, []).append(r)
-            keys[cell] = key
+            cells.setdefault((r["spec"]["row"], r["spec"]["column"], label, key), []).append(r)
     head = "| setting | method | predictor | " + " | ".join(f"rounds {a}-{b}" for a, b in windows) + " | rounds at chance |"
     lines = [head, "|---|---|---|" + "---|" * (len(windows) + 1)]
-    for (row, column, label), runs in cells.items():
-        key = keys[(row, column, label)]
+    for (row, column, label, key), runs in cells.items():
         per_run = [{int(m["round"]): float(m[key]) for m in r["metrics"] if key in m and int(m["round"]) >= 1} for r in runs]
         means = []
         for a, b in windows:

@@ -226,12 +226,8 @@ def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threa
     A stopped run is continued from its checkpoint where :func:`resumable_round` allows."""
     run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
     resumed = resumable_round(run_config)
-    stopped_time = 0.0  # how long the stopped part ran
     if resumed:
-        from fedul_flwr.outputs import read_metrics, running_time
-
         run_config = {**run_config, "resume": True}
-        stopped_time = running_time(read_metrics(run_dir)) if (run_dir / "metrics.json").is_file() else 0.0
     else:  # a run without a record never finished (a killed grid): its folder is started afresh
         shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -241,14 +237,21 @@ def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threa
     with flower_log_to(log):
         record = execute(spec, run_config, threads)
     log.replace(run_dir / LOG_FILE)
-    if resumed:
+    if resumed:  # the stopped part's rows (the server kept them): their running time counts too
+        from fedul_flwr.outputs import running_time
+
         record["resumed-after-round"] = resumed
-        record["wall-time-s"] += stopped_time
+        record["wall-time-s"] += running_time(r for r in record["metrics"] if r["round"] <= resumed)
     record["log"] = str(run_dir / LOG_FILE)
-    tmp = Path(path).with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)  # atomic: a killed run leaves no record, so it is redone on resume
+    _write_record(Path(path), record)
     return record
+
+
+def _write_record(path: Path, record: Mapping[str, Any]) -> None:
+    """Write a record atomically: a killed run leaves no record, so it is redone on resume."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def _execute_to_file_star(args: tuple[RunSpec, dict[str, Any], str, int]) -> dict[str, Any]:
@@ -303,7 +306,9 @@ def run_grid(
 
     records_dir.mkdir(parents=True, exist_ok=True)
     todo = [(s, rc, str(records_dir / f"{s.run_id}.json")) for s, rc in runs if not (records_dir / f"{s.run_id}.json").exists()]
-    todo = [(s, rc, path) for s, rc, path in todo if not _share_record(s, rc, Path(path), records_dir)]
+    if todo:  # a run recorded already, e.g. in another grid, is not trained again
+        recorded = _recorded_runs(records_dir)
+        todo = [(s, rc, path) for s, rc, path in todo if not _share_record(s, rc, Path(path), recorded)]
     per_run = threads_per_job(threads, jobs)
     print(f"[{name}] {len(runs) - len(todo)} of {len(runs)} runs have records; running {len(todo)}, "
           f"{jobs} at a time, {per_run} torch thread(s) each", flush=True)  # fmt: skip
@@ -345,27 +350,33 @@ def _settings(config: Mapping[str, Any]) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in SHARED_FREE}, sort_keys=True)
 
 
-def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, records_dir: Path) -> bool:
-    """Write ``spec``'s record from an existing record of the same run, if there is one.
+def _recorded_runs(records_dir: Path) -> dict[tuple[int, str], dict[str, Any]]:
+    """The trained (not shared) records in ``records_dir`` by (clients, resolved settings)."""
+    runs = {}
+    for path in sorted(records_dir.glob("*.json")):
+        record = json.loads(path.read_text())
+        if "config" in record and "spec" in record and not record.get("same-run-as"):
+            runs.setdefault((record["spec"]["clients"], _settings(record["config"])), record)
+    return runs
+
+
+def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorded: Mapping[tuple[int, str], Mapping[str, Any]]) -> bool:
+    """Write ``spec``'s record from a recorded run of the same clients and settings, if any.
 
     Two grids may hold the same run (HASSLE's full method is a column of Table 1 and of the
-    ablation). A record in ``records_dir`` of as many clients whose resolved settings equal
-    this run's (its name aside) is copied under this run's id with ``same-run-as`` naming the
-    original; nothing is trained. Returns whether it was.
+    ablation). A record of ``recorded`` (:func:`_recorded_runs`) with as many clients and the
+    same resolved settings (the name aside) is copied under this run's id with
+    ``same-run-as`` naming the original; nothing is trained. Returns whether it was.
     """
     from fedul_flwr.config import resolve_config
 
-    wanted = _settings(resolve_config(dict(run_config)).as_dict())
-    for other in sorted(records_dir.glob("*.json")):
-        record = json.loads(other.read_text())
-        same = "config" in record and record.get("spec", {}).get("clients") == spec.clients and _settings(record["config"]) == wanted
-        if same and not record.get("same-run-as"):
-            shared = {**record, "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config,
-                      "same-run-as": record["run-id"]}  # fmt: skip
-            path.write_text(json.dumps(shared, indent=1) + "\n")
-            print(f"[{spec.grid}] {spec.run_id}: the same run as {record['run-id']} (record shared)", flush=True)
-            return True
-    return False
+    record = recorded.get((spec.clients, _settings(resolve_config(dict(run_config)).as_dict())))
+    if record is None:
+        return False
+    _write_record(path, {**record, "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config,
+                         "same-run-as": record["run-id"]})  # fmt: skip
+    print(f"[{spec.grid}] {spec.run_id}: the same run as {record['run-id']} (record shared)", flush=True)
+    return True
 
 
 def load_records(specs: Sequence[RunSpec], records_dir: Path) -> list[dict[str, Any]]:
