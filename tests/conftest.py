@@ -1,13 +1,30 @@
-"""Fixtures shared by the test modules."""
+"""Fixtures shared by the test modules, and how the suite runs in parallel.
+
+``pytest`` runs one pytest-xdist worker per core (``-n auto --dist loadgroup`` in
+pyproject.toml). Two rules keep the workers out of each other's way:
+
+- every test that starts Ray (``flwr run .`` in simulation, the Ray-cluster test) is in the
+  ``xdist_group("ray")``, so they run one after another on one worker: ``ray.init()``
+  without an address joins the latest cluster that ``ray start`` began on the machine, so
+  two at once could share (and count) each other's actors;
+- each worker's torch uses ``cores // workers`` threads, so in-process training does not
+  oversubscribe the cores the other workers use.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
+import torch
 
 from fedul_flwr import server_app
 from fedul_flwr.data.simulated import load_run_dataset
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
 
 
 @pytest.fixture

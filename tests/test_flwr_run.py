@@ -10,7 +10,7 @@ import pytest
 
 from tests.flower_harness import superlink
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see tests/conftest.py
 
 
 def test_flwr_run_completes_writes_outputs_and_repeats_itself(tmp_path: Path) -> None:

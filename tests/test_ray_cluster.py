@@ -14,7 +14,7 @@ import pytest
 
 from tests.flower_harness import alive, ray_cluster, superlink
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see tests/conftest.py
 
 
 def test_simulation_runs_on_a_two_node_ray_cluster_and_stops_cleanly(tmp_path: Path) -> None:

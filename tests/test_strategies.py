@@ -523,6 +523,7 @@ def test_compare_command_line_offers_the_registered_strategies_and_datasets(caps
     assert exit_info.value.code == 2 and "fedsgd" in capsys.readouterr().err
 
 
+@pytest.mark.xdist_group("ray")  # starts Ray: see tests/conftest.py
 def test_scaffold_client_state_survives_rounds_under_flwr_run(tmp_path) -> None:
     """Ray simulation through a real SuperLink: each node's c_i round counter, read back
     from its ``context.state``, is 1 in round 1 and 2 in round 2 (2 nodes, both sampled)."""
