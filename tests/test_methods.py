@@ -465,6 +465,8 @@ def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: 
     assert shared["same-run-as"] == spec.run_id and shared["run-id"] == twin.run_id
     assert shared["metrics"] == first["metrics"] and not (tmp_path / "a" / "runs" / twin.run_id).exists()
     assert "record shared" in capsys.readouterr().out
+    assert reproduce.total_run_time([first, shared]) == first["wall-time-s"]  # one run trained, counted once
+    assert reproduce.total_run_time([shared]) == first["wall-time-s"]  # its original on another page
     other_lr = dataclasses.replace(spec, grid="lr")  # other settings, or other clients: trained
     fewer = dataclasses.replace(spec, grid="fewer", clients=2)
     trained = runner.run_grid([(other_lr, {**rc, "run-name": other_lr.run_id, "lr": 2 * rc["lr"]}),

@@ -563,10 +563,16 @@ def plot_curves(grid: str, records: Sequence[Mapping[str, Any]], plots_dir: Path
     return paths
 
 
+def total_run_time(records: Sequence[Mapping[str, Any]]) -> float:
+    """Seconds of training behind ``records``: each trained run once, a shared record
+    (``same-run-as``) standing for its original whether or not that is among ``records``."""
+    return sum({r.get("same-run-as") or r["run-id"]: float(r["wall-time-s"]) for r in records}.values())
+
+
 def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], out_dir: Path) -> Path:
     """Write ``results-<grid>.md`` (both tables, settings, wall time) and the plots."""
     done = len(records)
-    wall = sum(r["wall-time-s"] for r in records if not r.get("same-run-as"))  # a shared run counts once
+    wall = total_run_time(records)
     sub_name = "sets M" if grid.startswith("table1") or grid in ("table-e13", "fashion", "smoke") else "sweep value"
     subs = " / ".join(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
     unit = "accuracy" if grid in ACCURACY_GRIDS else "error"
