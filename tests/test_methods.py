@@ -506,6 +506,18 @@ def test_fedul_command_shares_flag_conventions_and_shows_defaults(capsys) -> Non
             runner.parse_overrides([bad])
 
 
+def test_reproduce_runs_selects_runs_in_pattern_order(capsys) -> None:
+    from fedul_flwr import cli
+
+    listing = ["reproduce", "--grid", "feddb-ablation", "--seeds", "0,1", "--list"]
+    assert cli.main([*listing, "--runs", "*Dir-0.1-__FixMatch__-__s1,*Dir-0.1-__FixMatch__*,*IID__FedDB__*"]) == 0
+    ids = [line.split()[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert ids == ["feddb-ablation__Dir-0.1-__FixMatch__-__s1", "feddb-ablation__Dir-0.1-__FixMatch__-__s0",
+                   "feddb-ablation__IID__FedDB__-__s0", "feddb-ablation__IID__FedDB__-__s1"]  # fmt: skip
+    with pytest.raises(SystemExit, match="'\\*FedPU\\*': matches no run"):
+        cli.main([*listing, "--runs", "*FedDB*,*FedPU*"])
+
+
 def _children(pid: int) -> set[int]:
     """Live child pids of ``pid`` (Linux ``/proc``)."""
     kids = set()

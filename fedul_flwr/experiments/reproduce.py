@@ -47,6 +47,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import statistics
 import sys
@@ -629,6 +630,25 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
 # --------------------------------------------------------------------------- CLI
 
 
+def select_runs(specs: Sequence[RunSpec], patterns: str) -> list[RunSpec]:
+    """The runs whose id matches one of the comma-separated shell-style ``patterns``
+    (:func:`fnmatch.fnmatchcase`), those of the first pattern first, each run once.
+
+    Raises
+    ------
+    SystemExit
+        If a pattern matches no run of the grid (the message names it).
+    """
+    chosen: dict[str, RunSpec] = {}
+    for pattern in (p.strip() for p in patterns.split(",") if p.strip()):
+        matches = [spec for spec in specs if fnmatch.fnmatchcase(spec.run_id, pattern)]
+        if not matches:
+            raise SystemExit(f"--runs {pattern!r}: matches no run of this grid (fedul reproduce --list shows them)")
+        for spec in matches:
+            chosen.setdefault(spec.run_id, spec)
+    return list(chosen.values())
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``fedul reproduce`` (see the module doc)."""
     p.add_argument("--grid", default="table1", choices=GRIDS, help="the table to reproduce")
@@ -638,35 +658,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--partitions", default="iid,noniid", help="comma list of table rows (table1*)")
     p.add_argument("--sets", default="10,20,40", help="comma list of M values (table1*, table-e13)")
     p.add_argument("--subs", default="", help="comma list: run only these sub-columns (e.g. loop-check's plain,defaults)")
+    p.add_argument("--runs", default="", help="comma list of shell-style patterns of run ids (see --list): run only "
+                   "the matching runs, in the order of the patterns; the tables still show every recorded run")
     add_common_arguments(p, out="outputs/reproduce", seeds_help="comma list; empty: the profile's seeds")
     p.add_argument("--list", action="store_true", help="print the runs and exit")
     p.add_argument("--render-only", action="store_true", help="only render tables and plots of existing records")
 
 
 def run(args: argparse.Namespace) -> int:
-    """``fedul reproduce``: run the grid's missing runs, render its tables. Exit 1 while runs
-    are missing."""
+    """``fedul reproduce``: run the grid's missing runs (those ``--runs`` selects), render its
+    tables from every recorded run. Exit 1 while runs (of the selection) are missing."""
     profile = PROFILES[args.profile]
     seeds = parse_seeds(args.seeds) or profile.seeds
     specs = build_grid(args.grid, args, seeds)
     if args.subs:
         specs = [spec for spec in specs if spec.sub in args.subs.split(",")]
+    selected = select_runs(specs, args.runs) if args.runs else specs
     out_dir = Path(args.out).expanduser().resolve() / args.profile
     common, targeted = parse_overrides(args.set)
     if targeted:
         raise SystemExit(f"--set {next(iter(targeted))}:...: fedul reproduce takes key=value without a column")
     if args.list:
-        for spec in specs:
+        for spec in selected:
             print(spec.run_id, spec.clients, "clients", json.dumps(spec.overrides))
-        print(f"{len(specs)} runs")
+        print(f"{len(selected)} runs")
         return 0
-    runs = [(spec, run_config_of(spec, profile, args.data_dir, out_dir, common)) for spec in specs]
-    records = load_records(specs, out_dir / "records") if args.render_only else run_grid(
-        runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=args.grid)  # fmt: skip
+    if not args.render_only:
+        runs = [(spec, run_config_of(spec, profile, args.data_dir, out_dir, common)) for spec in selected]
+        done = run_grid(runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=args.grid)
+    records = load_records(specs, out_dir / "records")
     if not records:
         print(f"no records of grid {args.grid!r} in {out_dir / 'records'}: nothing to render", file=sys.stderr)
         return 1
     path = render(args.grid, args.profile, specs, records, out_dir)
     print(path.read_text())
     print(f"wrote {path}")
-    return 0 if len(records) == len(specs) else 1
+    complete = len(records) == len(specs) if args.render_only else len(done) == len(selected)
+    return 0 if complete else 1
