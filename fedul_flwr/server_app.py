@@ -27,7 +27,7 @@ from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunOutputs, read_metrics, running_time
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
-from fedul_flwr.training import evaluate
+from fedul_flwr.training import evaluate_predictors
 
 app = ServerApp()
 
@@ -104,11 +104,11 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
 
     def test(x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
         out = {}
-        for i, (name, predict) in enumerate(predictors.items()):
-            result = evaluate(
-                models, predict, x, y, to_input=to_input, batch_size=cfg.eval_batch_size, device=device,
-                acceleration=acceleration,
-            )  # fmt: skip
+        results = evaluate_predictors(
+            models, predictors, x, y, to_input=to_input, batch_size=cfg.eval_batch_size, device=device,
+            acceleration=acceleration,
+        )  # fmt: skip
+        for i, (name, result) in enumerate(results.items()):
             suffix = "" if i == 0 else f"-{name}"
             out.update({f"{prefix}-{k}{suffix}": result[f"test-{k}"] for k in ("loss", "accuracy", "error")})
         return out

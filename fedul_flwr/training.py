@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -35,7 +35,7 @@ from torch import nn
 from fedul_flwr.acceleration import PLAIN, Acceleration
 from fedul_flwr.methods.base import Augment, Batch, LocalTask, Predictor, Stream
 
-__all__ = ["LocalLoop", "StepHook", "TrainResult", "augment_generator", "evaluate", "iterate_batches", "train_local"]
+__all__ = ["LocalLoop", "StepHook", "TrainResult", "augment_generator", "evaluate", "evaluate_predictors", "iterate_batches", "train_local"]
 
 ToInput = Callable[[torch.Tensor], torch.Tensor]
 _AUGMENT_STREAM = 1  # entropy word of the augmentation generator (beside the batch seed)
@@ -312,9 +312,37 @@ class LocalLoop:
         )
 
 
-def evaluate(
+class _OncePerBatch(Mapping[str, Callable[[torch.Tensor], torch.Tensor]]):
+    """The models as predictors see them, each run at most once on a given batch: a second
+    predictor asking a model for the same input tensor gets the first call's logits (the
+    same numbers: inference is a pure function of the input), so EM = (SM + UM) / 2 costs no
+    forward pass beyond SM's and UM's."""
+
+    def __init__(self, forwards: nn.ModuleDict) -> None:
+        self._forwards = forwards
+        self._seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __getitem__(self, name: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        forward = self._forwards[name]
+
+        def call(x: torch.Tensor) -> torch.Tensor:
+            seen = self._seen.get(name)
+            if seen is None or seen[0] is not x:
+                seen = self._seen[name] = (x, forward(x))
+            return seen[1]
+
+        return call
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._forwards)
+
+    def __len__(self) -> int:
+        return len(self._forwards)
+
+
+def evaluate_predictors(
     models: nn.ModuleDict,
-    predict: Predictor,
+    predictors: Mapping[str, Predictor],
     x: torch.Tensor,
     y: torch.Tensor,
     *,
@@ -322,18 +350,21 @@ def evaluate(
     batch_size: int = 2048,
     device: torch.device | str = "cpu",
     acceleration: Acceleration | None = None,
-) -> dict[str, float]:
-    """Test a predictor on labeled data: prediction = argmax of its logits.
+) -> dict[str, dict[str, float]]:
+    """Test several predictors on labeled data in one pass: prediction = argmax of logits.
 
-    Runs under :func:`torch.inference_mode`; the loss and the correct count are summed on
-    ``device`` and read once.
+    Each batch goes to the device once and each model runs on it once, however many
+    predictors use that model (HASSLE's SM, UM and EM share w_S, w_U and the residual models);
+    the results are those of :func:`evaluate` on each predictor alone. Runs under
+    :func:`torch.inference_mode`; the losses and correct counts are summed on ``device`` and
+    read once.
 
     Parameters
     ----------
     models : nn.ModuleDict
-        The models ``predict`` uses (put in eval mode here).
-    predict : Predictor
-        ``predict(models, x) -> logits [B, K]``.
+        The models the predictors use (put in eval mode here).
+    predictors : Mapping[str, Predictor]
+        ``predict(models, x) -> logits [B, K]`` by name.
     x : torch.Tensor
         uint8 ``[n, C, H, W]`` images.
     y : torch.Tensor
@@ -349,9 +380,9 @@ def evaluate(
 
     Returns
     -------
-    dict[str, float]
-        ``test-loss`` (mean cross-entropy), ``test-accuracy`` and ``test-error`` (fractions
-        in [0, 1]), ``num-examples``.
+    dict[str, dict[str, float]]
+        Per predictor name: ``test-loss`` (mean cross-entropy), ``test-accuracy`` and
+        ``test-error`` (fractions in [0, 1]), ``num-examples``.
     """
     device = torch.device(device)
     acc = acceleration if acceleration is not None else dataclasses.replace(PLAIN, device=device)
@@ -359,17 +390,47 @@ def evaluate(
     forwards = acc.prepare(models)
     try:
         with torch.inference_mode():
-            loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-            correct = torch.zeros((), dtype=torch.int64, device=device)
+            loss_sums = {name: torch.zeros((), dtype=torch.float64, device=device) for name in predictors}
+            corrects = {name: torch.zeros((), dtype=torch.int64, device=device) for name in predictors}
             for start in range(0, len(x), batch_size):
                 xb = to_input(x[start : start + batch_size].to(device, non_blocking=True))
                 yb = y[start : start + batch_size].to(device, non_blocking=True)
-                logits = predict(forwards, xb)
-                loss_sum += nn.functional.cross_entropy(logits, yb, reduction="sum")
-                correct += (logits.argmax(dim=1) == yb).sum()
-            loss_total, correct_total = float(loss_sum), int(correct)
+                once = _OncePerBatch(forwards)
+                for name, predict in predictors.items():
+                    logits = predict(once, xb)  # type: ignore[arg-type]
+                    loss_sums[name] += nn.functional.cross_entropy(logits, yb, reduction="sum")
+                    corrects[name] += (logits.argmax(dim=1) == yb).sum()
+            totals = {name: (float(loss_sums[name]), int(corrects[name])) for name in predictors}
     finally:
         acc.restore(models)
     n = max(1, len(x))
-    accuracy = correct_total / n
-    return {"test-loss": loss_total / n, "test-accuracy": accuracy, "test-error": 1.0 - accuracy, "num-examples": float(len(x))}
+    return {
+        name: {"test-loss": loss / n, "test-accuracy": correct / n, "test-error": 1.0 - correct / n, "num-examples": float(len(x))}
+        for name, (loss, correct) in totals.items()
+    }
+
+
+def evaluate(
+    models: nn.ModuleDict,
+    predict: Predictor,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    to_input: ToInput,
+    batch_size: int = 2048,
+    device: torch.device | str = "cpu",
+    acceleration: Acceleration | None = None,
+) -> dict[str, float]:
+    """Test one predictor on labeled data: prediction = argmax of its logits
+    (:func:`evaluate_predictors` with one predictor; same parameters, ``predict`` for
+    ``predictors``).
+
+    Returns
+    -------
+    dict[str, float]
+        ``test-loss`` (mean cross-entropy), ``test-accuracy`` and ``test-error`` (fractions
+        in [0, 1]), ``num-examples``.
+    """
+    return evaluate_predictors(
+        models, {"": predict}, x, y, to_input=to_input, batch_size=batch_size, device=device, acceleration=acceleration
+    )[""]

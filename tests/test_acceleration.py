@@ -110,7 +110,8 @@ def test_evaluation_under_the_fast_settings_matches_the_plain_one() -> None:
     x, y = _images(300, seed=2)
     predict = lambda m, xb: m["f"](xb)  # noqa: E731
     plain = evaluate(models, predict, x, y, to_input=_to_input, batch_size=64)
-    fast = evaluate(models, predict, x, y, to_input=_to_input, batch_size=64, acceleration=Acceleration.resolve(CPU))
+    fp32 = Acceleration.resolve(CPU, precision="fp32")  # channels-last; "auto" is bf16 on AVX512-BF16 / AMX CPUs
+    fast = evaluate(models, predict, x, y, to_input=_to_input, batch_size=64, acceleration=fp32)
     assert fast["test-accuracy"] == plain["test-accuracy"]
     assert fast["test-loss"] == pytest.approx(plain["test-loss"], rel=1e-4)
     assert all(p.is_contiguous() for p in models.parameters())

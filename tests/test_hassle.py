@@ -52,6 +52,30 @@ def test_pseudo_labels_argmax_and_threshold() -> None:
     assert mask.tolist() == [True, False, True]
 
 
+def test_sm_um_em_in_one_pass_equal_each_alone_and_run_each_model_once_per_batch() -> None:
+    from torch import nn
+
+    from fedul_flwr.methods.base import method_class
+    from fedul_flwr.models import build_model
+    from fedul_flwr.training import evaluate, evaluate_predictors
+
+    cfg = resolve_config({"method": "hassle", "client-setting": "annotation-heterogeneity"})
+    hassle = method_class("hassle")(cfg)
+    torch.manual_seed(0)
+    models = nn.ModuleDict({s.name: build_model("small-cnn", 1, 10, 28, width=s.width) for s in hassle.model_specs()})
+    calls = {name: 0 for name in models}
+    for name, model in models.items():
+        model.register_forward_hook(lambda *_, name=name: calls.__setitem__(name, calls[name] + 1))
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 256, (70, 1, 28, 28), dtype=torch.uint8, generator=g), torch.randint(0, 10, (70,), generator=g)
+    to_input = lambda u: u.float() / 255  # noqa: E731
+    together = evaluate_predictors(models, hassle.predictors(), x, y, to_input=to_input, batch_size=32)
+    assert calls == {name: 3 for name in models}  # 3 batches; EM reuses SM's and UM's forwards
+    for name, predict in hassle.predictors().items():
+        assert together[name] == evaluate(models, predict, x, y, to_input=to_input, batch_size=32)
+    assert together["EM"] != together["SM"] != together["UM"]
+
+
 class _ReplyGrid(InProcessGrid):
     """Keeps every reply, by node."""
 

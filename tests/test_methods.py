@@ -484,6 +484,12 @@ def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: 
     assert continued["metrics"][-1]["wall-time"] > stopped_time  # and the metric table's clock goes on
     assert strip(continued["metrics"]) == strip(first["metrics"])
     assert "[ROUND 1/1]" in Path(continued["log"]).read_text()  # the stopped part's log is kept
+    # a stopped run that cannot be continued (other settings) starts afresh, its log too
+    runner.execute(spec, {**stopped, "run-name": "afresh", "num-rounds": 1, "lr": 2 * rc["lr"]})
+    (tmp_path / "c" / "runs" / f"afresh.{runner.LOG_FILE}").write_text("the discarded attempt\n")
+    [afresh] = runner.run_grid([(spec, {**stopped, "run-name": "afresh"})], tmp_path / "d" / "records", name="smoke")
+    assert "resumed-after-round" not in afresh and strip(afresh["metrics"]) == strip(first["metrics"])
+    assert "discarded" not in Path(afresh["log"]).read_text()
 
 
 def test_fedul_command_shares_flag_conventions_and_shows_defaults(capsys) -> None:

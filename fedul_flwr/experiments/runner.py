@@ -225,13 +225,14 @@ def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threa
     """:func:`execute` with Flower's log in the run folder; writes the record atomically.
     A stopped run is continued from its checkpoint where :func:`resumable_round` allows."""
     run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
+    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder may not exist yet
     resumed = resumable_round(run_config)
     if resumed:
         run_config = {**run_config, "resume": True}
-    else:  # a run without a record never finished (a killed grid): its folder is started afresh
+    else:  # a run without a record never finished (a killed grid): its folder and log start afresh
         shutil.rmtree(run_dir, ignore_errors=True)
+        log.unlink(missing_ok=True)
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder may not exist yet
     if resumed and (run_dir / LOG_FILE).is_file():
         (run_dir / LOG_FILE).replace(log)  # the log goes on
     with flower_log_to(log):
