@@ -26,7 +26,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -410,20 +410,11 @@ def evaluate_predictors(
     }
 
 
-def evaluate(
-    models: nn.ModuleDict,
-    predict: Predictor,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    *,
-    to_input: ToInput,
-    batch_size: int = 2048,
-    device: torch.device | str = "cpu",
-    acceleration: Acceleration | None = None,
-) -> dict[str, float]:
-    """Test one predictor on labeled data: prediction = argmax of its logits
-    (:func:`evaluate_predictors` with one predictor; same parameters, ``predict`` for
-    ``predictors``).
+def evaluate(models: nn.ModuleDict, predict: Predictor, x: torch.Tensor, y: torch.Tensor, **options: Any) -> dict[str, float]:
+    """Test one predictor on labeled data: prediction = argmax of its logits.
+
+    :func:`evaluate_predictors` with the one predictor ``predict``; ``options`` are its
+    keyword parameters (``to_input``, ``batch_size``, ``device``, ``acceleration``).
 
     Returns
     -------
@@ -431,6 +422,4 @@ def evaluate(
         ``test-loss`` (mean cross-entropy), ``test-accuracy`` and ``test-error`` (fractions
         in [0, 1]), ``num-examples``.
     """
-    return evaluate_predictors(
-        models, {"": predict}, x, y, to_input=to_input, batch_size=batch_size, device=device, acceleration=acceleration
-    )[""]
+    return evaluate_predictors(models, {"": predict}, x, y, **options)[""]
