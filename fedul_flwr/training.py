@@ -316,7 +316,7 @@ class _OncePerBatch(Mapping[str, Callable[[torch.Tensor], torch.Tensor]]):
     """The models as predictors see them, each run at most once on a given batch: a second
     predictor asking a model for the same input tensor gets the first call's logits (the
     same numbers: inference is a pure function of the input), so EM = (SM + UM) / 2 costs no
-    forward pass beyond SM's and UM's."""
+    forward pass beyond SM's and UM's. Predictors must not change the logits in place."""
 
     def __init__(self, forwards: nn.ModuleDict) -> None:
         self._forwards = forwards
