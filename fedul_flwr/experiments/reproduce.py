@@ -28,10 +28,11 @@ Profiles (``--profile``):
   MNIST, ``precision=fp32`` (``auto`` would pick bfloat16 on CPUs with AVX512-BF16 or AMX
   and float32 elsewhere, so the same run would give other numbers on another machine, and a
   run continued on another machine would change precision midway). Measured here
-  (single-thread CPU time per optimiser step on a 9.6k-image client: FedUL 76 ms, FedPL 89 ms, FedLLP 68 ms, FedLLP-VAT 219 ms, supervised 77 ms; 22k-image
-  test + validation evaluation ~4.4 s) the MNIST part of Table 1 (6 cells x 4 methods + 2 x
-  FedAvg 10% + 2 x FedAvg 100%) costs ~1,220 CPU-s per round, so 8 rounds with ``--jobs 2``
-  on two idle cores take ~80 min (estimate, not a full run).
+  (single-thread CPU time per optimiser step on a 9.6k-image client: FedUL 76 ms, FedPL
+  89 ms, FedLLP 68 ms, FedLLP-VAT 219 ms, supervised 77 ms; 22k-image test + validation
+  evaluation ~4.4 s) the MNIST part of Table 1 (6 cells x 4 methods + 2 x FedAvg 10% + 2 x
+  FedAvg 100%) costs ~1,220 CPU-s per round, so 8 rounds with ``--jobs 2`` on two idle
+  cores take ~80 min (estimate, not a full run).
 - ``paper``: the paper's CNN (``paper-cnn``, Table D.2; ResNet-18 on CIFAR-10, Table D.3),
   100 rounds, Adam lr 1e-4, B = 128, E = 1, L1 weight by M from Table D.4 (MNIST 10 -> 1e-5,
   20 -> 5e-5, 40/30 -> 2e-6; CIFAR-10 2e-5 / 1e-5 / 4e-6), seeds 0, 1, 2; for a GPU
