@@ -591,3 +591,16 @@ def test_table_shows_one_column_per_predictor_headline_last() -> None:
     table = reproduce.render_table("g", specs, records, "last-test-error")
     assert table.splitlines()[0] == "| setting | FedAvg | HASSLE SM | HASSLE UM | HASSLE EM |"
     assert table.splitlines()[2] == "| r | 30.00 | 20.00 | 25.00 | 10.00 |"
+
+
+def test_tail_measure_is_the_mean_over_the_last_rounds_per_predictor() -> None:
+    rounds = range(0, 13)  # round 0 (before training) never counts
+    rows = [{"round": r, "test-accuracy": r / 100, "test-accuracy-SM": r / 50} for r in rounds]
+    record = {"metrics": rows}
+    n = reproduce.TAIL_ROUNDS
+    assert reproduce.record_value(record, "tail-test-error") == pytest.approx(1 - sum(range(13 - n, 13)) / n / 100)
+    assert reproduce.record_value(record, "tail-test-error-SM") == pytest.approx(1 - sum(range(13 - n, 13)) / n / 50)
+    short = {"metrics": rows[:3]}  # fewer trained rounds than TAIL_ROUNDS: all of them
+    assert reproduce.record_value(short, "tail-test-error") == pytest.approx(1 - 0.015)
+    assert reproduce.record_value({"metrics": rows[:1]}, "tail-test-error") is None
+    assert reproduce.record_value({"last-test-error": 0.2}, "last-test-error") == 0.2
