@@ -3,6 +3,7 @@ the labels-at-clients setting they train on."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -113,6 +114,46 @@ def test_simulated_labels_at_clients_clients_of_the_embedded_sample() -> None:
         simulated.load_client(bad, 0, 4, frozenset({"labeled", "unlabeled"}))
 
 
+def test_pseudo_label_correct_share_counts_kept_pseudo_labels_of_the_true_class() -> None:
+    """A model whose weak-view logits are set per image: kept and right, kept and wrong, not
+    kept. The diagnostic counts only the first; no loss reads the true classes."""
+    from torch import nn
+
+    from fedul_flwr.methods.base import method_class
+
+    cfg = resolve_config({"client-setting": "labels-at-clients", "num-labeled": 100, "method": "fixmatch"})
+    client = simulated.load_client(cfg, 1, 4, frozenset({"labeled", "unlabeled"}))
+    assert client.unlabeled_classes is not None and client.unlabeled is not None
+    assert len(client.unlabeled_classes) == len(client.unlabeled)
+
+    class SetLogits(nn.Module):  # logits = scale * one_hot(class), both read from the image
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x[:, 0, 0, 1:2] * torch.nn.functional.one_hot(x[:, 0, 0, 0].long(), 10).float()
+
+    def images(rows: list[tuple[int, float]]) -> torch.Tensor:
+        x = torch.zeros(len(rows), 1, 28, 28)
+        for i, (cls, scale) in enumerate(rows):
+            x[i, 0, 0, 0], x[i, 0, 0, 1] = cls, scale
+        return x
+
+    method = method_class("fixmatch")(cfg)
+    models = nn.ModuleDict({"f": SetLogits()})
+    task = method.local_task(client, models, None)  # type: ignore[arg-type]
+    weak = images([(3, 20.0), (1, 20.0), (4, 0.1)])  # kept + right, kept + wrong, not kept
+    batch = {"labeled": {"weak": images([(0, 1.0)]), "y": torch.tensor([0])},
+             "unlabeled": {"weak": weak, "strong": weak.clone(), "classes": torch.tensor([3, 2, 4])}}  # fmt: skip
+    task.loss(models, batch)
+    sent = method.uploads(client, models, None)  # type: ignore[arg-type]
+    assert sent["pseudo-label-share"] == pytest.approx(2 / 3)
+    assert sent["pseudo-label-correct-share"] == pytest.approx(1 / 3)
+    without = method_class("fixmatch")(cfg)  # a deployed node: the classes are unknown
+    node = dataclasses.replace(client, unlabeled_classes=None)
+    without.local_task(node, models, None).loss(models, {**batch, "unlabeled": {"weak": weak, "strong": weak}})  # type: ignore[arg-type]
+    assert set(without.uploads(node, models, None)) == {"pseudo-label-share"}  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="true classes for"):
+        dataclasses.replace(client, unlabeled_classes=client.unlabeled_classes[:3])
+
+
 class _ReplyGrid(InProcessGrid):
     """Keeps every reply the clients send."""
 
@@ -143,7 +184,7 @@ def test_feddb_federation_records_app_u_and_the_dma_weights(tmp_path: Path) -> N
         assert len(row["app-u"]) == 10 and sum(row["app-u"]) == pytest.approx(1.0, abs=1e-5)
         assert len(row["dma-beta"]) == 3 and sum(row["dma-beta"]) == pytest.approx(1.0)
         assert row["dma-loss"] <= row["dma-loss-uniform"]
-        assert 0.0 <= row["pseudo-label-share"] <= 1.0
+        assert 0.0 <= row["pseudo-label-correct-share"] <= row["pseudo-label-share"] <= 1.0
 
 
 
@@ -153,9 +194,10 @@ def test_feddb_diagnostics_by_hand() -> None:
     from fedul_flwr.experiments.feddb_diagnostics import diagnostics_of, render_diagnostics
 
     row = {"round": 10, "pseudo-label-share": 0.25, "app-u": [0.2, 0.4, 0.4], "dma-beta": [0.5, 0.25, 0.25],
-           "dma-loss-uniform": 0.3, "dma-loss": 0.1}  # fmt: skip
+           "dma-loss-uniform": 0.3, "dma-loss": 0.1, "pseudo-label-correct-share": 0.2}  # fmt: skip
     got = diagnostics_of(row)
     assert got["share"] == pytest.approx(25.0) and got["app-u-ratio"] == pytest.approx(2.0)
+    assert got["pseudo-label-accuracy"] == pytest.approx(80.0)  # 0.2 of the images kept and right, of 0.25 kept
     assert got["effective-clients"] == pytest.approx(1 / (0.25 + 0.0625 + 0.0625))
     assert (got["dma-loss-uniform"], got["dma-loss"]) == (0.3, 0.1)
     assert diagnostics_of({"round": 3, "test-error": 0.2}) == {}

@@ -123,6 +123,11 @@ class ClientData:
         float64 ``[K]`` class prior of the client.
     test : LabeledImages | None
         Optional labeled local test split (client-side evaluation only).
+    unlabeled_classes : torch.Tensor | None
+        int64 ``[n_u]``: the true classes of the unlabeled images, where the run knows them
+        (simulation only; empty when a simulated client has no unlabeled image). Never
+        trained on: methods read it only for diagnostics (FixMatch's share of correct
+        pseudo-labels).
     optional_parts : frozenset[str]
         Parts this client may lack by its setting's design: in the annotation-heterogeneity
         setting (and a deployed node of labeled + unlabeled images) a fully labeled client
@@ -141,6 +146,7 @@ class ClientData:
     positive_classes: tuple[int, ...] | None = None
     class_prior: np.ndarray | None = None
     test: LabeledImages | None = None
+    unlabeled_classes: torch.Tensor | None = None
     optional_parts: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
@@ -149,8 +155,10 @@ class ClientData:
                 f"{self.node}: unlabeled images must be uint8 [n, C, H, W], got "
                 f"{self.unlabeled.dtype} {tuple(self.unlabeled.shape)}"
             )
+        n_u = 0 if self.unlabeled is None else len(self.unlabeled)
+        if self.unlabeled_classes is not None and tuple(self.unlabeled_classes.shape) != (n_u,):
+            raise ValueError(f"{self.node}: {tuple(self.unlabeled_classes.shape)} true classes for {n_u} unlabeled images")
         if self.usets is not None:
-            n_u = 0 if self.unlabeled is None else len(self.unlabeled)
             if self.usets.set_index.shape != (n_u,):
                 raise ValueError(f"{self.node}: {len(self.usets.set_index)} set indices for {n_u} unlabeled images")
 

@@ -281,6 +281,7 @@ def _labeled_and_unlabeled(
         std=data.std,
         labeled=LabeledImages(data.train_x[labeled_rows], data.train_y[labeled_rows].clone()),
         unlabeled=data.train_x[unlabeled_rows],
+        unlabeled_classes=data.train_y[unlabeled_rows].clone(),  # diagnostics only (ClientData)
         test=_local_test(cfg, local_test),
         **parts,
     )
@@ -411,5 +412,6 @@ def annotation_client(cfg: RunConfig, partition_id: int, num_partitions: int, pa
     client = _labeled_and_unlabeled(cfg, partition_id, num_partitions, labeled, unlabeled, local_test)
     return dataclasses.replace(
         client, labeled=client.labeled if len(labeled) else None, unlabeled=client.unlabeled if len(unlabeled) else None,
+        unlabeled_classes=client.unlabeled_classes if len(unlabeled) else client.unlabeled_classes[:0],
         optional_parts=SEMI_SUPERVISED_PARTS,
     )  # fmt: skip

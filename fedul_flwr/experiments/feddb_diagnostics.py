@@ -7,6 +7,10 @@ weights beta that move the mixture of the clients' APP-U towards uniform. The re
 
 - ``pseudo-label-share``: fraction of a round's unlabeled images whose (debiased, for DPL)
   pseudo-label passes tau (mean over the round's clients, weighted by examples);
+- ``pseudo-label-correct-share`` (simulation: the true classes of the unlabeled images are
+  known): the fraction whose pseudo-label passes tau and is the true class, averaged the
+  same way; its ratio to ``pseudo-label-share`` is the accuracy of the pseudo-labels
+  trained on;
 - ``app-u``: the clients' APP-U averaged the same way (K floats); its max / min ratio says how
   unequal the model's predictions over the classes are (1 = uniform);
 - ``dma-beta``: beta of the round's clients; 1 / sum(beta^2) is its *effective number of
@@ -43,13 +47,16 @@ def diagnostics_of(row: Mapping[str, Any]) -> dict[str, float]:
     Returns
     -------
     dict
-        ``share`` (% of unlabeled images passing tau), ``app-u-ratio`` (max / min of the
+        ``share`` (% of unlabeled images passing tau), ``pseudo-label-accuracy`` (% of those
+        whose pseudo-label is the true class), ``app-u-ratio`` (max / min of the
         mean APP-U), ``effective-clients`` (1 / sum beta^2), ``dma-loss-uniform`` and
         ``dma-loss``.
     """
     out: dict[str, float] = {}
     if "pseudo-label-share" in row:
         out["share"] = 100.0 * float(row["pseudo-label-share"])
+        if "pseudo-label-correct-share" in row and float(row["pseudo-label-share"]) > 0:
+            out["pseudo-label-accuracy"] = 100.0 * float(row["pseudo-label-correct-share"]) / float(row["pseudo-label-share"])
     app_u = row.get("app-u")
     if isinstance(app_u, list) and app_u and min(app_u) > 0:
         out["app-u-ratio"] = max(app_u) / min(app_u)
@@ -91,6 +98,7 @@ def render_diagnostics(records: Sequence[Mapping[str, Any]], rounds: Sequence[in
         by_cell[(r["spec"]["row"], r["spec"]["column"])].append(r)
     quantities = (
         ("share", "Pseudo-labels passing tau (% of the round's unlabeled images)", 1),
+        ("pseudo-label-accuracy", "Pseudo-labels passing tau that are the true class (%; simulation knows the classes)", 1),
         ("app-u-ratio", "APP-U max / min over the classes (mean over the round's clients; 1 = uniform)", 2),
         ("effective-clients", "DMA: effective number of clients 1 / sum(beta^2) (of the round's clients)", 2),
         ("dma-loss-uniform", "DMA: L_aggr at uniform weights", 4),

@@ -138,7 +138,7 @@ class FixMatchDPL(FixMatch):
 
     name = "fixmatch-dpl"
     requires = ("labeled", "unlabeled")  # APP-U is over the unlabeled part; the labels anchor it
-    recorded_metrics = (APP_U, "pseudo-label-share")
+    recorded_metrics = (APP_U, "pseudo-label-share", "pseudo-label-correct-share")
     options = FixMatch.options + (
         Option("dpl-ema", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
         Option("dpl-app-u-update", lambda v: v in ("epoch", "step"), "'epoch' (paper) or 'step' (authors' code)"),
@@ -157,6 +157,8 @@ class FixMatchDPL(FixMatch):
         self.app_u = probs.mean(dim=0)  # Eq. 8
         targets, mask = debiased_pseudo_labels(probs, self.app_u, self.option("fixmatch-threshold"))
         self.kept_share = float(mask.float().mean())
+        classes = self.known_classes(client).get("classes")  # diagnostics only: true classes in simulation
+        self.correct_share = None if classes is None else float((mask.cpu() & (targets.cpu() == classes)).float().mean())
         views = {"strong": ("x", strong)}
         if self.option("dpl-app-u-update") == "step":
             views["weak"] = ("x", weak)
@@ -188,5 +190,9 @@ class FixMatchDPL(FixMatch):
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """``app-u``: the client's final APP-U (K floats) and ``pseudo-label-share``, the
-        share of its unlabeled images kept at the start of the round."""
-        return {APP_U: [float(v) for v in self.app_u.cpu()], "pseudo-label-share": self.kept_share}
+        share of its unlabeled images kept at the start of the round; in simulation also
+        ``pseudo-label-correct-share``, the share kept with their true class (a diagnostic)."""
+        out: dict[str, float | list[float]] = {APP_U: [float(v) for v in self.app_u.cpu()], "pseudo-label-share": self.kept_share}
+        if self.correct_share is not None:
+            out["pseudo-label-correct-share"] = self.correct_share
+        return out

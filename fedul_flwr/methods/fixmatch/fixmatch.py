@@ -77,7 +77,7 @@ class FixMatch(Method):
     requires = ()
     uses = ("labeled", "unlabeled")
     setting = "labels-at-clients"
-    recorded_metrics = ("pseudo-label-share",)
+    recorded_metrics = ("pseudo-label-share", "pseudo-label-correct-share")
     options = (
         Option("fixmatch-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
         Option("fixmatch-lambda", lambda v: v >= 0, ">= 0"),
@@ -101,7 +101,15 @@ class FixMatch(Method):
         assert client.unlabeled is not None  # ``requires``
         weak, strong = self.views(client)
         size = self.option("fixmatch-mu") * self.cfg.batch_size
-        return Stream({"x": client.unlabeled}, size, images=(), views={"weak": ("x", weak), "strong": ("x", strong)})
+        return Stream({"x": client.unlabeled, **self.known_classes(client)}, size, images=(),
+                      views={"weak": ("x", weak), "strong": ("x", strong)})  # fmt: skip
+
+    @staticmethod
+    def known_classes(client: ClientData) -> dict[str, torch.Tensor]:
+        """``{"classes": the true classes of the unlabeled images}`` where the run knows them
+        (simulation), else ``{}``: the unlabeled stream carries them for the diagnostic
+        ``pseudo-label-correct-share`` only; no loss reads them."""
+        return {} if client.unlabeled_classes is None else {"classes": client.unlabeled_classes}
 
     def pseudo_labels(self, weak_logits: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """Pseudo-labels and mask of an unlabeled batch: argmax and max >= tau of the softmax
@@ -146,13 +154,21 @@ class FixMatch(Method):
                 targets, mask = self.pseudo_labels(logits[n_l : n_l + n_w] if n_w else None, ub)
                 self._kept = self._kept + mask.sum()  # a tensor: no device sync per step
                 self._seen += len(mask)
+                if "classes" in ub:
+                    self._correct = self._correct + (mask & (targets == ub["classes"])).sum()
                 total = total + lam * unlabeled_loss(logits[n_l + n_w :], targets, mask)
             return total
 
-        self._kept = self._seen = 0
+        self._kept = self._seen = self._correct = 0
         return LocalTask(streams, loss)
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """``pseudo-label-share``: the share of the round's unlabeled images (over all steps)
-        whose pseudo-label passed the threshold (0 without unlabeled images)."""
-        return {"pseudo-label-share": float(self._kept) / max(self._seen, 1)}
+        whose pseudo-label passed the threshold (0 without unlabeled images); where the run
+        knows the unlabeled images' true classes (simulation), ``pseudo-label-correct-share``:
+        the share whose pseudo-label passed and is the true class (a diagnostic; its ratio to
+        ``pseudo-label-share`` is the accuracy of the pseudo-labels trained on)."""
+        out = {"pseudo-label-share": float(self._kept) / max(self._seen, 1)}
+        if client.unlabeled_classes is not None:
+            out["pseudo-label-correct-share"] = float(self._correct) / max(self._seen, 1)
+        return out
