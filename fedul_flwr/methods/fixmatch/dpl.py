@@ -138,7 +138,7 @@ class FixMatchDPL(FixMatch):
 
     name = "fixmatch-dpl"
     requires = ("labeled", "unlabeled")  # APP-U is over the unlabeled part; the labels anchor it
-    recorded_metrics = (APP_U, "pseudo-label-share", "pseudo-label-correct-share")
+    recorded_metrics = (APP_U, *FixMatch.recorded_metrics)
     options = FixMatch.options + (
         Option("dpl-ema", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
         Option("dpl-app-u-update", lambda v: v in ("epoch", "step"), "'epoch' (paper) or 'step' (authors' code)"),
