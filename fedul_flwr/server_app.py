@@ -34,12 +34,28 @@ app = ServerApp()
 
 def global_models(cfg: RunConfig, method: Method, channels: int, classes: int, size: int) -> nn.ModuleDict:
     """The method's exchanged models with their initial weights (model i seeded by
-    :func:`~fedul_flwr.runtime.model_seed` of (seed, i): the same seed, the same weights)."""
+    :func:`~fedul_flwr.runtime.model_seed` of (seed, i): the same seed, the same weights; a
+    model with ``ModelSpec.initial`` starts as a copy of that model).
+
+    Raises
+    ------
+    ValueError
+        If a model's ``initial`` names no exchanged model, or one of another shape.
+    """
     specs = [s for s in method.model_specs() if s.exchanged]
-    return nn.ModuleDict(
+    models = nn.ModuleDict(
         {s.name: build_model(s.arch or cfg.model, channels, classes, size, seed=model_seed(cfg.seed, i), width=s.width)
          for i, s in enumerate(specs)}  # fmt: skip
     )
+    for s in specs:
+        if s.initial is not None:
+            if s.initial not in models:
+                raise ValueError(f"model {s.name!r} starts from {s.initial!r}, which is not an exchanged model of {cfg.method!r}")
+            try:
+                models[s.name].load_state_dict(models[s.initial].state_dict())
+            except RuntimeError as err:
+                raise ValueError(f"model {s.name!r} cannot start from {s.initial!r}: {err}") from err
+    return models
 
 
 def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:

@@ -138,6 +138,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "hassle-temperature": "temperature T of the residual target (T^2-scaled KL)",
         "hassle-threshold": "confidence threshold of the pseudo-labels (0: none, the paper's default; 0.95 in "
         "its Table 6)",
+        "hassle-pairing": "which dual model a residual model is added to in SM, UM and the pseudo-labels: "
+        "`previous`, the one it was trained against (the paper, after its Eq. 10; the previous round's w_S / "
+        "w_U travel too), or `current`, the same round's",
     },
     "Local training": {
         "num-rounds": "federated rounds",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.config import resolve_config
+from fedul_flwr.config import ConfigError, resolve_config
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
 from fedul_flwr.server_app import run_federation
@@ -70,14 +70,22 @@ def test_sm_um_em_in_one_pass_equal_each_alone_and_run_each_model_once_per_batch
     x, y = torch.randint(0, 256, (70, 1, 28, 28), dtype=torch.uint8, generator=g), torch.randint(0, 10, (70,), generator=g)
     to_input = lambda u: u.float() / 255  # noqa: E731
     together = evaluate_predictors(models, hassle.predictors(), x, y, to_input=to_input, batch_size=32)
-    assert calls == {name: 3 for name in models}  # 3 batches; EM reuses SM's and UM's forwards
+    # 3 batches; EM reuses SM's and UM's forwards; SM and UM use the paired copies of w_S, w_U
+    assert calls == {name: 0 if name in ("w_S", "w_U") else 3 for name in models}
     for name, predict in hassle.predictors().items():
         assert together[name] == evaluate(models, predict, x, y, to_input=to_input, batch_size=32)
     assert together["EM"] != together["SM"] != together["UM"]
 
 
 class _ReplyGrid(InProcessGrid):
-    """Keeps every reply, by node."""
+    """Keeps (round, arrays) of every message sent to the nodes, as sent, and every reply."""
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        for m in messages:
+            arrays = m.content["arrays"]
+            self.sent.append((int(m.content["config"]["server-round"]), {k: arrays[k].numpy().copy() for k in arrays}))
+        return super().push_messages(messages)
 
     def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
         replies = list(super().pull_messages(message_ids))
@@ -90,7 +98,7 @@ def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2, method: str = 
           "client-setting": "annotation-heterogeneity", "label-layout": layout, "labeled-share": 0.5,
           "samples-per-client": 300, "batch-size": 32, "min-available-nodes": 3, "min-train-nodes": 3}  # fmt: skip
     grid = _ReplyGrid(client_app, 3, rc)
-    grid.replies = []
+    grid.replies, grid.sent = [], []
     outputs = run_federation(grid, resolve_config(rc))
     return grid, json.loads((tmp_path / name / "metrics.json").read_text()), outputs.summary(3)
 
@@ -113,6 +121,68 @@ def test_each_client_type_sends_only_what_its_data_trains(tmp_path: Path) -> Non
     for reply in grid.replies:
         metrics = reply.content["metrics"]
         assert metrics["num-labeled"] > 0 if "w_S" in _models_of(reply) else metrics["num-labeled"] == 0
+
+
+def _model_arrays(arrays: dict[str, np.ndarray], model: str) -> dict[str, np.ndarray]:
+    """``model``'s arrays, keyed by parameter name."""
+    return {k.split(".", 1)[1]: v for k, v in arrays.items() if k.split(".")[0] == model}
+
+
+def _same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> bool:
+    return a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_residuals_pair_with_the_dual_model_they_were_trained_against(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paper after Eq. 10: SM = f(w_S^(t-1)) + f(r_US^(t)) and Eq. 11's pseudo-labels alike.
+    The clients receive w_S_prev / w_U_prev (copies of the initial w_S / w_U in round 1, the
+    previous round's broadcast w_S / w_U after a round that aggregated their residual), make
+    their pseudo-labels with w_S_prev and never send the copies back."""
+    import fedul_flwr.methods.hassle as hassle
+
+    teachers: list[dict[str, np.ndarray]] = []
+    logits = hassle._logits
+
+    def spy(modules, *args, **kwargs):  # type: ignore[no-untyped-def]
+        teachers.append({k: v.detach().cpu().numpy().copy() for k, v in modules[0].state_dict().items()})
+        return logits(modules, *args, **kwargs)
+
+    monkeypatch.setattr(hassle, "_logits", spy)
+    grid, _, _ = _run(tmp_path, "pairs", "P,P,U")
+    b1, b2 = (next(arrays for r, arrays in grid.sent if r == server_round) for server_round in (1, 2))
+    for dual, copy in (("w_S", "w_S_prev"), ("w_U", "w_U_prev")):
+        assert _same(_model_arrays(b1, copy), _model_arrays(b1, dual))  # round 1: the initial model
+        assert _same(_model_arrays(b2, copy), _model_arrays(b1, dual))  # round 2: round 1's broadcast
+        assert not _same(_model_arrays(b2, copy), _model_arrays(b2, dual))
+    assert len(teachers) == 6  # the three clients hold unlabeled images, two rounds
+    assert all(_same(t, _model_arrays(b2, "w_S_prev")) for t in teachers[3:])
+    assert all(_same(t, _model_arrays(b1, "w_S")) for t in teachers[:3])
+    assert not any("_prev" in model for reply in grid.replies for model in _models_of(reply))
+
+
+def test_sm_and_um_add_each_residual_to_its_paired_copy_or_to_the_current_model() -> None:
+    """hassle-pairing: "previous" (default) adds r_US to w_S_prev; "current" to w_S, with
+    four models only."""
+    from torch import nn
+
+    from fedul_flwr.methods.base import method_class
+    from fedul_flwr.models import build_model
+
+    base = {"method": "hassle", "client-setting": "annotation-heterogeneity"}
+    paper = method_class("hassle")(resolve_config(base))
+    same_round = method_class("hassle")(resolve_config({**base, "hassle-pairing": "current"}))
+    assert [s.name for s in paper.model_specs()] == ["w_S", "w_U", "r_US", "r_SU", "w_S_prev", "w_U_prev"]
+    assert [s.name for s in same_round.model_specs()] == ["w_S", "w_U", "r_US", "r_SU"]
+    models = nn.ModuleDict({s.name: build_model("small-cnn", 1, 10, 28, seed=i, width=s.width)
+                            for i, s in enumerate(paper.model_specs())}).eval()  # fmt: skip
+    x = torch.rand(4, 1, 28, 28)
+    with torch.no_grad():
+        for method, s, u in ((paper, "w_S_prev", "w_U_prev"), (same_round, "w_S", "w_U")):
+            sm, um = models[s](x) + models["r_US"](x), models[u](x) + models["r_SU"](x)
+            got = {k: p(models, x) for k, p in method.predictors().items()}
+            assert torch.equal(got["SM"], sm) and torch.equal(got["UM"], um)
+            assert torch.allclose(got["EM"], (sm + um) / 2)
+    with pytest.raises(ConfigError, match="hassle-pairing"):
+        method_class("hassle").check_options(resolve_config({**base, "hassle-pairing": "next"}))
 
 
 def test_aggregation_weights_each_model_by_its_counts_and_keeps_unsent_models() -> None:

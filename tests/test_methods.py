@@ -477,6 +477,12 @@ def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: 
     part = runner.execute(spec, {**stopped, "num-rounds": 1})
     assert runner.resumable_round(stopped) == 1
     assert runner.resumable_round({**stopped, "lr": 2 * stopped["lr"]}) == 0  # other settings: afresh
+    # a checkpoint written before another method gained an option still continues
+    path = tmp_path / "c" / "runs" / spec.run_id / "checkpoint.pt"
+    payload = torch.load(path, weights_only=False)
+    payload["config"].pop("hassle-pairing")
+    torch.save(payload, path)
+    assert runner.resumable_round(stopped) == 1
     [continued] = runner.run_grid([(spec, stopped)], tmp_path / "c" / "records", name="smoke")
     assert continued["resumed-after-round"] == 1 and continued["run-config"]["resume"] is True
     stopped_time = max(r["wall-time"] for r in part["metrics"])
@@ -490,6 +496,18 @@ def test_runner_is_deterministic_resumable_and_logs_to_the_run_folder(tmp_path: 
     [afresh] = runner.run_grid([(spec, {**stopped, "run-name": "afresh"})], tmp_path / "d" / "records", name="smoke")
     assert "resumed-after-round" not in afresh and strip(afresh["metrics"]) == strip(first["metrics"])
     assert "discarded" not in Path(afresh["log"]).read_text()
+
+
+def test_run_settings_leave_out_only_the_options_of_other_methods() -> None:
+    """An option of another method cannot change a run: records and checkpoints written before
+    it existed still match; the run's own options and the common settings always count."""
+    fedpl = resolve_config({"method": "fedpl"}).as_dict()
+    settings = runner.run_settings(fedpl)
+    assert {"fedpl-threshold", "lr", "seed"} <= set(settings) and not {"hassle-pairing", "dma-steps"} & set(settings)
+    assert runner.run_settings({k: v for k, v in fedpl.items() if k != "hassle-pairing"}) == settings
+    hassle = resolve_config({"method": "hassle", "client-setting": "annotation-heterogeneity"}).as_dict()
+    assert runner.run_settings(hassle)["hassle-pairing"] == "previous"
+    assert runner.run_settings({**hassle, "hassle-pairing": "current"}) != runner.run_settings(hassle)
 
 
 def test_fedul_command_shares_flag_conventions_and_shows_defaults(capsys) -> None:

@@ -127,6 +127,9 @@ HASSLE_ABLATION: dict[str, dict[str, Any]] = {  # GRA: residual models; MPA: the
     "MPA": {"method": "hassle", "hassle-residual-width": 0.0},
     "GRA": {"method": "hassle", "hassle-gamma": 0.0},
     "GRA + MPA": {"method": "hassle"},
+    # the residual added to the same round's dual model instead of the one it was trained against
+    "GRA, same-round pairing": {"method": "hassle", "hassle-gamma": 0.0, "hassle-pairing": "current"},
+    "GRA + MPA, same-round pairing": {"method": "hassle", "hassle-pairing": "current"},
 }
 BRACKET_NOTES = {  # what the [paper] numbers are where they are not the same experiment
     "feddb-ablation": "[paper]: the paper's CIFAR-10 numbers (WRN-28-2, 100 clients), for reference only.",

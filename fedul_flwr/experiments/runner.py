@@ -45,7 +45,7 @@ from typing import Any
 
 __all__ = [
     "RunSpec", "add_common_arguments", "best_val_round", "execute", "load_records", "parse_overrides", "parse_seeds",
-    "resumable_round", "run_grid", "threads_per_job",
+    "resumable_round", "run_grid", "run_settings", "threads_per_job",
 ]  # fmt: skip
 
 LOG_FILE = "flower.log"
@@ -215,7 +215,7 @@ def resumable_round(run_config: Mapping[str, Any]) -> int:
     free = ("resume", "num-rounds")  # a run may be continued to more rounds than it was stopped at
 
     def settings(config: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in config.items() if k not in free}
+        return {k: v for k, v in run_settings(config).items() if k not in free}
 
     same = settings(resolve_config(dict(run_config)).as_dict()) == settings(ckpt.config)
     return ckpt.round if same and ckpt.round < int(run_config["num-rounds"]) else 0
@@ -347,8 +347,25 @@ SHARED_FREE = ("run-name", "resume")
 """Resolved settings that do not change a run's result: two runs equal in all others are one."""
 
 
+def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved settings that can change a run: all but the options of methods other than
+    the run's ``method`` (:attr:`Method.options`). So a checkpoint or a record written before
+    another method gained an option still matches its run.
+
+    Raises
+    ------
+    UnknownChoiceError
+        If ``config["method"]`` names no method.
+    """
+    from fedul_flwr.methods import METHODS, get_method
+
+    own = {o.key for o in get_method(str(config["method"])).options}
+    foreign = {o.key for name in METHODS.names() for o in get_method(name).options} - own
+    return {k: v for k, v in config.items() if k not in foreign}
+
+
 def _settings(config: Mapping[str, Any]) -> str:
-    return json.dumps({k: v for k, v in config.items() if k not in SHARED_FREE}, sort_keys=True)
+    return json.dumps({k: v for k, v in run_settings(config).items() if k not in SHARED_FREE}, sort_keys=True)
 
 
 def _recorded_runs(records_dir: Path) -> dict[tuple[int, str], dict[str, Any]]:

@@ -83,11 +83,15 @@ class ModelSpec:
         Optimised by the local loop.
     width : float
         Channel width factor of the architecture (> 0; e.g. HASSLE's residual models at 1/4).
+    initial : str | None
+        An exchanged model whose initial weights this one starts from (same architecture and
+        width), e.g. HASSLE's copy of the previous round's w_S; ``None``: its own seed.
 
     Raises
     ------
     ValueError
-        If a model is both exchanged and kept, or neither (a model must live somewhere).
+        If a model is both exchanged and kept, or neither (a model must live somewhere), or
+        starts from itself.
     """
 
     name: str
@@ -96,6 +100,7 @@ class ModelSpec:
     kept: bool = False
     trained: bool = True
     width: float = 1.0
+    initial: str | None = None
 
     def __post_init__(self) -> None:
         if self.exchanged == self.kept:
@@ -104,6 +109,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: width {self.width} must be > 0")
         if not self.name or "." in self.name:
             raise ValueError(f"model name {self.name!r} must be non-empty and contain no '.'")
+        if self.initial == self.name:
+            raise ValueError(f"model {self.name!r} cannot start from its own initial weights")
 
 
 @dataclass(frozen=True)

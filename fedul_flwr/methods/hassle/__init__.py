@@ -14,16 +14,29 @@ received):
 
 1. with labels (n_L > 0): r_{U-S} by Eqs. 7-9 on the labeled data, then w_S by cross-entropy
    plus (gamma / 2) ||w_S - w_U||^2 towards the *received unsupervised* model (Eqs. 3, 12);
-2. with unlabeled data (n_U > 0): pseudo-labels argmax [f(u; w_S) + f(u; r_{U-S})] (Eq. 11),
-   then r_{S-U} by Eqs. 7-9 on them, then w_U by cross-entropy on them plus
+2. with unlabeled data (n_U > 0): pseudo-labels argmax [f(u; w_S^(t-1)) + f(u; r_{U-S})]
+   (Eq. 11), then r_{S-U} by Eqs. 7-9 on them, then w_U by cross-entropy on them plus
    (gamma / 2) ||w_U - w_S||^2 towards the received supervised model.
 
 A client sends the models its data trained (w_S and r_{U-S} with labels, w_U and r_{S-U} with
 unlabeled data) and its counts n_L, n_U; the server (:class:`HassleAggregation`) averages each
 model over the clients that sent it, w_S and r_{U-S} weighted by n_L, w_U and r_{S-U} by n_U
 (Eqs. 1, 2, 10), with the run's strategy; a model nobody sent keeps its global value.
-Predictors, evaluated centrally every round: SM = f(x; w_S) + f(x; r_{U-S}),
-UM = f(x; w_U) + f(x; r_{S-U}), EM = (SM + UM) / 2 (the headline).
+Predictors, evaluated centrally every round: SM = f(x; w_S^(t-1)) + f(x; r_{U-S}),
+UM = f(x; w_U^(t-1)) + f(x; r_{S-U}), EM = (SM + UM) / 2 (the headline).
+
+**The residual pairs with the dual model it was trained against** (Sec. 4, after Eq. 10:
+"we use the global supervised model on the previous round here because the global residual
+model r_{U-S}^(t) after aggregation is obtained to learn the difference between w_S^(t-1) and
+w_U^(t-1)"). In round t a client trains r_{U-S} against the received w_S^(t); the aggregated
+residual corrects w_S^(t), not the w_S^(t+1) aggregated beside it, which was trained on the
+same labeled data and already moved by what the residual corrects. So two more models travel
+to the clients (never back): ``w_S_prev`` and ``w_U_prev``, the dual models that the global
+r_{U-S} and r_{S-U} were last trained against. The server sets them to the round's broadcast
+w_S (w_U) whenever it aggregates a new r_{U-S} (r_{S-U}) (:class:`HassleAggregation`); before
+the first round they are copies of the initial w_S and w_U. SM, UM and the pseudo-labels of
+Eq. 11 use them. ``hassle-pairing = "current"`` pairs each residual with the dual model of the
+same round instead (w_S^(t+1) + r_{U-S}^(t+1)); four models travel then.
 
 Choices the paper leaves open, made here (and in :mod:`.losses`):
 
@@ -33,10 +46,11 @@ Choices the paper leaves open, made here (and in :mod:`.losses`):
 - **gamma** = ``hassle-gamma`` = 0.01 as FedProx's mu: the loss gains (gamma / 2) ||w - w'||^2,
   the squared norm, applied as a gradient term (0 turns the proximity term off: the MPA
   ablation).
-- **Which w_S pairs with r_{U-S}**: Eq. 11 and the inference rule pair the residual with the
-  dual model of the previous round, but App. A says four models travel. We send four and use
-  the received (current) w_S for the pseudo-labels and in SM (and w_U in UM): one model fewer
-  in flight, at the price of pairing models of the same round.
+- **Which w_S pairs with r_{U-S}**: the paper's text (Eq. 11 and the inference rule) pairs the
+  residual with the dual model of the previous round; App. A says four models travel, which
+  cannot carry it. The text wins (``hassle-pairing = "previous"``): six models go to the
+  clients, at most four come back. Measured on Fashion-MNIST 10% (docs/hassle.md), the
+  same-round pairing (``"current"``) lowers SM by several points.
 - **EM** is the mean of the SM and UM logits ("mean outputs").
 - ``hassle-residual-width`` = 0 removes the residual models (the GRA ablation): pseudo-labels
   from w_S alone (Eq. 5), SM = f(w_S), UM = f(w_U).
@@ -50,10 +64,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 
+from collections.abc import Iterable
+
 import torch
 import torch.nn.functional as F
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from torch import nn
 
+from fedul_flwr import wire
 from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, Predictor, RoundContext, Stream, register_method
@@ -64,13 +82,42 @@ from fedul_flwr.training import LocalLoop, TrainResult
 __all__ = ["Hassle", "HassleAggregation"]
 
 NUM_LABELED, NUM_UNLABELED = "num-labeled", "num-unlabeled"
+PAIRING = ("previous", "current")
+PAIRED: dict[str, tuple[str, str]] = {"r_US": ("w_S", "w_S_prev"), "r_SU": ("w_U", "w_U_prev")}
+"""Residual model -> (the dual model it is trained against, the copy of that dual model it
+was last trained against, sent with ``hassle-pairing = "previous"``)."""
 
 
 class HassleAggregation(PerModelAggregation):
     """Each model over the clients that sent it: w_S and r_{U-S} weighted by n_L, w_U and
-    r_{S-U} by n_U (Eqs. 1, 2, 10)."""
+    r_{S-U} by n_U (Eqs. 1, 2, 10); then, where the global arrays hold the paired copies
+    (:data:`PAIRED`), each copy becomes the round's broadcast dual model if its residual was
+    aggregated this round:
+
+        w_S_prev <- w_S^(t)  if some client sent r_{U-S} in round t, else unchanged,
+
+    so ``w_S_prev + r_US`` is always the residual with the w_S it was trained against (the
+    paper's inference rule after Eq. 10)."""
 
     model_weight_keys = {"w_S": NUM_LABELED, "r_US": NUM_LABELED, "w_U": NUM_UNLABELED, "r_SU": NUM_UNLABELED}
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """:meth:`PerModelAggregation.aggregate_train`, then the paired copies (class doc)."""
+        replies = list(replies)
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        broadcast: ArrayRecord = self.global_arrays
+        if arrays is None:
+            return arrays, metrics
+        sent = {wire.model_of(k) for r in replies if not r.has_error() for k in r.content[wire.ARRAYS]}
+        copies: dict[str, Array] = {}
+        for residual, (dual, paired) in PAIRED.items():
+            if residual in sent and any(wire.model_of(k) == paired for k in broadcast):
+                copies.update({paired + k[len(dual):]: broadcast[k] for k in broadcast if wire.model_of(k) == dual})
+        if copies:
+            arrays = ArrayRecord({k: copies.get(k, arrays[k]) for k in arrays})
+        return arrays, metrics
 
 
 @torch.no_grad()
@@ -99,6 +146,7 @@ class Hassle(Method):
         Option("hassle-gamma", lambda v: v >= 0, ">= 0"),
         Option("hassle-temperature", lambda v: v > 0, "> 0"),
         Option("hassle-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
+        Option("hassle-pairing", lambda v: v in PAIRING, f"one of {PAIRING}"),
     )
     recorded_metrics = ("pseudo-label-share",)
 
@@ -113,7 +161,18 @@ class Hassle(Method):
         if not self.residual:
             return duals
         width = float(self.option("hassle-residual-width"))
-        return duals + (ModelSpec("r_US", width=width), ModelSpec("r_SU", width=width))
+        residuals = (ModelSpec("r_US", width=width), ModelSpec("r_SU", width=width))
+        if self.option("hassle-pairing") == "current":
+            return duals + residuals
+        # appended last: the other models keep the initial weights of their index's seed
+        return duals + residuals + tuple(ModelSpec(p, trained=False, initial=d) for d, p in PAIRED.values())
+
+    def paired(self, dual: str) -> str:
+        """The model that enters SM / UM and Eq. 11 beside ``dual``'s residual: its paired copy
+        (``"w_S_prev"``) under ``hassle-pairing = "previous"``, else ``dual`` itself."""
+        if self.residual and self.option("hassle-pairing") == "previous":
+            return dict(PAIRED.values())[dual]
+        return dual
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """The dual models' supervised cross-entropy on the labeled data, or on the unlabeled
@@ -178,7 +237,7 @@ class Hassle(Method):
             results += self._side(models, frozen, loop, client.labeled.x, client.labeled.y, ones, "w_S", "w_U", "r_US")
             self._sent += ("w_S", "r_US") if self.residual else ("w_S",)
         if client.unlabeled is not None and len(client.unlabeled):
-            teachers = [frozen["w_S"], frozen["r_US"]] if self.residual else [frozen["w_S"]]
+            teachers = [frozen[self.paired("w_S")], frozen["r_US"]] if self.residual else [frozen["w_S"]]
             logits = _logits(teachers, client.unlabeled, client, ctx.device, self.cfg.eval_batch_size)
             targets, mask = pseudo_labels(logits, float(self.option("hassle-threshold")))
             targets, mask = targets.cpu(), mask.cpu()
@@ -211,10 +270,12 @@ class Hassle(Method):
         return HassleAggregation
 
     def predictors(self) -> dict[str, Predictor]:
-        """EM (headline), SM and UM."""
+        """EM (headline), SM = f(w_S_prev) + f(r_US), UM = f(w_U_prev) + f(r_SU) (w_S, w_U with
+        ``hassle-pairing = "current"``; without residual models SM = f(w_S), UM = f(w_U))."""
         if self.residual:
-            sm = lambda models, x: models["w_S"](x) + models["r_US"](x)  # noqa: E731
-            um = lambda models, x: models["w_U"](x) + models["r_SU"](x)  # noqa: E731
+            s, u = self.paired("w_S"), self.paired("w_U")
+            sm = lambda models, x: models[s](x) + models["r_US"](x)  # noqa: E731
+            um = lambda models, x: models[u](x) + models["r_SU"](x)  # noqa: E731
         else:
             sm = lambda models, x: models["w_S"](x)  # noqa: E731
             um = lambda models, x: models["w_U"](x)  # noqa: E731
