@@ -299,13 +299,14 @@ def test_annotation_heterogeneity_nodes_train_hassle_on_loopback(tmp_path: Path)
     node-data tool from a simulated annotation-heterogeneity split) behind three real
     SuperNodes: HASSLE completes 2 rounds, and each of its four models reaches the server from
     exactly the two nodes whose data trains it (w_S and r_US from the labeled ones, w_U and
-    r_SU from those with unlabeled images): no node sends a model it may not."""
+    r_SU from those with unlabeled images): no node sends a model it may not, nor the copies
+    w_S_prev, w_U_prev that it only reads."""
     log, node_dirs, metrics = _two_rounds_on_simulated_nodes(
         tmp_path, {"client-setting": "annotation-heterogeneity", "label-layout": "L,P,U", "labeled-share": 0.5, "seed": 4},
         'method="hassle" batch-size=16', max_set_size=80, per_aggregation=2,
     )  # fmt: skip
     counts = re.findall(r"round \d: replies per model (\{[^}]*\}) \(of 3\)", log)
-    assert counts == ["{'w_S': 2, 'w_U': 2, 'r_US': 2, 'r_SU': 2}"] * 2, log[-4000:]
+    assert counts == ["{'w_S': 2, 'w_U': 2, 'r_US': 2, 'r_SU': 2, 'w_S_prev': 0, 'w_U_prev': 0}"] * 2, log[-4000:]
     assert [(d / "labeled").is_dir() for d in node_dirs] == [True, True, False]
     assert [(d / "unlabeled").is_dir() for d in node_dirs] == [False, True, True]
     assert all({"test-accuracy-SM", "test-accuracy-UM"} <= set(row) for row in metrics)
