@@ -84,14 +84,15 @@ class ModelSpec:
     width : float
         Channel width factor of the architecture (> 0; e.g. HASSLE's residual models at 1/4).
     initial : str | None
-        An exchanged model whose initial weights this one starts from (same architecture and
-        width), e.g. HASSLE's copy of the previous round's w_S; ``None``: its own seed.
+        For an exchanged model: another exchanged model whose initial weights it starts from
+        (same architecture and width), e.g. HASSLE's copy of the previous round's w_S;
+        ``None``: its own seed.
 
     Raises
     ------
     ValueError
         If a model is both exchanged and kept, or neither (a model must live somewhere), or
-        starts from itself.
+        has ``initial`` while kept, or starts from itself.
     """
 
     name: str
@@ -109,8 +110,8 @@ class ModelSpec:
             raise ValueError(f"model {self.name!r}: width {self.width} must be > 0")
         if not self.name or "." in self.name:
             raise ValueError(f"model name {self.name!r} must be non-empty and contain no '.'")
-        if self.initial == self.name:
-            raise ValueError(f"model {self.name!r} cannot start from its own initial weights")
+        if self.initial is not None and (self.kept or self.initial == self.name):
+            raise ValueError(f"model {self.name!r}: initial={self.initial!r} needs an exchanged model other than itself")
 
 
 @dataclass(frozen=True)

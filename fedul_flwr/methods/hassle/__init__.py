@@ -49,8 +49,8 @@ Choices the paper leaves open, made here (and in :mod:`.losses`):
 - **Which w_S pairs with r_{U-S}**: the paper's text (Eq. 11 and the inference rule) pairs the
   residual with the dual model of the previous round; App. A says four models travel, which
   cannot carry it. The text wins (``hassle-pairing = "previous"``): six models go to the
-  clients, at most four come back. Measured on Fashion-MNIST 10% (docs/hassle.md), the
-  same-round pairing (``"current"``) lowers SM by several points.
+  clients, at most four come back. The same-round pairing (``"current"``) stays as a switch;
+  docs/hassle.md has what it costs on Fashion-MNIST.
 - **EM** is the mean of the SM and UM logits ("mean outputs").
 - ``hassle-residual-width`` = 0 removes the residual models (the GRA ablation): pseudo-labels
   from w_S alone (Eq. 5), SM = f(w_S), UM = f(w_U).
@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-
 from collections.abc import Iterable
 
 import torch
@@ -107,9 +106,9 @@ class HassleAggregation(PerModelAggregation):
         """:meth:`PerModelAggregation.aggregate_train`, then the paired copies (class doc)."""
         replies = list(replies)
         arrays, metrics = super().aggregate_train(server_round, replies)
-        broadcast: ArrayRecord = self.global_arrays
         if arrays is None:
             return arrays, metrics
+        broadcast: ArrayRecord = self.global_arrays
         sent = {wire.model_of(k) for r in replies if not r.has_error() for k in r.content[wire.ARRAYS]}
         copies: dict[str, Array] = {}
         for residual, (dual, paired) in PAIRED.items():
