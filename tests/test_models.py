@@ -34,3 +34,7 @@ def test_resnet8_and_width_factors() -> None:
         build_model("wrn-28-2", 3, 10, 32, width=0.5)
     with pytest.raises(ValueError, match="width 0 must be > 0"):
         ModelSpec("r", width=0)
+    with pytest.raises(ValueError, match="initial='r' needs an exchanged model other than itself"):
+        ModelSpec("r", initial="r")
+    with pytest.raises(ValueError, match="initial='f' needs an exchanged model"):
+        ModelSpec("k", exchanged=False, kept=True, initial="f")
