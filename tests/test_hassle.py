@@ -280,26 +280,34 @@ def test_a_round_without_any_training_client_keeps_the_global_model() -> None:
     assert float(arrays["f.p"].numpy()[0]) == 1.0 and metrics is None
 
 
-def test_predictor_windows_and_rounds_at_chance_by_hand() -> None:
-    """The HASSLE "why" table: window means of each predictor and the rounds at chance."""
-    from fedul_flwr.experiments.hassle_diagnostics import at_chance, render_diagnostics
+def test_predictor_windows_range_and_rounds_at_chance_by_hand() -> None:
+    """The "why" table of the HASSLE and FedDB pages: window means of each predictor (with
+    each seed, in seed order, when there are several), the range over the last rounds and
+    the rounds at chance."""
+    from fedul_flwr.experiments.round_windows import at_chance, format_seeds, render_windows
 
-    def record(column: str, rows: list[dict[str, float]], predictors: list[str]) -> dict:
+    def record(column: str, rows: list[dict[str, float]], predictors: list[str], seed: int = 0) -> dict:
         metrics = [{"round": 0, "test-accuracy": 0.1}] + [{"round": i + 1, **m} for i, m in enumerate(rows)]
-        return {"spec": {"row": "10%", "column": column}, "metrics": metrics, "last-round": len(rows),
+        return {"spec": {"row": "10%", "column": column, "seed": seed}, "metrics": metrics, "last-round": len(rows),
                 "predictors": predictors}  # fmt: skip
 
     hassle = record("HASSLE", [{"test-accuracy": a, "test-accuracy-SM": s, "test-accuracy-UM": u}
                                for a, s, u in [(0.5, 0.6, 0.1), (0.7, 0.8, 0.105), (0.9, 0.4, 0.3)]],
                     ["EM", "SM", "UM"])  # fmt: skip
-    fedavg = record("FedAvg", [{"test-accuracy": a} for a in (0.2, 0.4, 0.6)], [])
-    table = render_diagnostics([hassle, fedavg], num_classes=10, window=2).splitlines()
-    assert table[0] == "| setting | method | predictor | rounds 1-2 | rounds 3-3 | rounds at chance |"
+    fedavg_1 = record("FedAvg", [{"test-accuracy": a} for a in (0.3, 0.5, 0.5)], [], seed=1)
+    fedavg_0 = record("FedAvg", [{"test-accuracy": a} for a in (0.2, 0.4, 0.6)], [], seed=0)
+    table = render_windows([hassle, fedavg_1, fedavg_0], num_classes=10, window=2, range_rounds=2).splitlines()
+    assert table[0] == "| setting | method | predictor | rounds 1-2 | rounds 3-3 | range, last 2 rounds | rounds at chance |"
     rows = {tuple(c.strip() for c in line.split("|")[2:4]): [c.strip() for c in line.split("|")[4:-1]] for line in table[2:]}
-    assert rows[("HASSLE", "EM")] == ["60.00", "90.00", "0 of 3"]
-    assert rows[("HASSLE", "SM")] == ["70.00", "40.00", "0 of 3"]
-    assert rows[("HASSLE", "UM")] == ["10.25", "30.00", "2 of 3"]  # 0.1 and 0.105 <= 1/10 + 0.01
-    assert rows[("FedAvg", "-")] == ["30.00", "60.00", "0 of 3"]
+    assert rows[("HASSLE", "EM")] == ["60.00", "90.00", "70.0-90.0", "0 of 3"]
+    assert rows[("HASSLE", "SM")] == ["70.00", "40.00", "40.0-80.0", "0 of 3"]
+    assert rows[("HASSLE", "UM")] == ["10.25", "30.00", "10.5-30.0", "2 of 3"]  # 0.1 and 0.105 <= 1/10 + 0.01
+    # two seeds: mean (std; seed 0, seed 1), whatever order the records come in
+    assert rows[("FedAvg", "-")] == ["35.00 (7.07; 30.00, 40.00)", "55.00 (7.07; 60.00, 50.00)",
+                                     "40.0-60.0 / 50.0-50.0", "0 of 3 / 0 of 3"]  # fmt: skip
+    assert format_seeds([]) == "-" and format_seeds([12.345]) == "12.35"
     assert at_chance(0.11, 10) and not at_chance(0.111, 10)
     with pytest.raises(ValueError, match="window"):
-        render_diagnostics([hassle], window=0)
+        render_windows([hassle], window=0)
+    with pytest.raises(ValueError, match="range_rounds"):
+        render_windows([hassle], range_rounds=0)

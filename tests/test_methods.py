@@ -599,6 +599,27 @@ def test_table_puts_the_papers_numbers_in_brackets() -> None:
     assert "| MNIST IID | 1.00 [0.78] / 2.00 [1.12] | 3.00 [1.79] | 0.50 | +0.50 / +1.50 |" in table
 
 
+def test_table_cell_gives_each_seed_in_seed_order_and_pages_mark_their_sections(tmp_path: Path) -> None:
+    """Several seeds: mean (std; seed 0, seed 1) whatever the records' order; the page wraps each
+    table in named snippet markers (the docs include them) and gives seconds per round."""
+    specs = [reproduce.RunSpec("feddb-ablation", "IID", "FedDB", "*", s, 20, "feddb-cpu", {}) for s in (0, 1)]
+    records = [
+        {"spec": dataclasses.asdict(spec), "run-id": f"run-{spec.seed}", "last-test-error": e, "last-round": 3,
+         "wall-time-s": 30.0, "config": {"device": "cpu"},
+         "metrics": [{"round": n, "test-accuracy": 1 - e, "wall-time": t} for n, t in enumerate((1.0, 9.0, 19.0, 26.0))]}
+        for spec, e in zip(reversed(specs), (0.3, 0.2), strict=True)
+    ]  # fmt: skip
+    table = reproduce.render_table("feddb-ablation", specs, records, "last-test-error")
+    assert table.splitlines()[2].startswith("| IID | 75.00 (7.07; 80.00, 70.00)")  # seed 0: 80, seed 1: 70
+    assert reproduce.seconds_per_round(records[0]) == 8.0  # steps 8, 10, 7: the median
+    assert reproduce.seconds_per_round({"metrics": [{"round": 0}]}) is None
+    page = reproduce.render("feddb-ablation", "cpu", specs, records, tmp_path).read_text()
+    for name in ("last", "tail", "best", "windows", "wall-time"):
+        start, end = page.index(f"<!-- --8<-- [start:{name}] -->"), page.index(f"<!-- --8<-- [end:{name}] -->")
+        assert "|---|" in page[start:end]
+    assert "| run-0 | 30 | 8.0 |" in page
+
+
 def test_table_shows_one_column_per_predictor_headline_last() -> None:
     specs = [reproduce.RunSpec("g", "r", c, "*", 0, 20, "hassle", {}) for c in ("FedAvg", "HASSLE")]
     records = [

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from fedul_flwr.config import default_config, load_preset
+from fedul_flwr.experiments.round_windows import format_seeds, render_windows
 from fedul_flwr.experiments.runner import (
     RunSpec,
     add_common_arguments,
@@ -474,10 +475,8 @@ def run_config_of(spec: RunSpec, profile: Profile, data_dir: str, out_dir: Path,
 
 
 def _fmt(values: Sequence[float]) -> str:
-    if not values:
-        return "-"
-    mean = 100 * statistics.fmean(values)
-    return f"{mean:.2f}" if len(values) == 1 else f"{mean:.2f} ({100 * statistics.stdev(values):.2f})"
+    """A cell over seeds (fractions in, % out): ``m``, or ``m (std; each seed)``."""
+    return format_seeds([100 * v for v in values])
 
 
 # (headline method, its reference): the gap column of a table that has both
@@ -523,8 +522,8 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
             shown[f"{col} {name}"] = (col, key if name == found[0] else f"{key}-{name}")
     columns = list(shown)
     subs = list(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
-    values: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    for r in records:
+    values: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # in seed order
+    for r in sorted(records, key=lambda r: int(r["spec"].get("seed", 0))):
         s = r["spec"]
         for label, (col, k) in shown.items():
             value = record_value(r, k) if col == s["column"] else None
@@ -596,8 +595,27 @@ def total_run_time(records: Sequence[Mapping[str, Any]]) -> float:
     return sum({r.get("same-run-as") or r["run-id"]: float(r["wall-time-s"]) for r in records}.values())
 
 
+def seconds_per_round(record: Mapping[str, Any]) -> float | None:
+    """Median seconds between consecutive rounds of a record (from the cumulative
+    ``wall-time`` of its metric rows; robust to the jump where a run was continued)."""
+    times = {int(m["round"]): float(m["wall-time"]) for m in record.get("metrics", []) if "wall-time" in m}
+    steps = [times[n] - times[n - 1] for n in sorted(times) if n >= 1 and n - 1 in times and times[n] >= times[n - 1]]
+    return statistics.median(steps) if steps else None
+
+
+def _section(name: str, title: str, body: str) -> list[str]:
+    """A results-page section between snippet markers, so the docs include it by name
+    (``--8<-- "<page>:<name>"``) instead of retyping it."""
+    return [f"### {title}", "", f"<!-- --8<-- [start:{name}] -->", body, f"<!-- --8<-- [end:{name}] -->", ""]
+
+
 def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], out_dir: Path) -> Path:
-    """Write ``results-<grid>.md`` (both tables, settings, wall time) and the plots."""
+    """Write ``results-<grid>.md`` (the tables, settings, wall time) and the plots.
+
+    Each table sits between named snippet markers (``last``, ``tail``, ``best``, ``best-val``,
+    ``windows``, ``diagnostics``, ``wall-time``), which the docs include with
+    ``--8<-- "docs/reproduce/<profile>/results-<grid>.md:<name>"``.
+    """
     done = len(records)
     wall = total_run_time(records)
     sub_name = "sets M" if grid.startswith("table1") or grid in ("table-e13", "fashion", "smoke") else "sweep value"
@@ -607,47 +625,42 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         f"## {grid} ({profile_name} profile)",
         "",
         f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper]"
-        + (f" for {sub_name} = {subs}" if subs else "") + "; mean (std) over seeds when there are several."
-        + (f" {BRACKET_NOTES[grid]}" if grid in BRACKET_NOTES else ""),
-        "",
-        f"### Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
-        "",
-        render_table(grid, specs, records, "last-test-error"),
+        + (f" for {sub_name} = {subs}" if subs else "") + "; mean (std; each seed in ascending order) when there "
+        "are several seeds." + (f" {BRACKET_NOTES[grid]}" if grid in BRACKET_NOTES else ""),
         "",
     ]
-    if grid == "feddb-ablation" or grid in HASSLE_ROWS:  # single rounds swing by points on non-IID splits
-        text += [f"### Mean test {unit} over the last {TAIL_ROUNDS} rounds (single rounds swing by points "
-                 "on non-IID splits)", "", render_table(grid, specs, records, "tail-test-error"), ""]  # fmt: skip
+    text += _section("last", f"Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
+                     render_table(grid, specs, records, "last-test-error"))  # fmt: skip
+    windowed = grid == "feddb-ablation" or grid in HASSLE_ROWS  # single rounds swing by points on non-IID splits
+    if windowed:
+        text += _section("tail", f"Mean test {unit} over the last {TAIL_ROUNDS} rounds (single rounds swing by points "
+                         "on non-IID splits)", render_table(grid, specs, records, "tail-test-error"))  # fmt: skip
         why = "the paper's measure" if grid == "feddb-ablation" else "the round with the highest accuracy"
-        text += [f"### Best test {unit} during training ({why}; selects by test labels)", "",
-                 render_table(grid, specs, records, "best-test-error"), ""]  # fmt: skip
+        text += _section("best", f"Best test {unit} during training ({why}; selects by test labels)",
+                         render_table(grid, specs, records, "best-test-error"))  # fmt: skip
     if any(r.get("best-val-test-error") is not None for r in records) or grid not in ACCURACY_GRIDS:
-        text += [
-            f"### Test {unit} at the best-validation round (model selection USES LABELS: 20% labeled hold-out)",
-            "",
-            render_table(grid, specs, records, "best-val-test-error"),
-            "",
-        ]
-    if grid in HASSLE_ROWS and records:  # each predictor's course, beside the baselines'
-        from fedul_flwr.experiments.hassle_diagnostics import render_diagnostics as predictor_windows
-
-        text += ["### Why: each predictor's mean test accuracy (%) by windows of rounds, and rounds at chance", "",
-                 predictor_windows(records), ""]  # fmt: skip
+        text += _section("best-val", f"Test {unit} at the best-validation round (model selection USES LABELS: 20% "
+                         "labeled hold-out)", render_table(grid, specs, records, "best-val-test-error"))  # fmt: skip
+    if windowed and records:  # each predictor's course, beside the baselines'
+        text += _section("windows", "Why: each predictor's mean test accuracy (%) by windows of rounds, its range over "
+                         "the last rounds, and rounds at chance", render_windows(records))  # fmt: skip
     if grid == "feddb-ablation":  # the quantities DPL and DMA act on, by round
         from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
 
-        text += ["### Why: pseudo-labels, APP-U and DMA's weights by round", "", render_diagnostics(records), ""]
+        text += _section("diagnostics", "Why: pseudo-labels, APP-U and DMA's weights by round", render_diagnostics(records))
     if records:  # every run's wall time and the settings that decide it
-        text += ["### Wall time per run", "",
-                 "| run | wall time (s) | threads | device | loop | continued after round |", "|---|---|---|---|---|---|"]  # fmt: skip
+        rows = ["| run | wall time (s) | s per round (median) | threads | device | loop | continued after round |",
+                "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in sorted(records, key=lambda r: r["run-id"]):
             c = r["config"]
             loop = " ".join(str(c.get(k, "-")) for k in ("precision", "memory-format"))
             loop += " fused" if c.get("fused-optimizer") else (" per-parameter" if "fused-optimizer" in c else "")
             shared = f" (= {r['same-run-as']})" if r.get("same-run-as") else ""
-            text.append(f"| {r['run-id']}{shared} | {r['wall-time-s']:.0f} | {r.get('threads', '-')} | {c.get('device', '-')} | "
-                        f"{loop} | {r.get('resumed-after-round', '-')} |")  # fmt: skip
-        text.append("")
+            per_round = seconds_per_round(r)
+            rows.append(f"| {r['run-id']}{shared} | {r['wall-time-s']:.0f} | "
+                        f"{'-' if per_round is None else f'{per_round:.1f}'} | {r.get('threads', '-')} | "
+                        f"{c.get('device', '-')} | {loop} | {r.get('resumed-after-round', '-')} |")  # fmt: skip
+        text += _section("wall-time", "Wall time per run", "\n".join(rows))
     plots = plot_curves(grid, records, out_dir / "plots") if records else []
     text += [f"![{p.stem}](plots/{p.name})" for p in plots]
     path = out_dir / f"results-{grid}.md"
