@@ -123,6 +123,43 @@ def test_each_client_type_sends_only_what_its_data_trains(tmp_path: Path) -> Non
         assert metrics["num-labeled"] > 0 if "w_S" in _models_of(reply) else metrics["num-labeled"] == 0
 
 
+def test_components_of_a_checkpoint_match_the_runs_metrics_and_pseudo_labels_by_hand(tmp_path: Path) -> None:
+    """hassle_components: SM / UM / EM from the checkpoint equal the run's last metrics; the
+    pseudo-label accuracy of w_S alone equals the saved final w_S (model.pt) on every client's
+    unlabeled images, counted here."""
+    from fedul_flwr.data.datasets import normalize
+    from fedul_flwr.data.simulated import load_client, load_run_dataset
+    from fedul_flwr.experiments.hassle_components import PSEUDO_TEACHER, PSEUDO_W_S, components, render_components
+    from fedul_flwr.models import build_model
+
+    _, rows, _ = _run(tmp_path, "parts", "L,P,U")
+    got = components(tmp_path / "parts", 3)
+    assert got["round"] == 2
+    for name, key in (("EM", "test-accuracy"), ("SM", "test-accuracy-SM"), ("UM", "test-accuracy-UM")):
+        assert got[name] == pytest.approx(100 * rows[-1][key], abs=1e-9)
+    cfg = resolve_config(json.loads((tmp_path / "parts" / "config.json").read_text()))
+    data = load_run_dataset(cfg)
+    w_s = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size)
+    w_s.load_state_dict(torch.load(tmp_path / "parts" / "model.pt"))
+    w_s.eval()
+    correct = total = 0
+    for pid in range(3):
+        client = load_client(cfg, pid, 3, frozenset({"labeled", "unlabeled"}))
+        if client.unlabeled is not None:
+            with torch.no_grad():
+                pred = w_s(normalize(client.unlabeled, data.mean, data.std)).argmax(1)
+            correct += int((pred == client.unlabeled_classes).sum())
+            total += len(client.unlabeled)
+    assert total > 0 and got[PSEUDO_W_S] == pytest.approx(100 * correct / total)
+    assert 0 <= got[PSEUDO_TEACHER] <= 100 and {"w_S", "w_U", "w_S_prev", "w_S + r_US"} <= set(got)
+    table = render_components({"parts": got}).splitlines()
+    assert table[0].startswith("| run | round | EM | SM | UM |") and table[2].startswith("| parts | 2 |")
+    (tmp_path / "fedavg").mkdir()
+    (tmp_path / "fedavg" / "config.json").write_text(json.dumps({"method": "supervised"}))
+    with pytest.raises(ValueError, match="expected 'hassle'"):
+        components(tmp_path / "fedavg", 3)
+
+
 def _model_arrays(arrays: dict[str, np.ndarray], model: str) -> dict[str, np.ndarray]:
     """``model``'s arrays, keyed by parameter name."""
     return {k.split(".", 1)[1]: v for k, v in arrays.items() if k.split(".")[0] == model}

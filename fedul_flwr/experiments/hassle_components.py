@@ -1,0 +1,162 @@
+"""What each of HASSLE's models contributes, read from a run's checkpoint.
+
+HASSLE ("Federated Semi-Supervised Learning with Annotation Heterogeneity") reports three
+predictors, SM = f(w_S^(t-1)) + f(r_{U-S}), UM = f(w_U^(t-1)) + f(r_{S-U}) and EM, their mean.
+When a predictor falls behind a baseline, the per-round metrics do not say which part is
+responsible: the dual model itself (changed by the proximity term, or by the pseudo-labels it
+learns from), or the residual added at inference. This module loads the global models of a
+run's checkpoint (``checkpoint.pt``, the round it was written after) and measures:
+
+- the test accuracy of the run's predictors (SM, UM, EM: the same numbers as the run's
+  metrics of that round) and of each dual model alone (``w_S``, ``w_U``; and ``w_S_prev``,
+  ``w_U_prev``, the copies the residuals were trained against, under the paper's pairing);
+- with residual models, the same-round sums ``w_S + r_US`` and ``w_U + r_SU`` (the other
+  pairing: what the residual does to the newest dual model);
+- the accuracy of the pseudo-labels of Eq. 11 (the teacher w_S^(t-1) + r_{U-S}, or w_S alone
+  without residuals) on the unlabeled images of every client, against their true classes
+  (simulation knows them), and of w_S alone on the same images.
+
+:func:`components` measures one run; :func:`render_components` tabulates several.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+
+from fedul_flwr.checkpoint import load_checkpoint
+from fedul_flwr.config import resolve_config
+from fedul_flwr.data.datasets import normalize
+from fedul_flwr.data.simulated import load_client, load_run_dataset
+from fedul_flwr.methods import get_method
+from fedul_flwr.methods.base import Predictor
+from fedul_flwr.training import evaluate_predictors
+
+__all__ = ["components", "render_components"]
+
+PSEUDO_TEACHER, PSEUDO_W_S = "pseudo-labels (Eq. 11 teacher)", "pseudo-labels of w_S alone"
+
+
+def _alone(name: str) -> Predictor:
+    return lambda models, x: models[name](x)
+
+
+def _sum(a: str, b: str) -> Predictor:
+    return lambda models, x: models[a](x) + models[b](x)
+
+
+def components(run_dir: str | Path, num_clients: int) -> dict[str, float]:
+    """Test accuracy (%) of each predictor and model of a HASSLE run at its checkpoint, and
+    the accuracy (%) of the pseudo-labels on the clients' unlabeled images (module doc).
+
+    Parameters
+    ----------
+    run_dir : str | Path
+        A run folder with ``config.json`` and ``checkpoint.pt`` (``method = "hassle"``, a
+        simulated ``annotation-heterogeneity`` split whose dataset is reachable from the
+        config's ``data-dir``).
+    num_clients : int
+        The run's number of simulated clients (its partitions).
+
+    Returns
+    -------
+    dict[str, float]
+        ``round`` (the checkpoint's), then accuracies in %: ``SM``, ``UM``, ``EM``, ``w_S``,
+        ``w_U`` (and ``w_S_prev``, ``w_U_prev``, ``w_S + r_US``, ``w_U + r_SU`` where the run
+        has them), :data:`PSEUDO_TEACHER` and :data:`PSEUDO_W_S`.
+
+    Raises
+    ------
+    ValueError
+        If the run is not a HASSLE run.
+    fedul_flwr.checkpoint.CheckpointError
+        If the folder has no readable checkpoint.
+    """
+    run_dir = Path(run_dir)
+    cfg = resolve_config(json.loads((run_dir / "config.json").read_text()))
+    if cfg.method != "hassle":
+        raise ValueError(f"{run_dir / 'config.json'}: method={cfg.method!r}, expected 'hassle'")
+    from fedul_flwr.server_app import global_models  # the server's models, built as the run built them
+
+    checkpoint = load_checkpoint(run_dir)
+    method = get_method(cfg.method)(cfg)
+    data = load_run_dataset(cfg)
+    models = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size)
+    models.load_state_dict({k: v.float() for k, v in checkpoint.state_dict.items()})
+    models.eval()
+    predictors: dict[str, Predictor] = dict(method.predictors())
+    predictors.update({name: _alone(name) for name in ("w_S", "w_U", "w_S_prev", "w_U_prev") if name in models})
+    if "r_US" in models:
+        predictors.update({"w_S + r_US": _sum("w_S", "r_US"), "w_U + r_SU": _sum("w_U", "r_SU")})
+    to_input = functools.partial(normalize, mean=data.mean, std=data.std)
+    test = evaluate_predictors(models, predictors, data.test_x, data.test_y, to_input=to_input,
+                               batch_size=cfg.eval_batch_size)  # fmt: skip
+    out = {"round": float(checkpoint.round)}
+    out.update({name: 100 * result["test-accuracy"] for name, result in test.items()})
+    teacher = _sum(method.paired("w_S"), "r_US") if method.residual else _alone("w_S")
+    correct = {PSEUDO_TEACHER: 0, PSEUDO_W_S: 0}
+    total = 0
+    with torch.inference_mode():
+        for pid in range(num_clients):
+            client = load_client(cfg, pid, num_clients, frozenset({"labeled", "unlabeled"}))
+            if client.unlabeled is None or not len(client.unlabeled):
+                continue
+            classes = client.unlabeled_classes
+            for i in range(0, len(client.unlabeled), cfg.eval_batch_size):
+                x = to_input(client.unlabeled[i : i + cfg.eval_batch_size])
+                y = classes[i : i + cfg.eval_batch_size]
+                correct[PSEUDO_TEACHER] += int((teacher(models, x).argmax(1) == y).sum())
+                correct[PSEUDO_W_S] += int((models["w_S"](x).argmax(1) == y).sum())
+            total += len(client.unlabeled)
+    out.update({k: 100 * v / max(total, 1) for k, v in correct.items()})
+    return out
+
+
+def render_components(rows: Mapping[str, Mapping[str, float]]) -> str:
+    """Markdown table of :func:`components` results: one row per run (its label), one column
+    per measured quantity (``-`` where a run lacks it).
+
+    Parameters
+    ----------
+    rows : Mapping[str, Mapping[str, float]]
+        Run label -> the dict :func:`components` returned.
+
+    Returns
+    -------
+    str
+        The table; empty without rows.
+    """
+    if not rows:
+        return ""
+    columns: list[str] = list(dict.fromkeys(k for r in rows.values() for k in r if k != "round"))
+    lines = ["| run | round | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for label, r in rows.items():
+        cells = ["-" if r.get(c) is None else f"{r[c]:.2f}" for c in columns]
+        lines.append(f"| {label} | {int(r['round'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m fedul_flwr.experiments.hassle_components RUN_DIR ... [--clients N] [--out FILE]``:
+    measure each run folder and print (or write) the table."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("run_dirs", nargs="+", help="HASSLE run folders (config.json + checkpoint.pt)")
+    p.add_argument("--clients", type=int, default=20, help="the runs' number of simulated clients (default: 20)")
+    p.add_argument("--out", help="write the table to this file (default: print it)")
+    args = p.parse_args(argv)
+    table = render_components({Path(d).name: components(d, args.clients) for d in args.run_dirs})
+    if args.out:
+        Path(args.out).write_text(table + "\n")
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
