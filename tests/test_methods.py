@@ -620,6 +620,21 @@ def test_table_cell_gives_each_seed_in_seed_order_and_pages_mark_their_sections(
     assert "| run-0 | 30 | 8.0 |" in page
 
 
+def test_hassle_pages_show_the_fixmatch_baselines_pseudo_labels(tmp_path: Path) -> None:
+    """On a HASSLE grid's page, FedAvg+FixMatch's pseudo-label share and accuracy by round (the
+    runs of other methods, whose pseudo-labels are all kept, are left out of that table)."""
+    specs = [reproduce.RunSpec("hassle-table1", "10%", c, "*", 0, 20, "hassle", {}) for c in ("FedAvg+FixMatch", "HASSLE")]
+    rows = [{"round": n, "test-accuracy": 0.5, "wall-time": float(n), "pseudo-label-share": 0.4,
+             "pseudo-label-correct-share": 0.1} for n in range(11)]  # fmt: skip
+    records = [{"spec": dataclasses.asdict(spec), "run-id": spec.column, "last-test-error": 0.5, "last-round": 10,
+                "wall-time-s": 10.0, "config": {"method": method}, "metrics": rows}
+               for spec, method in zip(specs, ("fixmatch", "hassle"), strict=True)]  # fmt: skip
+    page = reproduce.render("hassle-table1", "cpu", specs, records, tmp_path).read_text()
+    table = page[page.index("FedAvg+FixMatch's pseudo-labels"):page.index("<!-- --8<-- [end:diagnostics] -->")]
+    assert "| 10% | FedAvg+FixMatch | 40.0 |" in table and "| 10% | FedAvg+FixMatch | 25.0 |" in table
+    assert "HASSLE |" not in table
+
+
 def test_table_shows_one_column_per_predictor_headline_last() -> None:
     specs = [reproduce.RunSpec("g", "r", c, "*", 0, 20, "hassle", {}) for c in ("FedAvg", "HASSLE")]
     records = [

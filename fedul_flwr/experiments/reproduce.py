@@ -648,6 +648,12 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
 
         text += _section("diagnostics", "Why: pseudo-labels, APP-U and DMA's weights by round", render_diagnostics(records))
+    fixmatch = [r for r in records if r["config"].get("method") == "fixmatch"] if grid in HASSLE_ROWS else []
+    if fixmatch:  # the baseline's pseudo-labels on this split (HASSLE's own are all kept: no threshold)
+        from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
+
+        text += _section("diagnostics", "Why: FedAvg+FixMatch's pseudo-labels by round",
+                         render_diagnostics(fixmatch, rounds=(10, 50, 100, 150, 200)))  # fmt: skip
     if records:  # every run's wall time and the settings that decide it
         rows = ["| run | wall time (s) | s per round (median) | threads | device | loop | continued after round |",
                 "|---|---|---|---|---|---|---|"]  # fmt: skip
