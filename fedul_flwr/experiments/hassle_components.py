@@ -34,6 +34,7 @@ from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import get_method
 from fedul_flwr.methods.base import Predictor
+from fedul_flwr.methods.hassle import _logits as hassle_logits
 from fedul_flwr.training import evaluate_predictors
 
 __all__ = ["components", "render_components"]
@@ -97,21 +98,19 @@ def components(run_dir: str | Path, num_clients: int) -> dict[str, float]:
                                batch_size=cfg.eval_batch_size)  # fmt: skip
     out = {"round": float(checkpoint.round)}
     out.update({name: 100 * result["test-accuracy"] for name, result in test.items()})
-    teacher = _sum(method.paired("w_S"), "r_US") if method.residual else _alone("w_S")
-    correct = {PSEUDO_TEACHER: 0, PSEUDO_W_S: 0}
+    # Eq. 11's teacher, as a client builds it (Hassle.local_update), and w_S alone
+    teachers = {PSEUDO_TEACHER: [models[method.paired("w_S")], models["r_US"]] if method.residual else [models["w_S"]],
+                PSEUDO_W_S: [models["w_S"]]}  # fmt: skip
+    correct = dict.fromkeys(teachers, 0)
     total = 0
-    with torch.inference_mode():
-        for pid in range(num_clients):
-            client = load_client(cfg, pid, num_clients, frozenset({"labeled", "unlabeled"}))
-            if client.unlabeled is None or not len(client.unlabeled):
-                continue
-            classes = client.unlabeled_classes
-            for i in range(0, len(client.unlabeled), cfg.eval_batch_size):
-                x = to_input(client.unlabeled[i : i + cfg.eval_batch_size])
-                y = classes[i : i + cfg.eval_batch_size]
-                correct[PSEUDO_TEACHER] += int((teacher(models, x).argmax(1) == y).sum())
-                correct[PSEUDO_W_S] += int((models["w_S"](x).argmax(1) == y).sum())
-            total += len(client.unlabeled)
+    for pid in range(num_clients):
+        client = load_client(cfg, pid, num_clients, frozenset({"labeled", "unlabeled"}))
+        if client.unlabeled is None or not len(client.unlabeled):
+            continue
+        for name, modules in teachers.items():
+            pred = hassle_logits(modules, client.unlabeled, client, torch.device("cpu"), cfg.eval_batch_size).argmax(1)
+            correct[name] += int((pred == client.unlabeled_classes).sum())
+        total += len(client.unlabeled)
     out.update({k: 100 * v / max(total, 1) for k, v in correct.items()})
     return out
 

@@ -644,16 +644,16 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
     if windowed and records:  # each predictor's course, beside the baselines'
         text += _section("windows", "Why: each predictor's mean test accuracy (%) by windows of rounds, its range over "
                          "the last rounds, and rounds at chance", render_windows(records))  # fmt: skip
-    if grid == "feddb-ablation":  # the quantities DPL and DMA act on, by round
+    # the pseudo-labels (and, for FedDB, APP-U and DMA's weights) by round: every run of the FedDB
+    # grid; on the HASSLE grids the FixMatch baseline's (HASSLE keeps all of its pseudo-labels)
+    diagnosed = records if grid == "feddb-ablation" else [
+        r for r in records if grid in HASSLE_ROWS and r["config"].get("method") == "fixmatch"]  # fmt: skip
+    if diagnosed:
         from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
 
-        text += _section("diagnostics", "Why: pseudo-labels, APP-U and DMA's weights by round", render_diagnostics(records))
-    fixmatch = [r for r in records if r["config"].get("method") == "fixmatch"] if grid in HASSLE_ROWS else []
-    if fixmatch:  # the baseline's pseudo-labels on this split (HASSLE's own are all kept: no threshold)
-        from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
-
-        text += _section("diagnostics", "Why: FedAvg+FixMatch's pseudo-labels by round",
-                         render_diagnostics(fixmatch, rounds=(10, 50, 100, 150, 200)))  # fmt: skip
+        title = "pseudo-labels, APP-U and DMA's weights" if grid == "feddb-ablation" else "FedAvg+FixMatch's pseudo-labels"
+        rounds = sorted({10, 50, 100, 150, 200} & set(range(1, max(int(r["last-round"]) for r in diagnosed) + 1)))
+        text += _section("diagnostics", f"Why: {title} by round", render_diagnostics(diagnosed, rounds=rounds))
     if records:  # every run's wall time and the settings that decide it
         rows = ["| run | wall time (s) | s per round (median) | threads | device | loop | continued after round |",
                 "|---|---|---|---|---|---|---|"]  # fmt: skip
