@@ -31,11 +31,14 @@ and never on, or change, the global state.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
-from torchvision.transforms import v2
 
 from fedul_flwr.registry import Registry
+
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 __all__ = ["AUGMENTATIONS", "MIRRORED", "Augmentation", "build_augmentation"]
 
@@ -47,7 +50,17 @@ AUGMENTATIONS: Registry[TransformBuilder] = Registry("augmentation")
 """Builders ``(image side, may flip) -> torchvision transform`` (None: identity) by name."""
 
 
+def _v2():  # type: ignore[no-untyped-def]
+    """torchvision's ``transforms.v2``, imported on first use: importing torchvision costs
+    about 3 CPU-seconds (it imports ``torch._dynamo``), and a deployed SuperNode starts a
+    fresh ClientApp process for every message, most of which never augment."""
+    from torchvision.transforms import v2
+
+    return v2
+
+
 def _weak(side: int, flip: bool) -> v2.Transform:
+    v2 = _v2()
     crop = v2.RandomCrop(side, padding=max(1, side // 8), padding_mode="reflect")
     return v2.Compose([crop, v2.RandomHorizontalFlip()]) if flip else crop
 
@@ -56,12 +69,12 @@ AUGMENTATIONS.add("none", lambda side, flip: None)
 AUGMENTATIONS.add("weak", _weak)
 AUGMENTATIONS.add(
     "strong",
-    lambda side, flip: v2.Compose(
-        [_weak(side, flip), v2.RandAugment(num_ops=2, magnitude=10),
-         v2.RandomErasing(p=1.0, scale=(0.02, 0.25), ratio=(1.0, 1.0), value=127)]
+    lambda side, flip: _v2().Compose(
+        [_weak(side, flip), _v2().RandAugment(num_ops=2, magnitude=10),
+         _v2().RandomErasing(p=1.0, scale=(0.02, 0.25), ratio=(1.0, 1.0), value=127)]
     ),
 )  # fmt: skip
-AUGMENTATIONS.add("rotate", lambda side, flip: v2.RandomRotation(20))
+AUGMENTATIONS.add("rotate", lambda side, flip: _v2().RandomRotation(20))
 
 
 class Augmentation:

@@ -158,15 +158,18 @@ SUBMIT="$(flwr run . "$CONNECTION" --format json --run-config \
 RUN_ID="$(python -c 'import json,sys; print(json.load(sys.stdin)["run-id"])' <<< "$SUBMIT")"
 echo "run $RUN_ID submitted; logs in $WORKDIR"
 
-# 5. wait for the run to finish
+# 5. wait for the run to finish: `flwr log --stream` follows the run's log until it ends
+# (one process; polling `flwr ls` would start a Python process every few seconds), then
+# `flwr ls` gives the status (the stream also ends early if the connection drops: ask again)
 STATUS=""
-for _ in $(seq 1 "$((TIMEOUT / 2))"); do
+DEADLINE=$((SECONDS + TIMEOUT))
+while ((SECONDS < DEADLINE)); do
+  timeout "$((DEADLINE - SECONDS))" flwr log "$RUN_ID" "$CONNECTION" --stream > "$WORKDIR/run.log" 2>&1 || true
   flwr ls "$CONNECTION" --run-id "$RUN_ID" --format json > "$WORKDIR/status.json" 2>/dev/null || true
   STATUS="$(python -c 'import json,sys; print(json.load(sys.stdin)["runs"][0]["status"])' < "$WORKDIR/status.json" 2>/dev/null || true)"
   [[ "$STATUS" == finished:* ]] && break
-  sleep 2
+  sleep 5
 done
-timeout 60 flwr log "$RUN_ID" "$CONNECTION" --show > "$WORKDIR/run.log" 2>&1 || true
 echo "run $RUN_ID: ${STATUS:-unknown}"
 grep -E "aggregate_train|Received error" "$WORKDIR/run.log" || true
 [[ "$STATUS" == "finished:completed" ]]

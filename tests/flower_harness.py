@@ -2,12 +2,13 @@
 
 Starts ``flower-superlink --simulation`` (the same flags ``flwr run`` uses for its local
 SuperLink) on free loopback ports with its own ``FLWR_HOME``, submits ``flwr run .`` to it,
-waits for the run to finish and reads its status with ``flwr ls`` (``flwr run --stream``
-exits 0 even when a run failed, so the status is the thing to check).
+waits for the run to finish on its log stream and reads its status with ``flwr ls``
+(``flwr run --stream`` exits 0 even when a run failed, so the status is the thing to check).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -24,6 +25,30 @@ import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
+
+
+@functools.cache
+def app_dir() -> Path:
+    """A copy of the files the app's FAB holds (``pyproject.toml`` and its ``fab-include``
+    patterns) in a temporary folder, removed at exit; ``flwr run`` on it submits the same
+    FAB (same hash) as ``flwr run .`` in the checkout.
+
+    ``flwr run`` lists every file under the folder it bundles (``os.walk`` and
+    ``Path.resolve`` of each) before it applies ``fab-include``: with the ``.venv`` inside
+    the checkout that is ~60,000 files and ~9 CPU-seconds per submitted run.
+    """
+    import atexit
+    import shutil
+    import tomllib
+
+    stage = Path(tempfile.mkdtemp(prefix="fedul-app-"))
+    atexit.register(shutil.rmtree, stage, ignore_errors=True)
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["fab-include"]
+    for path in {p for pattern in patterns for p in REPO.glob(pattern) if p.is_file()} | {REPO / "pyproject.toml"}:
+        target = stage / path.relative_to(REPO)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return stage
 
 
 def free_port() -> int:
@@ -65,50 +90,62 @@ class SuperLink:
             [str(BIN / "flwr"), *args], cwd=REPO, env=self.env, capture_output=True, text=True, timeout=timeout
         )
 
+    def wait(self, run_id: str, timeout: float = 600, done_file: Path | None = None) -> tuple[dict, str]:
+        """Wait for run ``run_id`` to finish; return its ``flwr ls`` record and its log.
+
+        ``flwr log <id> --stream`` is one process that waits on the SuperLink's log stream
+        until the run ends (each ``flwr ls`` is a new Python process, ~2 CPU-seconds, so
+        polling with it took a good part of a core from the runs under test); ``flwr ls`` is
+        asked once the stream has ended, and again every 5 s only if the run is not finished
+        yet (a stream cut short). With ``done_file`` (a file the run writes at its end, e.g.
+        its ``model.pt``) nothing talks to the SuperLink until that file exists (checked every
+        0.25 s), so that timing runs (fedul benchmark) share the CPU with nothing else.
+        """
+        deadline = time.monotonic() + timeout
+        while done_file is not None and not done_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.25)
+        log, record = "", {}
+        while True:
+            try:
+                streamed = self.flwr("log", run_id, self.connection, "--stream",
+                                     timeout=max(1.0, deadline - time.monotonic()))  # fmt: skip
+                log = streamed.stdout or log
+            except subprocess.TimeoutExpired as exc:
+                out = exc.stdout or b""
+                log = out.decode() if isinstance(out, bytes) else out
+            listed = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
+            if listed.returncode == 0:
+                runs = json.loads(listed.stdout).get("runs", [])
+                record = runs[0] if runs else {}
+            if str(record.get("status", "")).startswith("finished") or time.monotonic() >= deadline:
+                break
+            time.sleep(5)
+        return record, log
+
     def run_app(
         self, run_config: str, federation_config: str, timeout: float = 600, done_file: Path | None = None
     ) -> tuple[dict, str]:
-        """Submit ``flwr run .`` and wait for it to finish.
-
-        Every ``flwr ls`` is a new Python process (~1 CPU-second); by default the run is polled
-        every 2 s. With ``done_file`` (a file the run writes at its end, e.g. its ``model.pt``)
-        the wait checks that file every 0.25 s and asks ``flwr ls`` only when it exists or every 120 s, so that
-        timing runs (fedul benchmark) do not share the CPU with the poller.
+        """Submit ``flwr run .`` (on :func:`app_dir`) and :meth:`wait` for it to finish.
 
         Returns
         -------
         (dict, str)
             The run's ``flwr ls`` record and its log.
         """
-        args = ["run", ".", self.connection, "--format", "json", "--run-config", run_config]
+        args = ["run", str(app_dir()), self.connection, "--format", "json", "--run-config", run_config]
         args += ["--federation-config", federation_config] if federation_config else []
         submitted = self.flwr(*args)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         reply = json.loads(submitted.stdout)
         assert reply.get("success"), reply
-        run_id = str(reply["run-id"])
-        deadline = time.monotonic() + timeout
-        record: dict = {}
-        while time.monotonic() < deadline:
-            if done_file is not None:
-                asked = time.monotonic()
-                while not done_file.exists() and time.monotonic() < min(deadline, asked + 120):
-                    time.sleep(0.25)
-            listed = self.flwr("ls", self.connection, "--run-id", run_id, "--format", "json")
-            if listed.returncode == 0:
-                runs = json.loads(listed.stdout).get("runs", [])
-                record = runs[0] if runs else {}
-                if str(record.get("status", "")).startswith("finished"):
-                    break
-            time.sleep(2 if done_file is None else 0.25)
-        log = self.flwr("log", run_id, self.connection, "--show").stdout
-        return record, log
+        return self.wait(str(reply["run-id"]), timeout, done_file)
 
     def run_to_completion(self, run_config: str, federation_config: str, run_dir: Path, timeout: float = 420) -> str:
-        """:meth:`run_app` of a run writing ``run_dir`` (waits for its ``model.pt``); asserts
-        that the run finished as completed and returns its log."""
-        record, log = self.run_app(run_config, federation_config, timeout=timeout, done_file=run_dir / "model.pt")
+        """:meth:`run_app`; asserts that the run finished as completed and wrote ``run_dir``
+        (its ``model.pt``), and returns its log."""
+        record, log = self.run_app(run_config, federation_config, timeout=timeout)
         assert record.get("status") == "finished:completed", (record, log[-3000:])
+        assert (run_dir / "model.pt").is_file(), log[-3000:]
         return log
 
 

@@ -146,21 +146,16 @@ class _Federation:
 
     def submit(self, run_config: str) -> str:
         """``flwr run .`` against this SuperLink; returns the run id."""
-        submitted = self.link.flwr("run", ".", "dep", "--format", "json", "--run-config", run_config)
+        from tests.flower_harness import app_dir
+
+        submitted = self.link.flwr("run", str(app_dir()), "dep", "--format", "json", "--run-config", run_config)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         return str(json.loads(submitted.stdout)["run-id"])
 
     def wait(self, run_id: str, timeout: float = 300) -> tuple[str, str]:
-        """Poll ``flwr ls`` every 3 s until the run finishes; returns its status and log."""
-        import time
-
-        status, deadline = "", time.monotonic() + timeout
-        while time.monotonic() < deadline and not status.startswith("finished"):
-            time.sleep(3)
-            listed = self.link.flwr("ls", "dep", "--run-id", run_id, "--format", "json")
-            if listed.returncode == 0:
-                status = json.loads(listed.stdout)["runs"][0]["status"]
-        return status, self.link.flwr("log", run_id, "dep", "--show").stdout
+        """Wait for the run on its log stream (:meth:`SuperLink.wait`); its status and log."""
+        record, log = self.link.wait(run_id, timeout)
+        return str(record.get("status", "")), log
 
     def close(self) -> None:
         for name in [n for n in self.procs if n != "superlink"] + ["superlink"]:

@@ -19,9 +19,7 @@ def test_flwr_run_completes_writes_outputs_and_repeats_itself(tmp_path: Path) ->
     with superlink(tmp_path) as link:
         for name in ("smoke", "again"):  # the simulation engine draws new node ids for each run
             run_config = f"num-rounds=2 output-dir='{out}' run-name='{name}' batch-size=256"
-            record, log = link.run_app(
-                run_config, "num-supernodes=3 client-resources-num-cpus=1", timeout=420, done_file=out / name / "model.pt"
-            )
+            record, log = link.run_app(run_config, "num-supernodes=3 client-resources-num-cpus=1", timeout=420)
             assert record.get("status") == "finished:completed", (record, log[-3000:])
             logs[name] = log
     run_dir = out / "smoke"

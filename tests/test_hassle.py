@@ -129,7 +129,9 @@ def test_components_of_a_checkpoint_match_the_runs_metrics_and_pseudo_labels_by_
     unlabeled images, counted here."""
     from fedul_flwr.data.datasets import normalize
     from fedul_flwr.data.simulated import load_client, load_run_dataset
-    from fedul_flwr.experiments.hassle_components import PSEUDO_TEACHER, PSEUDO_W_S, components, render_components
+    from fedul_flwr.experiments.hassle_components import (
+        PSEUDO_TEACHER, PSEUDO_W_S, components, main, read_components, render_components,
+    )
     from fedul_flwr.models import build_model
 
     _, rows, _ = _run(tmp_path, "parts", "L,P,U")
@@ -154,6 +156,18 @@ def test_components_of_a_checkpoint_match_the_runs_metrics_and_pseudo_labels_by_
     assert 0 <= got[PSEUDO_TEACHER] <= 100 and {"w_S", "w_U", "w_S_prev", "w_S + r_US"} <= set(got)
     table = render_components({"parts": got}).splitlines()
     assert table[0].startswith("| run | round | EM | SM | UM |") and table[2].startswith("| parts | 2 |")
+    # a page keeps the rows of runs measured before (their folders may be gone); a run
+    # measured again replaces its row
+    page = tmp_path / "components.md"
+    earlier = {"gone-run": {"round": 200.0, "EM": 61.5, "w_S": 70.25}, "parts": {"round": 1.0, "EM": 1.0}}
+    page.write_text(f"# t\n<!-- --8<-- [start:components] -->\n{render_components(earlier)}\n<!-- --8<-- [end:components] -->\n")
+    assert main([str(tmp_path / "parts"), "--clients", "3", "--out", str(page)]) == 0
+    rows_on_page = read_components(page)
+    assert list(rows_on_page) == ["gone-run", "parts"] and rows_on_page["gone-run"] == earlier["gone-run"]
+    assert rows_on_page["parts"] == {k: round(v, 2) for k, v in got.items()}
+    page.write_text("no table here")
+    with pytest.raises(ValueError, match="components.md: no components table"):
+        read_components(page)
     (tmp_path / "fedavg").mkdir()
     (tmp_path / "fedavg" / "config.json").write_text(json.dumps({"method": "supervised"}))
     with pytest.raises(ValueError, match="expected 'hassle'"):

@@ -139,22 +139,53 @@ def render_components(rows: Mapping[str, Mapping[str, float]]) -> str:
     return "\n".join(lines)
 
 
+def read_components(page: str | Path) -> dict[str, dict[str, float]]:
+    """The rows of a page :func:`main` wrote (the inverse of :func:`render_components`, to
+    two decimals); empty when the file does not exist.
+
+    Raises
+    ------
+    ValueError
+        If the file has no components table between the snippet markers (names the file).
+    """
+    path = Path(page)
+    if not path.is_file():
+        return {}
+    text = path.read_text()
+    start, end = "<!-- --8<-- [start:components] -->", "<!-- --8<-- [end:components] -->"
+    if start not in text or end not in text:
+        raise ValueError(f"{path}: no components table between {start!r} and {end!r}")
+    lines = [line for line in text[text.index(start) + len(start):text.index(end)].splitlines() if line.startswith("|")]
+    if not lines:
+        return {}
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows: dict[str, dict[str, float]] = {}
+    for line in lines[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        row = {k: float(v) for k, v in zip(header[1:], cells[1:], strict=True) if v != "-"}
+        rows[cells[0]] = row
+    return rows
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m fedul_flwr.experiments.hassle_components RUN_DIR ... [--clients N] [--out FILE]``:
-    measure each run folder and print (or write) the table."""
+    measure each run folder and print the table, or write it to a page: the page keeps the
+    rows of runs it already holds (a run folder is gone once its run is finished and
+    recorded) and a run measured again replaces its row."""
     import argparse
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", help="HASSLE run folders (config.json + checkpoint.pt)")
     p.add_argument("--clients", type=int, default=20, help="the runs' number of simulated clients (default: 20)")
-    p.add_argument("--out", help="write the table to this file (default: print it)")
+    p.add_argument("--out", help="write the table to this page, keeping its rows of other runs (default: print it)")
     args = p.parse_args(argv)
-    table = render_components({Path(d).name: components(d, args.clients) for d in args.run_dirs})
+    measured = {Path(d).name: components(d, args.clients) for d in args.run_dirs}
     if args.out:  # a page: a title, then the table between snippet markers (the docs include it by name)
+        table = render_components({**read_components(args.out), **measured})
         title = "## HASSLE's models at each run's last checkpoint (% test accuracy; pseudo-labels: % right)"
         Path(args.out).write_text(f"{title}\n\n<!-- --8<-- [start:components] -->\n{table}\n<!-- --8<-- [end:components] -->\n")
     else:
-        print(table)
+        print(render_components(measured))
     return 0
 
 
