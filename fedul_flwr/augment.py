@@ -51,9 +51,11 @@ AUGMENTATIONS: Registry[TransformBuilder] = Registry("augmentation")
 
 
 def _v2():  # type: ignore[no-untyped-def]
-    """torchvision's ``transforms.v2``, imported on first use: importing torchvision costs
-    about 3 CPU-seconds (it imports ``torch._dynamo``), and a deployed SuperNode starts a
-    fresh ClientApp process for every message, most of which never augment."""
+    """torchvision's ``transforms.v2``, imported on first use. A deployed SuperNode starts a
+    fresh ClientApp process for every message; importing torchvision there costs ~2
+    CPU-seconds (measured; it loads ``torch._dynamo``) in a process that has not built a torch
+    optimizer yet (which loads it too; then ~0.2 s), so messages that do not train (FedPU's
+    positive-class query, federated evaluation) and runs without augmentation skip it."""
     from torchvision.transforms import v2
 
     return v2
