@@ -130,7 +130,7 @@ def test_components_of_a_checkpoint_match_the_runs_metrics_and_pseudo_labels_by_
     from fedul_flwr.data.datasets import normalize
     from fedul_flwr.data.simulated import load_client, load_run_dataset
     from fedul_flwr.experiments.hassle_components import (
-        PSEUDO_TEACHER, PSEUDO_W_S, components, main, read_components, render_components,
+        AGREE, PSEUDO_TEACHER, PSEUDO_W_S, components, main, read_components, render_components,
     )
     from fedul_flwr.models import build_model
 
@@ -154,6 +154,18 @@ def test_components_of_a_checkpoint_match_the_runs_metrics_and_pseudo_labels_by_
             total += len(client.unlabeled)
     assert total > 0 and got[PSEUDO_W_S] == pytest.approx(100 * correct / total)
     assert 0 <= got[PSEUDO_TEACHER] <= 100 and {"w_S", "w_U", "w_S_prev", "w_S + r_US"} <= set(got)
+    # SM's agreement with each dual copy, by hand from the saved final models (the run's last
+    # global models: the checkpoint's): SM = f(w_S_prev) + f(r_US)
+    saved = {}
+    for name, width in (("w_S_prev", 1.0), ("w_U_prev", 1.0), ("r_US", float(cfg.option("hassle-residual-width")))):
+        saved[name] = build_model(cfg.model, data.in_channels, data.num_classes, data.image_size, width=width)
+        saved[name].load_state_dict(torch.load(tmp_path / "parts" / f"model-{name}.pt"))
+        saved[name].eval()
+    with torch.no_grad():
+        x = normalize(data.test_x, data.mean, data.std)
+        sm = (saved["w_S_prev"](x) + saved["r_US"](x)).argmax(1)
+        for name, column in AGREE.items():
+            assert got[column] == pytest.approx(100 * float((saved[name](x).argmax(1) == sm).double().mean()))
     table = render_components({"parts": got}).splitlines()
     assert table[0].startswith("| run | round | EM | SM | UM |") and table[2].startswith("| parts | 2 |")
     # a page keeps the rows of runs measured before (their folders may be gone); a run

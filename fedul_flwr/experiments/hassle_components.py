@@ -14,7 +14,11 @@ run's checkpoint (``checkpoint.pt``, the round it was written after) and measure
   pairing: what the residual does to the newest dual model);
 - the accuracy of the pseudo-labels of Eq. 11 (the teacher w_S^(t-1) + r_{U-S}, or w_S alone
   without residuals) on the unlabeled images of every client, against their true classes
-  (simulation knows them), and of w_S alone on the same images.
+  (simulation knows them), and of w_S alone on the same images;
+- with residual models, how often SM predicts the class that each dual model it could
+  imitate predicts (% of test images with the same argmax as ``w_S_prev`` and as
+  ``w_U_prev``): Eq. 7 fits softmax(r_{U-S}) to softmax(f(w_U) - f(w_S)), so the sum
+  f(w_S) + f(r_{U-S}) leans towards the unsupervised model's predictions.
 
 :func:`components` measures one run; :func:`render_components` tabulates several.
 """
@@ -40,6 +44,8 @@ from fedul_flwr.training import evaluate_predictors
 __all__ = ["components", "render_components"]
 
 PSEUDO_TEACHER, PSEUDO_W_S = "pseudo-labels (Eq. 11 teacher)", "pseudo-labels of w_S alone"
+AGREE = {"w_S_prev": "SM agrees with w_S_prev", "w_U_prev": "SM agrees with w_U_prev"}
+"""Column of the share of test images where SM's argmax equals that model's, by model."""
 
 
 def _alone(name: str) -> Predictor:
@@ -68,7 +74,8 @@ def components(run_dir: str | Path, num_clients: int) -> dict[str, float]:
     dict[str, float]
         ``round`` (the checkpoint's), then accuracies in %: ``SM``, ``UM``, ``EM``, ``w_S``,
         ``w_U`` (and ``w_S_prev``, ``w_U_prev``, ``w_S + r_US``, ``w_U + r_SU`` where the run
-        has them), :data:`PSEUDO_TEACHER` and :data:`PSEUDO_W_S`.
+        has them), :data:`PSEUDO_TEACHER` and :data:`PSEUDO_W_S`, and with residual models
+        the agreements of :data:`AGREE` (% of test images).
 
     Raises
     ------
@@ -112,6 +119,15 @@ def components(run_dir: str | Path, num_clients: int) -> dict[str, float]:
             correct[name] += int((pred == client.unlabeled_classes).sum())
         total += len(client.unlabeled)
     out.update({k: 100 * v / max(total, 1) for k, v in correct.items()})
+    if method.residual and all(name in models for name in AGREE):
+        same = dict.fromkeys(AGREE, 0)
+        with torch.no_grad():
+            for batch in torch.split(data.test_x, cfg.eval_batch_size):
+                x = to_input(batch)
+                sm = predictors["SM"](models, x).argmax(1)
+                for name in AGREE:
+                    same[name] += int((models[name](x).argmax(1) == sm).sum())
+        out.update({column: 100 * same[name] / len(data.test_x) for name, column in AGREE.items()})
     return out
 
 
