@@ -132,13 +132,17 @@ class SuperLink:
         (dict, str)
             The run's ``flwr ls`` record and its log.
         """
+        return self.wait(self.submit(run_config, federation_config), timeout, done_file)
+
+    def submit(self, run_config: str, federation_config: str = "") -> str:
+        """``flwr run`` of the app (:func:`app_dir`) on this SuperLink; returns the run id."""
         args = ["run", str(app_dir()), self.connection, "--format", "json", "--run-config", run_config]
         args += ["--federation-config", federation_config] if federation_config else []
         submitted = self.flwr(*args)
         assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         reply = json.loads(submitted.stdout)
         assert reply.get("success"), reply
-        return self.wait(str(reply["run-id"]), timeout, done_file)
+        return str(reply["run-id"])
 
     def run_to_completion(self, run_config: str, federation_config: str, run_dir: Path, timeout: float = 420) -> str:
         """:meth:`run_app`; asserts that the run finished as completed and wrote ``run_dir``

@@ -145,12 +145,8 @@ class _Federation:
             proc.wait(timeout=10)
 
     def submit(self, run_config: str) -> str:
-        """``flwr run .`` against this SuperLink; returns the run id."""
-        from tests.flower_harness import app_dir
-
-        submitted = self.link.flwr("run", str(app_dir()), "dep", "--format", "json", "--run-config", run_config)
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
-        return str(json.loads(submitted.stdout)["run-id"])
+        """``flwr run`` of the app against this SuperLink (:meth:`SuperLink.submit`); the run id."""
+        return self.link.submit(run_config)
 
     def wait(self, run_id: str, timeout: float = 300) -> tuple[str, str]:
         """Wait for the run on its log stream (:meth:`SuperLink.wait`); its status and log."""
