@@ -29,10 +29,15 @@ if _WORKERS > 1:
 
 @pytest.fixture
 def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Central evaluation on the first 500 test images, to keep the federations fast."""
+    """Central evaluation on the first 500 test images, to keep the federations fast: every
+    module that loads the run's dataset (the server, ``hassle_components``, a test that
+    imports ``load_run_dataset`` afterwards) sees the same 500."""
+    from fedul_flwr.data import simulated
+    from fedul_flwr.experiments import hassle_components
 
     def load(cfg):  # type: ignore[no-untyped-def]
         data = load_run_dataset(cfg)
         return dataclasses.replace(data, test_x=data.test_x[:500], test_y=data.test_y[:500])
 
-    monkeypatch.setattr(server_app, "load_run_dataset", load)
+    for module in (server_app, simulated, hassle_components):
+        monkeypatch.setattr(module, "load_run_dataset", load)

@@ -17,6 +17,8 @@ from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import read_metrics
 from fedul_flwr.server_app import run_federation
 
+pytestmark = pytest.mark.usefixtures("small_test_set")  # central evaluation on 500 test images (tests/conftest.py)
+
 
 def _run(tmp_path: Path, clients: int = 2, **overrides: object):
     run_config = {

@@ -38,7 +38,7 @@ def test_three_rounds_lower_the_loss_and_write_outputs(tmp_path: Path) -> None:
     assert "clients=3" in line and "final-test-accuracy=" in line
 
 
-def test_runs_are_deterministic(tmp_path: Path) -> None:
+def test_runs_are_deterministic(tmp_path: Path, small_test_set: None) -> None:
     small = {"num-rounds": 1, "samples-per-client": 500}
     a, _ = _run(tmp_path / "a", num_nodes=2, **small)
     b, _ = _run(tmp_path / "b", num_nodes=2, **small)

@@ -163,7 +163,7 @@ class _ReplyGrid(InProcessGrid):
         return replies
 
 
-def test_feddb_federation_records_app_u_and_the_dma_weights(tmp_path: Path) -> None:
+def test_feddb_federation_records_app_u_and_the_dma_weights(tmp_path: Path, small_test_set: None) -> None:
     """Two rounds of FedDB on the embedded sample: a reply holds only f's arrays, APP-U and
     scalar metrics; the round's aggregated APP-U is a distribution, beta has one weight per
     client and sums to 1, DMA lowered L_aggr."""

@@ -17,6 +17,8 @@ from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
 from fedul_flwr.server_app import run_federation
 
+pytestmark = pytest.mark.usefixtures("small_test_set")  # central evaluation on 500 test images (tests/conftest.py)
+
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     z = z - z.max()

@@ -6,7 +6,6 @@ apps never branch on a method's name, and a missing data part is a clear error."
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from pathlib import Path
@@ -31,15 +30,7 @@ DUAL = "tests.dual_method:Dual"
 SMALL = {"method": DUAL, "samples-per-client": 96, "batch-size": 16, "num-rounds": 1}
 
 
-@pytest.fixture(autouse=True)
-def _small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Central evaluation on the first 300 test images, to keep the federations fast."""
-
-    def load(cfg):
-        data = load_run_dataset(cfg)
-        return dataclasses.replace(data, test_x=data.test_x[:300], test_y=data.test_y[:300])
-
-    monkeypatch.setattr(server_app, "load_run_dataset", load)
+pytestmark = pytest.mark.usefixtures("small_test_set")  # tests/conftest.py
 
 
 class RecordingGrid(InProcessGrid):
