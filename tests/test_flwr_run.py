@@ -5,6 +5,7 @@ different actor placement)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,12 +15,17 @@ from tests.flower_harness import superlink
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see tests/conftest.py
 
 
-def test_flwr_run_completes_and_writes_outputs(tmp_path: Path) -> None:
+def test_flwr_run_completes_writes_outputs_and_keeps_scaffold_client_state(tmp_path: Path) -> None:
+    """SCAFFOLD, the strategy with per-client state, through a real SuperLink and Ray: the run
+    completes and writes its outputs, and each node's c_i round counter, read back from its
+    ``context.state``, is 1 in round 1 and 2 in round 2 (3 nodes, all sampled)."""
     out = tmp_path / "runs"
-    run_config = f"num-rounds=2 output-dir='{out}' run-name='smoke' batch-size=256"
+    run_config = f"strategy='scaffold' scaffold-option='I' num-rounds=2 output-dir='{out}' run-name='smoke' batch-size=256"
     with superlink(tmp_path) as link:
         record, log = link.run_app(run_config, "num-supernodes=3 client-resources-num-cpus=1", timeout=420)
     assert record.get("status") == "finished:completed", (record, log[-3000:])
+    aggregated = re.findall(r"Aggregated MetricRecord: \{[^}]*'scaffold-cv-rounds': ([0-9.e+]+)", log)
+    assert [float(v) for v in aggregated] == [1.0, 2.0], log[-3000:]
     run_dir = out / "smoke"
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [row["round"] for row in metrics] == [0, 1, 2]

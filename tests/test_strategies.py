@@ -521,22 +521,3 @@ def test_compare_command_line_offers_the_registered_strategies_and_datasets(caps
     with pytest.raises(SystemExit) as exit_info:  # argparse rejects a name no registry holds
         cli.main(["compare", "--strategies", "fedsgd"])
     assert exit_info.value.code == 2 and "fedsgd" in capsys.readouterr().err
-
-
-@pytest.mark.xdist_group("ray")  # starts Ray: see tests/conftest.py
-def test_scaffold_client_state_survives_rounds_under_flwr_run(tmp_path) -> None:
-    """Ray simulation through a real SuperLink: each node's c_i round counter, read back
-    from its ``context.state``, is 1 in round 1 and 2 in round 2 (2 nodes, both sampled)."""
-    import re
-
-    from tests.flower_harness import superlink
-
-    out = tmp_path / "runs"
-    run_config = (
-        f"strategy='scaffold' scaffold-option='I' num-rounds=2 samples-per-client=300 "
-        f"output-dir='{out}' run-name='scaffold'"
-    )
-    with superlink(tmp_path) as link:
-        log = link.run_to_completion(run_config, "num-supernodes=2 client-resources-num-cpus=1", out / "scaffold")
-    aggregated = re.findall(r"Aggregated MetricRecord: \{[^}]*'scaffold-cv-rounds': ([0-9.e+]+)", log)
-    assert [float(v) for v in aggregated] == [1.0, 2.0], log[-3000:]
