@@ -50,8 +50,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "`val-accuracy` / `val-error` to the metrics of every round",
         "client-test-fraction": "share of each client's data kept as a *labeled* local test split; > 0 turns on "
         "client-side evaluation",
-        "partition": "`iid`, `noniid` (FedUL paper, App. D: 2 majority classes per client), `dirichlet`, `shards`",
-        "dirichlet-alpha": "concentration of the Dirichlet split",
+        "partition": "`iid`, `noniid` (FedUL paper, App. D: 2 majority classes per client), `dirichlet` (per-class "
+        "proportions over clients; client sizes vary), `inner-dirichlet` (per-client class proportions; equal "
+        "clients), `shards`",
+        "dirichlet-alpha": "concentration of the `dirichlet` and `inner-dirichlet` splits",
         "noniid-majority-classes": "majority classes per client in `noniid`",
         "noniid-minority-fraction": "share of each minority class given to each client in `noniid` "
         "(Table D.5: ~57 of ~4.8k)",

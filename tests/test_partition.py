@@ -104,3 +104,25 @@ def test_dirichlet_on_a_small_pool_scales_its_minimum_and_names_a_failed_draw() 
         assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
     with pytest.raises(ValueError, match=r"dirichlet-alpha=0.1: .*1000 samples over 20 clients .*at least 40 \(seed 0\)"):
         dirichlet_partition(labels, 20, 0.1, 0, min_partition_size=40)
+
+
+def test_inner_dirichlet_gives_equal_clients_skewed_by_alpha_and_names_a_failed_draw(labels: np.ndarray) -> None:
+    """``inner-dirichlet``: every client holds an equal share (N mod C spread over the first
+    clients), the shares cover the pool, small alpha concentrates each client on fewer
+    classes, and a failing draw (alpha = 0.01, where every class a client favours runs out)
+    is reported with the scheme, alpha, the pool, the clients and the seed."""
+    parts = partition_pool(labels[:-3], 5, 10, "inner-dirichlet", seed=0, dirichlet_alpha=0.5)
+    n = len(labels) - 3
+    assert [len(p) for p in parts] == [n // 5 + (i < n % 5) for i in range(5)]
+    _check_disjoint_cover(parts, n)
+
+    def skew(alpha: float) -> float:
+        parts = partition_pool(labels, 5, 10, "inner-dirichlet", seed=0, dirichlet_alpha=alpha)
+        return float(np.mean([np.bincount(labels[p], minlength=10).max() / len(p) for p in parts]))
+
+    assert skew(0.1) > skew(100.0) + 0.2
+    with pytest.raises(ValueError, match="dirichlet-alpha"):
+        partition_pool(labels, 5, 10, "inner-dirichlet", seed=0, dirichlet_alpha=-1.0)
+    pool = np.repeat(np.arange(10), 300)
+    with pytest.raises(ValueError, match=r"partition=inner-dirichlet, dirichlet-alpha=0.01: .*3000 samples over 20 clients .*\(seed 0\)"):
+        partition_pool(pool, 20, 10, "inner-dirichlet", seed=0, dirichlet_alpha=0.01)
