@@ -126,9 +126,7 @@ def dirichlet_partition(
     """
     from flwr_datasets.partitioner import DirichletPartitioner
 
-    _check_num_partitions(num_partitions, len(labels))
-    if not alpha > 0:
-        raise ValueError(f"dirichlet-alpha must be > 0, got {alpha!r}")
+    _check_dirichlet(num_partitions, len(labels), alpha)
     if min_partition_size is None:
         min_partition_size = min(10, max(1, len(labels) // (10 * num_partitions)))
     partitioner = DirichletPartitioner(
@@ -181,9 +179,7 @@ def inner_dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: fl
     """
     from flwr_datasets.partitioner import InnerDirichletPartitioner
 
-    _check_num_partitions(num_partitions, len(labels))
-    if not alpha > 0:
-        raise ValueError(f"dirichlet-alpha must be > 0, got {alpha!r}")
+    _check_dirichlet(num_partitions, len(labels), alpha)
     size, extra = divmod(len(labels), num_partitions)
     sizes = [size + (i < extra) for i in range(num_partitions)]
     partitioner = InnerDirichletPartitioner(partition_sizes=sizes, partition_by="label", alpha=float(alpha), seed=seed)
@@ -382,6 +378,12 @@ PARTITIONS.add(
     "inner-dirichlet",
     lambda labels, n, k, seed, *, dirichlet_alpha, **_: inner_dirichlet_partition(labels, n, dirichlet_alpha, seed),
 )
+
+
+def _check_dirichlet(num_partitions: int, pool_size: int, alpha: float) -> None:
+    _check_num_partitions(num_partitions, pool_size)
+    if not alpha > 0:
+        raise ValueError(f"dirichlet-alpha must be > 0, got {alpha!r}")
 
 
 def _check_num_partitions(num_partitions: int, pool_size: int) -> None:
