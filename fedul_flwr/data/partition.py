@@ -85,8 +85,7 @@ def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np
     # computed in numpy -- the Arrow round trip cost 5-50 s and ~150 MB per Ray actor at
     # 1000 clients (docs/performance.md).
     order = np.random.default_rng(seed).permutation(len(labels)).astype(np.int64)
-    size, extra = divmod(len(labels), num_partitions)
-    starts = [size * i + min(i, extra) for i in range(num_partitions + 1)]
+    starts = np.concatenate([[0], np.cumsum(_equal_sizes(len(labels), num_partitions))])
     return [order[starts[i] : starts[i + 1]].copy() for i in range(num_partitions)]
 
 
@@ -180,8 +179,7 @@ def inner_dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: fl
     from flwr_datasets.partitioner import InnerDirichletPartitioner
 
     _check_dirichlet(num_partitions, len(labels), alpha)
-    size, extra = divmod(len(labels), num_partitions)
-    sizes = [size + (i < extra) for i in range(num_partitions)]
+    sizes = _equal_sizes(len(labels), num_partitions)
     partitioner = InnerDirichletPartitioner(partition_sizes=sizes, partition_by="label", alpha=float(alpha), seed=seed)
     try:
         return _flower_partitions(partitioner, labels, num_partitions)
@@ -378,6 +376,12 @@ PARTITIONS.add(
     "inner-dirichlet",
     lambda labels, n, k, seed, *, dirichlet_alpha, **_: inner_dirichlet_partition(labels, n, dirichlet_alpha, seed),
 )
+
+
+def _equal_sizes(pool_size: int, num_partitions: int) -> list[int]:
+    """Sizes of ``num_partitions`` equal shares of ``pool_size`` (the first ``pool_size mod C`` one larger)."""
+    size, extra = divmod(pool_size, num_partitions)
+    return [size + (i < extra) for i in range(num_partitions)]
 
 
 def _check_dirichlet(num_partitions: int, pool_size: int, alpha: float) -> None:
