@@ -635,6 +635,23 @@ def test_hassle_pages_show_the_fixmatch_baselines_pseudo_labels(tmp_path: Path) 
     assert "HASSLE |" not in table
 
 
+def test_hassle_table1_rows_carry_their_share_split_and_lr_and_the_papers_number_of_their_share() -> None:
+    """Each labeled share three times (preset split, per-class split, the paper's lr 0.1); every
+    row's brackets are the paper's Table 1 column of its share, and only the lr 0.1 rows set lr."""
+    specs = reproduce.hassle_specs("hassle-table1", [0])
+    rows = dict(reproduce.HASSLE_ROWS["hassle-table1"])
+    assert len(rows) == 9 and len(specs) == 9 * len(reproduce.HASSLE_COLUMNS)
+    paper = reproduce.PAPER["hassle-table1"]
+    for row, over in rows.items():
+        share = row.split()[1].rstrip(",")
+        assert over["labeled-share"] == float(share.rstrip("%")) / 100
+        assert over.get("lr") == (0.1 if row.endswith("lr 0.1") else None)
+        assert over.get("partition") == ("dirichlet" if row.endswith("per-class split") else None)
+        assert paper[(row, "HASSLE EM", "*")] == {"5%": 78.04, "10%": 84.04, "20%": 86.67}[share]
+        assert paper[(row, "FedAvg (labeled only)", "*")] == {"5%": 69.09, "10%": 78.25, "20%": 82.95}[share]
+    assert len({s.run_id for s in specs}) == len(specs)
+
+
 def test_table_shows_one_column_per_predictor_headline_last() -> None:
     specs = [reproduce.RunSpec("g", "r", c, "*", 0, 20, "hassle", {}) for c in ("FedAvg", "HASSLE")]
     records = [
