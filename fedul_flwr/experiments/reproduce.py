@@ -349,10 +349,12 @@ _HASSLE_PAPER = {"FedAvg (labeled only)": (69.09, 78.25, 82.95, 62.14, 82.51),
                  "FedAvg+FixMatch": (73.09, 80.83, 83.93, 68.19, 85.79),
                  "HASSLE SM": (77.83, 83.22, 86.15, 72.43, 87.18), "HASSLE UM": (77.98, 83.91, 86.34, 73.54, 87.34),
                  "HASSLE EM": (78.04, 84.04, 86.67, 73.79, 87.51)}  # 5%, 10%, 20%, alpha 0.01, alpha 1  # fmt: skip
-PAPER["hassle-table1"] = {(row, col, "*"): v[i] for col, v in _HASSLE_PAPER.items() for row, _ in HASSLE_ROWS["hassle-table1"]
-                          for i, share in enumerate(HASSLE_SHARES) if row.startswith(f"Fashion-MNIST {share}")}  # fmt: skip
-PAPER["hassle-table7"] = {(row, col, "*"): v[(3, 1, 4)[i % 3]] for col, v in _HASSLE_PAPER.items()
-                          for i, (row, _) in enumerate(HASSLE_ROWS["hassle-table7"])}  # fmt: skip
+_HASSLE_PAPER_INDEX = {"labeled-share": {0.05: 0, 0.1: 1, 0.2: 2}, "dirichlet-alpha": {0.01: 3, 0.1: 1, 1.0: 4}}
+"""Which paper number a row gets, by the setting its grid varies: the row's labeled share
+(Table 1) or Dirichlet alpha (Table 7)."""
+PAPER.update({grid: {(row, col, "*"): v[_HASSLE_PAPER_INDEX[key][over[key]]]
+                     for col, v in _HASSLE_PAPER.items() for row, over in HASSLE_ROWS[grid]}
+              for grid, key in (("hassle-table1", "labeled-share"), ("hassle-table7", "dirichlet-alpha"))})  # fmt: skip
 PAPER["hassle-ablation"] = {(row, f"{col} {p}", "*"): v for row, _ in HASSLE_ROWS["hassle-ablation"] for col, values in
                             (("neither", (57.85, 61.07, 61.86)), ("MPA", (65.04, 65.98, 66.47)),
                              ("GRA", (62.11, 64.09, 64.54)), ("GRA + MPA", (66.34, 67.14, 67.79)))
