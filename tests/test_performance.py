@@ -81,18 +81,20 @@ def test_run_config_is_parsed_once_per_text() -> None:
     assert other.seed == 5 and one.seed == 0
 
 
-def test_augment_section_renders_its_ratios_and_one_row_per_method() -> None:
-    """``--markdown`` of the ``augment`` section: the views-to-model ratio and each method's
-    round cost relative to supervised FedAvg come from the results, not from the text."""
+def test_augment_section_renders_its_ratios_per_model_and_the_fedul_round() -> None:
+    """``--markdown`` of the ``augment`` section: each model's row carries the step time and
+    each augmentation's ratio to it, and the FedUL round ratio, from the results."""
     from fedul_flwr.experiments.benchmark import render_markdown
 
     results = json.loads((Path(__file__).parent.parent / "docs" / "benchmarks" / "augment.json").read_text())
     augment = results["augment"]
-    augment["augmentation-over-forward-backward"] = 0.123
-    augment["round-cost-over-supervised"]["fixmatch"] = 9.87
+    assert set(augment["per-batch"]) == {"small-cnn", "wrn-28-2"}
+    augment["per-batch"]["small-cnn"]["over-model-step"]["strong"] = 0.123
+    augment["per-batch"]["wrn-28-2"]["median-s"]["model step"] = 1.5
+    augment["fedul-round"]["rotate-over-none"] = 1.0456
     text = render_markdown(results)
-    assert "**0.12**" in text
-    rows = [line for line in text.splitlines() if line.startswith("| fixmatch")]
-    assert [r.split("|")[1].strip() for r in rows] == ["fixmatch", "fixmatch-dpl"]
-    assert rows[0].endswith("| 9.9x |")
-    assert "| strong views |" in text and "| forward + backward |" in text
+    rows = {line.split("|")[1].strip().split(" ")[0]: line for line in text.splitlines() if line.startswith("| `")}
+    assert set(rows) == {"`small-cnn`", "`wrn-28-2`"}
+    assert "(0.12x)" in rows["`small-cnn`"].split("|")[4]  # the strong column
+    assert "| 1500.0 ms |" in rows["`wrn-28-2`"]
+    assert "**1.046x**" in text

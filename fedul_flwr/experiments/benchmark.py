@@ -3,7 +3,7 @@
 Every section runs in this one process on this machine and prints medians over
 ``--repeats`` repeats and the ratios; ``--out`` writes everything as JSON.
 
-Sections (``--only loop,qc,client,flower,scale,gpu``; default: all):
+Sections (``--only loop,augment,qc,client,flower,scale,gpu``; default: all):
 
 ``loop``
     The loop's execution settings (:mod:`fedul_flwr.acceleration`): whole FedUL local rounds
@@ -17,6 +17,11 @@ Sections (``--only loop,qc,client,flower,scale,gpu``; default: all):
     accuracy after one round of each (a sanity check; the accuracy comparison over whole
     runs is the runner's ``loop-check`` grid). ``--loop-samples model:n`` caps the images
     per client of a slow model.
+``augment``
+    Each augmentation (``weak``, ``strong``, ``rotate``) of a 448-image batch against the
+    model's forward + backward + step on it (``small-cnn`` 28 x 28, ``wrn-28-2`` 32 x 32) on
+    ``--augment-device``, and a FedUL round with ``augment='rotate'`` against one without
+    (:mod:`fedul_flwr.experiments.augment_bench`).
 ``qc``
     FedUL vs supervised FedAvg (``method='supervised' label-fraction=1.0``): the same model,
     initial weights, client tensors (the very same uint8 images: a simulated client's
@@ -101,6 +106,7 @@ from torch import nn
 
 from fedul_flwr.acceleration import Acceleration, native_bf16
 from fedul_flwr.augment import build_augmentation
+from fedul_flwr.experiments.augment_bench import augment_markdown, section_augment
 from fedul_flwr.checkpoint import save_checkpoint
 from fedul_flwr.config import RunConfig, resolve_config
 from fedul_flwr.data.client_data import ClientData
@@ -516,72 +522,6 @@ def section_loop(args: argparse.Namespace) -> dict[str, Any]:
         say(f"loop {model} ({samples} images/round): " + ", ".join(
             f"{n} [{row[n]['settings']}] {row[n]['images-per-s']:.0f} img/s x{row[n][f'speedup-over-{names[0]}']:.2f}"
             for n in variants))  # fmt: skip
-    return out
-
-
-# --------------------------------------------------------------------------- augment
-
-
-def section_augment(args: argparse.Namespace) -> dict[str, Any]:
-    """FixMatch's augmentation against the model's work: (1) one step's weak and strong views
-    (B labeled + mu B unlabeled images) against the small CNN's forward + backward on them;
-    (2) whole local rounds of FixMatch, FixMatch-DPL and supervised FedAvg on the labeled
-    images (weakly augmented) over the same labels-at-clients clients, interleaved."""
-    from fedul_flwr.augment import Augmentation
-
-    base = {"dataset": args.dataset, "data-dir": args.data_dir, "model": args.model, "client-setting": "labels-at-clients",
-            "num-labeled": args.augment_labels, "samples-per-client": args.samples_per_client,
-            "batch-size": args.augment_batch, "local-optimizer": "sgd", "lr": 0.03, "local-momentum": 0.9,
-            "augment": "weak"}  # fmt: skip
-    cfg = resolve_config(base)
-    data = load_run_dataset(cfg)
-    side, mu = data.image_size, cfg.option("fixmatch-mu")
-    weak, strong = Augmentation("weak", side, cfg.dataset), Augmentation("strong", side, cfg.dataset)
-    g = torch.Generator().manual_seed(0)
-    b = cfg.batch_size
-    labeled, unlabeled = data.train_x[:b], data.train_x[b : b + mu * b]
-    model = build_model(cfg.model, data.in_channels, data.num_classes, side, seed=0)
-    opt = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9)
-    to_input = functools.partial(normalize, mean=data.mean, std=data.std)
-    step = {"weak views": [], "strong views": [], "forward + backward": []}
-    for _ in range(args.repeats + 1):  # the first repeat warms up, untimed
-        t0 = time.perf_counter()
-        views = [weak(labeled, g), weak(unlabeled, g)]
-        t1 = time.perf_counter()
-        views.append(strong(unlabeled, g))
-        t2 = time.perf_counter()
-        loss = model(to_input(torch.cat(views))).logsumexp(1).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        t3 = time.perf_counter()
-        for key, value in zip(step, (t1 - t0, t2 - t1, t3 - t2), strict=True):
-            step[key].append(value)
-    step = {k: v[1:] for k, v in step.items()}
-    augmentation = median([w + s for w, s in zip(step["weak views"], step["strong views"], strict=True)])
-    out: dict[str, Any] = {
-        "setting": {"dataset": cfg.dataset, "model": cfg.model, "B": b, "mu": mu, "threads": torch.get_num_threads(),
-                    "clients": args.augment_clients, "num-labeled": cfg.num_labeled, "repeats": args.repeats},
-        "step-s": step,
-        "median-step-s": {k: median(v) for k, v in step.items()},
-        "augmentation-over-forward-backward": augmentation / median(step["forward + backward"]),
-    }  # fmt: skip
-    say(f"augment: one step of {b} + {mu * b} images: " + ", ".join(f"{k} {median(v) * 1e3:.0f} ms" for k, v in step.items()))
-    methods = {name: get_method(name)(resolve_config({**base, "method": name}))
-               for name in ("supervised", "fixmatch", "fixmatch-dpl")}  # fmt: skip
-    fed = build_federation(methods["fixmatch"].cfg, args.augment_clients, torch.device("cpu"), list(methods.values()))
-    times: dict[str, list[float]] = {n: [] for n in methods}
-    for rep in range(args.repeats + 1):
-        for name, method in methods.items():
-            start = time.perf_counter()
-            bare_round(fed, method, fed.initial, 1)
-            if rep:
-                times[name].append(time.perf_counter() - start)
-    out["round-s"] = times
-    out["median-round-s"] = {n: median(t) for n, t in times.items()}
-    out["round-cost-over-supervised"] = {n: median(t) / median(times["supervised"]) for n, t in times.items()}
-    say("augment: local round of " + f"{args.augment_clients} clients: " + ", ".join(
-        f"{n} {median(t):.2f}s (x{out['round-cost-over-supervised'][n]:.1f})" for n, t in times.items()))  # fmt: skip
     return out
 
 
@@ -1156,9 +1096,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loop-clients", type=int, default=5, help="clients of a loop-section round")
     p.add_argument("--loop-samples", default="resnet18:256",
                    help="model:n caps of the images per client in the loop section (others: --samples-per-client)")
-    p.add_argument("--augment-batch", type=int, default=16, help="B of the augment section (labeled images per step)")
-    p.add_argument("--augment-labels", type=int, default=1000, help="num-labeled of the augment section's clients")
-    p.add_argument("--augment-clients", type=int, default=4, help="clients of the augment section's rounds")
+    p.add_argument("--augment-batch", type=int, default=448, help="images per batch of the augment section")
+    p.add_argument("--augment-device", default="cpu", choices=("cpu", "cuda"), help="where the augment section runs")
+    p.add_argument("--augment-clients", type=int, default=5, help="clients of the augment section's FedUL rounds")
     p.add_argument("--client-images", type=int, default=32, help="images of the client in the client section")
     p.add_argument("--client-calls", type=int, default=7, help="timed ClientApp calls per model in the client section")
     p.add_argument("--client-models", default="small-cnn,paper-cnn,resnet18")
@@ -1188,29 +1128,11 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.quick:
         args.repeats, args.rounds, args.scale_rounds, args.qc_clients, args.flower_clients = 1, 2, 2, 2, 2
         args.scale, args.samples_per_client = "10:0.2", 300
-        args.loop_clients, args.loop_samples = 2, "resnet18:32"
+        args.loop_clients, args.loop_samples, args.augment_batch, args.augment_clients = 2, "resnet18:32", 32, 2
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
     return args
-
-
-def augment_markdown(augment: Mapping[str, Any]) -> str:
-    """The ``augment`` section as markdown: one step's weak and strong views against the
-    model's forward + backward (median seconds; the target is a ratio below 1), and a local
-    round of each method relative to supervised FedAvg on the same clients."""
-    s, step = augment["setting"], augment["median-step-s"]
-    lines = [f"One step of B = {s['B']} labeled + mu B = {s['mu'] * s['B']} unlabeled images (`{s['model']}`, "
-             f"`{s['dataset']}`, {s['threads']} thread(s), medians of {s['repeats']} repeats):", "",
-             "| part of the step | median ms |", "|---|---|"]  # fmt: skip
-    lines += [f"| {name} | {1e3 * value:.1f} |" for name, value in step.items()]
-    lines += ["", f"Augmentation (weak + strong views) / forward + backward: "
-              f"**{augment['augmentation-over-forward-backward']:.2f}**.", "",
-              f"One local round (1 epoch) of {s['clients']} clients, {s['num-labeled']} labels over all clients:", "",
-              "| method | median s per round | relative to supervised |", "|---|---|---|"]  # fmt: skip
-    lines += [f"| {name} | {augment['median-round-s'][name]:.2f} | {ratio:.1f}x |"
-              for name, ratio in augment["round-cost-over-supervised"].items()]  # fmt: skip
-    return "\n".join(lines)
 
 
 def render_markdown(results: Mapping[str, Any], label: str = "") -> str:

@@ -1,0 +1,158 @@
+"""The ``augment`` section of ``fedul benchmark``: augmentation against the model's own work.
+
+Two measurements, each of interleaved repeats in this one process (the first repeat warms up
+and is not timed), reported as medians and ratios of medians of the same run:
+
+1. Per batch of ``--augment-batch`` (448) uint8 images on ``--augment-device`` (``cpu`` or
+   ``cuda``): each named augmentation (:mod:`fedul_flwr.augment`: ``weak``, ``strong``,
+   ``rotate``) against one forward + backward + SGD step of the model on the same batch:
+   ``small-cnn`` at 28 x 28 x 1 and ``wrn-28-2`` at 32 x 32 x 3 (random images; the work
+   does not depend on the pixels). On CUDA the model step runs under bf16 autocast and every
+   timing is closed by ``torch.cuda.synchronize``.
+2. A FedUL local round (every client's local epoch, the embedded ``mnist-sample``,
+   ``--augment-clients`` clients, M = ``--num-sets``, sequentially in this process) with
+   ``augment='rotate'`` against ``augment='none'``: the same clients, weights, batch order
+   and seeds.
+
+Targets (docs/performance.md): on 2 CPU threads, strong views of 448 28 x 28 images at most
+0.25x the small CNN's step and a rotate round at most 1.10x a round without; on a GPU, strong
+views of 448 32 x 32 images at most 1x the WRN-28-2 bf16 step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from statistics import median
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from fedul_flwr.augment import Augmentation
+from fedul_flwr.config import resolve_config
+from fedul_flwr.models import build_model
+
+AUGMENT_NAMES = ("weak", "strong", "rotate")
+MODEL_SHAPES = {"small-cnn": (1, 28, "mnist"), "wrn-28-2": (3, 32, "cifar10")}
+"""model -> (channels, side, the dataset whose flips apply) of the per-batch comparison."""
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
+    """``time(fn)``: seconds of ``fn()``, the device's queue drained before and after."""
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def time_it(fn: Callable[[], Any]) -> float:
+        sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - start
+
+    return time_it
+
+
+def per_batch(model_name: str, batch: int, device: torch.device, repeats: int) -> dict[str, Any]:
+    """Median seconds of each augmentation and of the model step on one batch, interleaved."""
+    channels, side, dataset = MODEL_SHAPES[model_name]
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (batch, channels, side, side), dtype=torch.uint8, generator=g).to(device)
+    labels = torch.randint(0, 10, (batch,), generator=g).to(device)
+    model = build_model(model_name, channels, 10, side, seed=0).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.03, momentum=0.9)
+    bf16 = device.type == "cuda"
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = torch.nn.functional.cross_entropy(model(images.float().div(255.0)), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    augs = {name: Augmentation(name, side, dataset) for name in AUGMENT_NAMES}
+    time_it = _timer(device)
+    times: dict[str, list[float]] = {**{name: [] for name in augs}, "model step": []}
+    for rep in range(repeats + 1):
+        for name, aug in augs.items():
+            seconds = time_it(lambda aug=aug: aug(images, g))
+            if rep:
+                times[name].append(seconds)
+        seconds = time_it(step)
+        if rep:
+            times["model step"].append(seconds)
+    medians = {name: median(values) for name, values in times.items()}
+    return {
+        "shape": [batch, channels, side, side], "precision": "bf16" if bf16 else "fp32", "seconds": times,
+        "median-s": medians, "over-model-step": {name: medians[name] / medians["model step"] for name in augs},
+    }  # fmt: skip
+
+
+def fedul_rounds(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Median seconds of a FedUL local round with ``augment='rotate'`` and with ``'none'``."""
+    from fedul_flwr.experiments.benchmark import bare_round, build_federation
+    from fedul_flwr.methods import get_method
+
+    base = {"dataset": "mnist-sample", "num-sets": args.num_sets, "samples-per-client": args.samples_per_client, "device": device.type}
+    methods = {name: get_method("fedul")(resolve_config({**base, "augment": name})) for name in ("none", "rotate")}
+    fed = build_federation(methods["none"].cfg, args.augment_clients, device, list(methods.values()))
+    time_it = _timer(device)
+    times: dict[str, list[float]] = {name: [] for name in methods}
+    for rep in range(args.repeats + 1):
+        for name in (("none", "rotate") if rep % 2 == 0 else ("rotate", "none")):
+            seconds = time_it(lambda name=name: bare_round(fed, methods[name], fed.initial, 1))
+            if rep:
+                times[name].append(seconds)
+    medians = {name: median(values) for name, values in times.items()}
+    return {"clients": args.augment_clients, "num-sets": args.num_sets, "seconds": times, "median-s": medians,
+            "rotate-over-none": medians["rotate"] / medians["none"]}  # fmt: skip
+
+
+def section_augment(args: argparse.Namespace) -> dict[str, Any]:
+    """The section (module docstring): per-batch costs per model, then the FedUL rounds.
+
+    Raises
+    ------
+    SystemExit
+        On ``--augment-device cuda`` without a CUDA device.
+    """
+    device = torch.device(args.augment_device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--augment-device cuda: no CUDA device here")
+    out: dict[str, Any] = {
+        "setting": {"device": str(device), "device-name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "threads": torch.get_num_threads(), "batch": args.augment_batch, "repeats": args.repeats},
+        "per-batch": {},
+    }  # fmt: skip
+    for model_name in MODEL_SHAPES:
+        row = per_batch(model_name, args.augment_batch, device, args.repeats)
+        out["per-batch"][model_name] = row
+        print(f"augment {model_name} {row['shape']}: " + ", ".join(
+            f"{n} {1e3 * row['median-s'][n]:.1f} ms (x{row['over-model-step'][n]:.2f})" for n in AUGMENT_NAMES)
+            + f", model step {1e3 * row['median-s']['model step']:.1f} ms", flush=True)  # fmt: skip
+    rounds = fedul_rounds(args, device)
+    out["fedul-round"] = rounds
+    print(f"augment: FedUL round of {rounds['clients']} clients: none {rounds['median-s']['none']:.2f}s, "
+          f"rotate {rounds['median-s']['rotate']:.2f}s (x{rounds['rotate-over-none']:.3f})", flush=True)  # fmt: skip
+    return out
+
+
+def augment_markdown(augment: Mapping[str, Any]) -> str:
+    """The section's results as markdown tables (milliseconds, ratios to the model step)."""
+    s = augment["setting"]
+    lines = [f"Per batch of {s['batch']} uint8 images on `{s['device']}` ({s['device-name']}, {s['threads']} thread(s)), "
+             f"medians of {s['repeats']} interleaved repeats; ratio = augmentation / the model's forward + backward + "
+             "SGD step on the same batch:", "",
+             "| model (images) | step | " + " | ".join(AUGMENT_NAMES) + " |", "|---|---|" + "---|" * len(AUGMENT_NAMES)]  # fmt: skip
+    for model_name, row in augment["per-batch"].items():
+        _, c, h, w = row["shape"]
+        cells = [f"{1e3 * row['median-s'][n]:.1f} ms ({row['over-model-step'][n]:.2f}x)" for n in AUGMENT_NAMES]
+        lines.append(f"| `{model_name}` ({h}x{w}x{c}, {row['precision']}) | {1e3 * row['median-s']['model step']:.1f} ms | "
+                     + " | ".join(cells) + " |")  # fmt: skip
+    r = augment["fedul-round"]
+    lines += ["", f"FedUL local round, `mnist-sample`, {r['clients']} clients, M = {r['num-sets']}: "
+              f"`augment='none'` {r['median-s']['none']:.2f} s, `augment='rotate'` {r['median-s']['rotate']:.2f} s: "
+              f"**{r['rotate-over-none']:.3f}x**."]  # fmt: skip
+    return "\n".join(lines)
