@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedul_flwr.config import ConfigError, RunConfig, default_config, resolve_config
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.config import ConfigError, RunConfig, default_config
 from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
 from fedul_flwr.data.sources import dataset_facts, run_dataset_info

@@ -265,9 +265,10 @@ def _type_name(value: Any) -> str:
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from fedul_flwr.config import CHOICES, _registry_choices
+    from fedul_flwr.checks import registry_choices
+    from fedul_flwr.config import CHOICES
 
-    return {**CHOICES, **_registry_choices()}
+    return {**CHOICES, **registry_choices()}
 
 
 def _method_options() -> dict[str, tuple[str, list[str]]]:

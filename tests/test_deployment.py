@@ -166,7 +166,7 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     restarted node trains again in the last round."""
     import time
 
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
     from fedul_flwr.node_data import write_nodes
 
     node_dirs = write_nodes(resolve_config({"num-sets": 10, "seed": 7}), tmp_path / "nodes", 3, max_set_size=12)
@@ -238,7 +238,7 @@ def _two_rounds_on_simulated_nodes(
     that every aggregation got ``per_aggregation`` replies and no failure (all three nodes,
     unless a method aggregates each model over the nodes that sent it); returns the log, the
     folders and metrics.json."""
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
     from fedul_flwr.node_data import write_nodes
 
     node_dirs = write_nodes(resolve_config(setting), tmp_path / "nodes", 3, max_set_size=max_set_size)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedul_flwr.config import resolve_config
+from fedul_flwr.checks import resolve_config
 from fedul_flwr.data.node_dir import (
     LAYOUTS,
     NodeDataError,

@@ -148,7 +148,7 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     import torch
 
     from fedul_flwr.client_app import app
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
     from fedul_flwr.data import simulated
     from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.methods import get_method
@@ -202,7 +202,7 @@ def resumable_round(run_config: Mapping[str, Any]) -> int:
     SCAFFOLD) is started afresh (0).
     """
     from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, load_checkpoint
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
 
     if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
         return 0
@@ -386,7 +386,7 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     same resolved settings (the name aside) is copied under this run's id with
     ``same-run-as`` naming the original; nothing is trained. Returns whether it was.
     """
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
 
     record = recorded.get((spec.clients, _settings(resolve_config(dict(run_config)).as_dict())))
     if record is None:
