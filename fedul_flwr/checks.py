@@ -26,11 +26,12 @@ it, this one names it and the closest valid key.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, Checkpoint, CheckpointError, load_checkpoint
 from fedul_flwr.config import (
@@ -48,6 +49,7 @@ __all__ = [
     "RESUME_FREE_KEYS",
     "check_before_round_one",
     "check_resume",
+    "check_setting",
     "check_simulation",
     "is_simulation",
     "method_settings",
@@ -176,17 +178,14 @@ def method_settings(method: type) -> tuple[str, ...]:
 
 def check_simulation(cfg: RunConfig) -> None:
     """The checks of a simulation, where ``client-setting`` builds every client's data from the
-    run's dataset: the method is defined for that setting (:func:`method_settings`); with
-    ``client-setting=usets`` every value of ``num-sets`` is >= K (Lu et al., ICLR 2022,
-    Theorem 1: the [M_c, K] prior matrix needs full column rank); with ``client-setting=pu``
-    a ``class-prior`` given as numbers is finite and not all zero.
+    run's dataset: the method is defined for that setting (:func:`method_settings`), and what
+    the setting builds can be built (:func:`check_setting`).
 
     Raises
     ------
     ConfigError
         Naming the key(s) and value(s).
     """
-    from fedul_flwr.data.datasets import dataset_info
     from fedul_flwr.methods import get_method
 
     method = get_method(cfg.method)
@@ -194,8 +193,25 @@ def check_simulation(cfg: RunConfig) -> None:
     _check(
         cfg.client_setting in allowed,
         f"method={cfg.method!r} with client-setting={cfg.client_setting!r}: the method is defined for "
-        f"client-setting in {allowed} (its clients need {tuple(method.requires) or tuple(method.uses)})",
+        f"client-setting in {allowed}",
     )
+    check_setting(cfg)
+
+
+def check_setting(cfg: RunConfig) -> None:
+    """What ``client-setting`` builds from the run's dataset, checked from the settings alone
+    (simulated clients, ``fedul node-data write``): with ``usets`` every value of
+    ``num-sets`` is >= K (Lu et al., ICLR 2022, Theorem 1: the [M_c, K] prior matrix needs
+    full column rank); with ``pu`` a ``class-prior`` given as numbers is finite and not all
+    zero (a zero prior makes the PU risk of every class zero).
+
+    Raises
+    ------
+    ConfigError
+        Naming the key and value.
+    """
+    from fedul_flwr.data.datasets import dataset_info
+
     num_classes = len(dataset_info(cfg.dataset).class_names)
     if cfg.client_setting == "usets":
         short = sorted({m for m in cfg.num_sets if m < num_classes})
@@ -208,10 +224,10 @@ def check_simulation(cfg: RunConfig) -> None:
         from fedul_flwr.data.pu import class_prior
 
         try:
-            prior = class_prior(cfg.class_prior, num_classes, [], [])  # type: ignore[arg-type]
+            prior = class_prior(cfg.class_prior, num_classes, np.zeros(0, np.int64), np.zeros(0, np.int64))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
-        _check(all(math.isfinite(v) for v in prior) and any(v > 0 for v in prior),
+        _check(bool(np.all(np.isfinite(prior))) and bool(np.any(prior > 0)),
                f"class-prior={cfg.class_prior!r}: a class prior must be finite and not all zero")  # fmt: skip
 
 
