@@ -118,10 +118,12 @@ class RunOutputs:
         return cls(path=path, cfg=cfg, primary=primary, writer=_tensorboard_writer(path) if cfg.tensorboard else None)
 
     def record(self, server_round: int, **metrics: float | list[float]) -> None:
-        """Merge metrics of ``server_round`` (numbers, or lists of numbers such as a K-vector)
-        into the table and rewrite metrics.json/.csv."""
+        """Merge metrics of ``server_round`` (numbers, or lists of numbers such as a K-vector;
+        ints such as a count stay ints, the rest become floats) into the table and rewrite
+        metrics.json/.csv."""
         row = self.rows.setdefault(server_round, {"round": server_round})
-        row.update({k: [float(x) for x in v] if isinstance(v, list) else float(v) for k, v in metrics.items()})
+        row.update({k: [float(x) for x in v] if isinstance(v, list) else v if type(v) is int else float(v)
+                    for k, v in metrics.items()})  # fmt: skip
         row.setdefault("wall-time", time.time() - self.started)
         self._write_tables()
         if self.writer is not None:
