@@ -112,19 +112,9 @@ class _Federation:
         )
 
     def _wait_healthy(self) -> None:
-        import time
+        from tests.flower_harness import wait_healthy
 
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).is_success:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"SuperLink not healthy after 60 s; see {self.tmp / 'superlink.log'}")
+        wait_healthy(self.procs["superlink"], self.port, self.tmp / "superlink.log")
 
     def start_node(self, i: int) -> None:
         self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",

@@ -10,13 +10,11 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.flower_harness import alive, flower_env, free_port
+from tests.flower_harness import alive, flower_env, free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "stop_superlink.sh"
@@ -36,19 +34,6 @@ def _start_local_superlink(home: Path) -> tuple[subprocess.Popen, int]:
     return proc, port
 
 
-def _wait_healthy(proc: subprocess.Popen, port: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"flower-superlink exited with {proc.returncode}"
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError("SuperLink not healthy after 60 s")
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not (BIN / "flower-superlink").exists(), reason="needs flower-superlink next to the interpreter")
 def test_stops_only_the_superlink_of_its_flwr_home(tmp_path: Path) -> None:
@@ -56,7 +41,7 @@ def test_stops_only_the_superlink_of_its_flwr_home(tmp_path: Path) -> None:
     started = [_start_local_superlink(mine), _start_local_superlink(other)]
     try:
         for proc, port in started:
-            _wait_healthy(proc, port)
+            wait_healthy(proc, port)
         (link, _), (other_link, _) = started
         env = {**os.environ, "FLWR_HOME": str(mine)}
         dry = subprocess.run(["bash", str(SCRIPT), "--dry-run"], env=env, capture_output=True, text=True, timeout=60)
