@@ -35,7 +35,6 @@ import numpy as np
 
 from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, Checkpoint, CheckpointError, load_checkpoint
 from fedul_flwr.config import (
-    CHOICES,
     ConfigError,
     RunConfig,
     compose_config,
