@@ -19,9 +19,13 @@ every node runs with exactly the server's values.
 Keys are of two kinds. *Core* keys (data path, federation, strategy, outputs) are fields of
 :class:`RunConfig`. A *method's own options* (FedPL's threshold, FedUL's loss, ...) are
 declared and validated by the method (``Method.options``); :class:`RunConfig` carries their
-values in :attr:`RunConfig.extra`. Choice lists (datasets, models, partitions, prior
-schemes, methods, strategies, losses) come from the registries of the modules that implement
-them (:mod:`fedul_flwr.registry`).
+values in :attr:`RunConfig.extra`.
+
+This module checks what the settings alone can tell (types, ranges, rules between keys, the
+run folder's name) and knows none of the registries: the modules that implement methods,
+strategies and client settings import it. The checks that need them (choice lists, a method's
+options, a method against the client setting, ...) are in :mod:`fedul_flwr.checks`, above
+both; :func:`fedul_flwr.checks.resolve_config` composes and checks a configuration fully.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from fedul_flwr import get_logger
+from fedul_flwr.registry import closest
 
 _SOURCE_DIR = Path(__file__).resolve().parent.parent
 PROJECT_DIR = _SOURCE_DIR if (_SOURCE_DIR / "pyproject.toml").is_file() else Path(__file__).resolve().parent / "_project"
@@ -49,30 +54,6 @@ PYPROJECT = PROJECT_DIR / "pyproject.toml"
 log = get_logger(__name__)
 
 
-def _registry_choices() -> dict[str, tuple[str, ...]]:
-    """Valid values of the keys chosen by name, from the registries (imported lazily: the
-    modules that own them import this one)."""
-    from fedul_flwr.augment import AUGMENTATIONS
-    from fedul_flwr.data.datasets import DATASETS
-    from fedul_flwr.data.partition import PARTITIONS
-    from fedul_flwr.data.simulated import SETTINGS
-    from fedul_flwr.data.usets import PRIOR_SCHEMES
-    from fedul_flwr.methods import METHODS
-    from fedul_flwr.models import MODELS
-    from fedul_flwr.strategies import STRATEGIES
-
-    return {
-        "augment": AUGMENTATIONS.names(),
-        "dataset": DATASETS.names(),
-        "partition": PARTITIONS.names(),
-        "prior-scheme": PRIOR_SCHEMES.names(),
-        "client-setting": SETTINGS.names(),
-        "method": METHODS.names(),
-        "model": MODELS.names(),
-        "strategy": STRATEGIES.names(),
-    }
-
-
 CHOICES: dict[str, tuple[str, ...]] = {
     "aggregation-weights": ("num-examples", "uniform"),
     "device": ("auto", "cpu", "cuda"),
@@ -82,7 +63,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scaffold-option": ("I", "II"),
     "differential-privacy": ("none", "server-fixed", "server-adaptive", "client-local"),
 }
-"""Fixed choice lists of core keys that have no registry of their own."""
+"""Fixed choice lists of core keys that have no registry of their own (the keys chosen from a
+registry are checked by :mod:`fedul_flwr.checks`, which knows the registries)."""
 
 
 class ConfigError(ValueError):
@@ -133,6 +115,7 @@ class RunConfig:
     min_available_nodes: int
     strategy: str
     min_train_nodes: int
+    max_failure_fraction: float
     local_optimizer: str
     local_momentum: float
     lr_decay: float
@@ -297,19 +280,30 @@ def compose_config(
         On an unknown key or a bad preset.
     """
     defaults = default_config()
-    unknown = sorted(set(run_config) - set(defaults))
-    if unknown:
-        raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {sorted(defaults)}")
+    check_keys(run_config)
     typed = set(run_config) if given is None else set(given)
-    unknown = sorted(typed - set(defaults))
-    if unknown:
-        raise ConfigError(f"unknown run-config key(s) {unknown}; valid keys: {sorted(defaults)}")
+    check_keys(typed)
     user = {k: run_config[k] for k in typed if k in run_config}
     preset_name = str(user.get("preset", run_config.get("preset", defaults["preset"])))
     preset = load_preset(preset_name)
     values = {**defaults, **preset, **user}
     sources = {k: "user" if k in user else "preset" if k in preset else "default" for k in values}
     return values, sources
+
+
+def check_keys(keys: Iterable[str]) -> None:
+    """Every key of ``keys`` is a run-config key (of ``[tool.flwr.app.config]``).
+
+    Raises
+    ------
+    ConfigError
+        Naming each unknown key with the closest valid key, then every valid key.
+    """
+    defaults = default_config()
+    unknown = sorted(set(keys) - set(defaults))
+    if unknown:
+        named = ", ".join(f"{k!r}{closest(k, defaults)}" for k in unknown)
+        raise ConfigError(f"unknown run-config key(s) {named}; valid keys: {sorted(defaults)}")
 
 
 def _parse_positive_ints(key: str, value: Any, allow_empty: bool = False) -> tuple[int, ...]:
@@ -354,7 +348,10 @@ def _parse_test_prior(value: Any, dataset: str) -> tuple[float, ...]:
     from fedul_flwr.data.datasets import dataset_info
     from fedul_flwr.transition import parse_test_prior
 
-    num_classes = len(dataset_info(dataset).class_names)
+    try:
+        num_classes = len(dataset_info(dataset).class_names)
+    except ValueError as exc:  # an unknown dataset: the registry's message names the valid ones
+        raise ConfigError(str(exc)) from exc
     try:
         return tuple(float(v) for v in parse_test_prior(value, num_classes))
     except ValueError as exc:
@@ -365,9 +362,12 @@ _FIELD_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
 
 def config_from_values(values: Mapping[str, Any]) -> RunConfig:
-    """Parse and validate a complete dashed-key dict (no preset is applied here).
+    """Parse a complete dashed-key dict (no preset is applied here) and check what the settings
+    alone can tell (:func:`check_values`); the checks that need the registries are
+    :func:`fedul_flwr.checks.validate_config`.
 
-    The clients build their configuration with it from the server's resolved settings.
+    The clients build their configuration with it from the server's resolved (and fully
+    checked) settings.
 
     Raises
     ------
@@ -395,7 +395,7 @@ def config_from_values(values: Mapping[str, Any]) -> RunConfig:
         (key, coerce_value(key, values[key], type(defaults[key]))) for key in sorted(defaults) if key not in CORE_KEYS
     )
     cfg = RunConfig(**kwargs, extra=extra)
-    _validate(cfg)
+    check_values(cfg)
     return cfg
 
 
@@ -418,37 +418,6 @@ def config_from_json(text: str) -> RunConfig:
     return config_from_values(values)
 
 
-def resolve_config(
-    run_config: Mapping[str, Any], given: Iterable[str] | None = None, *, log_sources: bool = False
-) -> RunConfig:
-    """Compose and validate the run configuration.
-
-    Parameters
-    ----------
-    run_config : Mapping[str, Any]
-        ``context.run_config`` (Flower) or any dict of dashed keys (tests, scripts). Keys not
-        given take the preset's value, else their defaults.
-    given : Iterable[str] | None
-        The keys the user typed (see :func:`compose_config`).
-    log_sources : bool
-        Log once which keys came from the preset and which from the user.
-
-    Returns
-    -------
-    RunConfig
-
-    Raises
-    ------
-    ConfigError
-        Naming the key and the offending value.
-    """
-    values, sources = compose_config(run_config, given)
-    cfg = config_from_values(values)
-    if log_sources:
-        log.info("%s", describe_sources(values, sources))
-    return cfg
-
-
 def describe_sources(values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
     """One line naming the preset's keys and the user's keys with their values."""
 
@@ -465,12 +434,18 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def _validate(cfg: RunConfig) -> None:
+def check_values(cfg: RunConfig) -> None:
+    """What the settings alone can tell: the fixed choice lists (:data:`CHOICES`), ranges,
+    rules between keys, the run folder's name (:func:`check_run_name`).
+
+    Raises
+    ------
+    ConfigError
+        Naming the key(s) and the offending value.
+    """
     d = cfg.as_dict()
-    for key, allowed in {**CHOICES, **_registry_choices()}.items():
-        if key == "method" and ":" in d[key]:
-            continue  # an import path "module:Class", checked when imported below
-        _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}")
+    for key, allowed in CHOICES.items():
+        _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}{closest(d[key], allowed)}")
     for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "min-available-nodes", "shards-per-client",
                 "num-labeled"):  # fmt: skip
         _check(d[key] >= 1, f"{key}={d[key]} must be >= 1")
@@ -497,17 +472,14 @@ def _validate(cfg: RunConfig) -> None:
     for key in ("tau", "lr", "dominant-factor"):
         _check(d[key] > 0, f"{key}={d[key]} must be > 0")
     _check(0.0 < cfg.fraction_train <= 1.0, f"fraction-train={cfg.fraction_train} must be in (0, 1]")
+    _check(
+        0.0 <= cfg.max_failure_fraction <= 1.0,
+        f"max-failure-fraction={cfg.max_failure_fraction} must be in [0, 1] (1: never stop for failed replies)",
+    )
     _validate_robustness(cfg)
-    if cfg.resume:
-        from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
-
-        _check(bool(cfg.run_name), "resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")
-        _check(
-            cfg.strategy in RESUMABLE_STRATEGIES,
-            f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
-            "rounds on the server (SCAFFOLD's client control variates live on the clients), so only they can be "
-            "resumed exactly",
-        )
+    check_run_name(cfg.run_name)
+    _check(bool(cfg.run_name) or not cfg.resume,
+           "resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")  # fmt: skip
     _check(
         cfg.dataset == "mnist-sample" or bool(cfg.data_dir),
         f"dataset={cfg.dataset!r} needs data-dir=/absolute/path (a torchvision root)",
@@ -517,13 +489,29 @@ def _validate(cfg: RunConfig) -> None:
         f"data-dir={cfg.data_dir!r} must be absolute: Flower runs the app from its own copy, "
         "so relative paths do not point where you expect",
     )
-    from fedul_flwr.methods import get_method
 
-    try:
-        method = get_method(cfg.method)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    method.check_options(cfg)
+
+def check_run_name(name: str) -> None:
+    """``run-name`` is empty (a name is made up) or one path component: no separator, not
+    ``.`` or ``..``, not absolute, no ``~``, no control character -- so the run folder
+    ``<output-dir>/<run-name>`` always lies inside ``output-dir``.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``run-name``, its value and what is wrong with it.
+    """
+    if not name:
+        return
+    why = (
+        "contains a path separator" if "/" in name or (os.altsep and os.altsep in name) or "\\" in name
+        else "is '.' or '..'" if name in (".", "..")
+        else "starts with '~'" if name.startswith("~")
+        else "contains a control character" if any(ord(c) < 32 or ord(c) == 127 for c in name)
+        else "has leading or trailing spaces" if name != name.strip()
+        else ""
+    )  # fmt: skip
+    _check(not why, f"run-name={name!r} {why}; it must be one folder name inside output-dir, such as 'mnist-fedul-s0'")
 
 
 def _validate_robustness(cfg: RunConfig) -> None:

@@ -54,6 +54,8 @@ class InProcessGrid(Grid):
     ) -> None:
         configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.client_app = client_app
+        self.simulated = all("data-dir" not in c for c in configs)
+        """Whether the nodes are simulated partitions (built by ``client-setting``), not node folders."""
         self.run_config = dict(run_config)
         self.contexts = {
             node_id: Context(

@@ -39,7 +39,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedul_flwr.config import ConfigError, RunConfig, default_config, resolve_config
+from fedul_flwr.checks import check_setting, resolve_config
+from fedul_flwr.config import ConfigError, RunConfig, check_keys, default_config
 from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
 from fedul_flwr.data.sources import dataset_facts, run_dataset_info
@@ -132,8 +133,8 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
 
     info = run_dataset_info(cfg)
     parts = frozenset(SETTING_PARTS[cfg.client_setting])
-    paths = []
-    for i in range(num_nodes):
+    nodes = []
+    for i in range(num_nodes):  # every node is built and checked before the first is written
         client = load_client(cfg, i, num_nodes, parts)
         rng = np.random.default_rng([cfg.seed, i])
 
@@ -145,8 +146,20 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
         if labeled is not None:
             lab = cut(len(labeled))
             labeled = (labeled.x[lab], labeled.y[lab])
+        if client.positive_classes is not None:  # a PU node's positive classes are the classes of its labels
+            kept = set() if labeled is None else {int(c) for c in labeled[1].unique()}
+            lost = [info.class_names[c] for c in client.positive_classes if c not in kept]
+            if lost:
+                raise NodeDataError(
+                    f"node-{i}: positive class(es) {lost} would get no labeled image (--max-set-size {max_size} keeps "
+                    f"{0 if labeled is None else len(labeled[1])} of its {len(client.labeled or ())} labeled images); "
+                    "raise --max-set-size"
+                )
         unlabeled = None if client.unlabeled is None else client.unlabeled[cut(len(client.unlabeled))]
         test = None if client.test is None else (client.test.x, client.test.y)
+        nodes.append((client, labeled, unlabeled, test))
+    paths = []
+    for i, (client, labeled, unlabeled, test) in enumerate(nodes):
         images = client.unlabeled if client.unlabeled is not None else labeled[0]  # type: ignore[index]
         paths.append(
             write_node_dir(
@@ -164,7 +177,9 @@ def _run_config(text: list[str] | None, dataset: str | None) -> RunConfig:
     values = parse_config_args(text) if text else {}
     if dataset:
         values["dataset"] = dataset
-    return resolve_config(values)
+    cfg = resolve_config(values)
+    check_setting(cfg)  # what the simulated split needs (num-sets >= K, a usable class prior)
+    return cfg
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -233,18 +248,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _validate_settings(text: list[str] | None, dataset: str | None) -> DatasetInfo:
     """The dataset facts ``validate`` checks against: ``dataset`` and ``class-names`` from the
-    arguments (the project's default dataset otherwise); other keys are ignored.
+    arguments (the project's default dataset otherwise); other known keys do not change them.
 
     Raises
     ------
     ConfigError
-        On bad ``class-names``.
+        On a key that is not a run-config key (naming the closest valid one), or bad
+        ``class-names``.
     ValueError
         On an unknown dataset.
     """
     from flwr.common.config import parse_config_args
 
     values = parse_config_args(text) if text else {}
+    check_keys(values)  # a typo such as 'datset' must not pass as a check against the default dataset
     name = dataset or str(values.get("dataset", default_config()["dataset"]))
     return dataset_facts(name, str(values.get("class-names", "")))
 

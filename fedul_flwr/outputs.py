@@ -8,6 +8,8 @@
                         val-fraction > 0; for a method with several predictors, the others
                         as test-accuracy-<name> etc.; the train metrics a method records
                         (``Method.recorded_metrics``, e.g. FedDB's APP-U and DMA weights)
+                        failed-replies: the training replies of the round that were errors
+                        (their nodes and error types are named in summary.txt)
         metrics.csv     the same table as CSV
         model.pt        the method's first exchanged model, the classifier f of FedUL and its
                         baselines (``torch.save`` of its state dict; no Q_c)
@@ -23,6 +25,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,9 +35,10 @@ from typing import Any
 
 import torch
 
-from fedul_flwr.config import RunConfig
+from fedul_flwr.config import ConfigError, RunConfig, check_run_name
 
-COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "val-accuracy", "val-error", "wall-time")
+COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "val-accuracy", "val-error", "failed-replies",
+           "wall-time")  # fmt: skip
 
 
 def resolve_output_dir(output_dir: str) -> Path:
@@ -43,6 +47,27 @@ def resolve_output_dir(output_dir: str) -> Path:
     surprising). Returns an absolute path."""
     path = Path(output_dir).expanduser()
     return path if path.is_absolute() else Path.home() / path
+
+
+def run_folder(cfg: RunConfig) -> Path:
+    """``<output-dir>/<run-name>`` (absolute; default name: UTC time, method, dataset,
+    partition, sets, seed). Nothing is created.
+
+    Raises
+    ------
+    ConfigError
+        If ``run-name`` is not one folder name inside ``output-dir``
+        (:func:`fedul_flwr.config.check_run_name`).
+    """
+    check_run_name(cfg.run_name)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    sets = "-".join(str(m) for m in cfg.num_sets)
+    name = cfg.run_name or f"{stamp}-{cfg.method}-{cfg.dataset}-{cfg.partition}-M{sets}-s{cfg.seed}"
+    base = resolve_output_dir(cfg.output_dir)
+    path = base / name
+    if os.path.normpath(path.parent) != os.path.normpath(base):  # defensive: check_run_name guarantees it
+        raise ConfigError(f"run-name={cfg.run_name!r}: the run folder {path} would lie outside output-dir {base}")
+    return path
 
 
 @dataclass
@@ -55,26 +80,31 @@ class RunOutputs:
     started: float = field(default_factory=time.time)
     rows: dict[int, dict[str, float]] = field(default_factory=dict)
     writer: Any = None  # torch.utils.tensorboard.SummaryWriter with tensorboard=true
+    failures: dict[int, set[str]] = field(default_factory=dict)  # node id -> error types of its failed replies
 
     @classmethod
     def create(cls, cfg: RunConfig, primary: str = "f") -> RunOutputs:
-        """Make ``<output-dir>/<run-name>`` (default name: UTC time, method, dataset,
-        partition, sets) and write ``config.json``.
+        """Make the run folder (:func:`run_folder`) and write ``config.json``. The run's
+        settings are all checked before (with ``resume=true`` against the checkpoint,
+        :func:`fedul_flwr.checks.check_resume`): this is the first write of a run.
 
         Raises
         ------
         FileExistsError
             If ``run-name`` names a folder that holds files and ``resume`` is not set: an
             earlier run's metrics and checkpoint are never overwritten.
+        FileNotFoundError
+            With ``resume=true``, if the run folder does not exist (it is not created).
+        ConfigError
+            If ``run-name`` is not one folder name (:func:`run_folder`).
         OSError
             If the folder cannot be created (the message names it).
         ImportError
             With ``tensorboard=true``, if the ``tensorboard`` package is missing.
         """
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-        sets = "-".join(str(m) for m in cfg.num_sets)
-        name = cfg.run_name or f"{stamp}-{cfg.method}-{cfg.dataset}-{cfg.partition}-M{sets}-s{cfg.seed}"
-        path = resolve_output_dir(cfg.output_dir) / name
+        path = run_folder(cfg)
+        if cfg.resume and not path.is_dir():
+            raise FileNotFoundError(f"resume=true: run folder {path} does not exist")
         if cfg.run_name and not cfg.resume and path.is_dir() and any(path.iterdir()):
             raise FileExistsError(
                 f"run folder {path} exists (run-name={cfg.run_name!r}): set resume=true to continue that run, "
@@ -88,10 +118,12 @@ class RunOutputs:
         return cls(path=path, cfg=cfg, primary=primary, writer=_tensorboard_writer(path) if cfg.tensorboard else None)
 
     def record(self, server_round: int, **metrics: float | list[float]) -> None:
-        """Merge metrics of ``server_round`` (numbers, or lists of numbers such as a K-vector)
-        into the table and rewrite metrics.json/.csv."""
+        """Merge metrics of ``server_round`` (numbers, or lists of numbers such as a K-vector;
+        ints such as a count stay ints, the rest become floats) into the table and rewrite
+        metrics.json/.csv."""
         row = self.rows.setdefault(server_round, {"round": server_round})
-        row.update({k: [float(x) for x in v] if isinstance(v, list) else float(v) for k, v in metrics.items()})
+        row.update({k: [float(x) for x in v] if isinstance(v, list) else v if type(v) is int else float(v)
+                    for k, v in metrics.items()})  # fmt: skip
         row.setdefault("wall-time", time.time() - self.started)
         self._write_tables()
         if self.writer is not None:
@@ -99,6 +131,13 @@ class RunOutputs:
                 for tag, x in ([(f"{key}/{i}", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]):
                     self.writer.add_scalar(tag, float(x), global_step=server_round)
             self.writer.flush()
+
+    def record_failures(self, server_round: int, failures: list[tuple[int, str]]) -> None:
+        """Record the failed training replies of ``server_round`` (node id, error type): their
+        count in the round's ``failed-replies`` column, the nodes and types for the summary."""
+        for node, kind in failures:
+            self.failures.setdefault(node, set()).add(kind)
+        self.record(server_round, **{"failed-replies": len(failures)})
 
     def close(self) -> None:
         """Close the TensorBoard writer, if any (the tables are complete after every record)."""
@@ -156,15 +195,19 @@ class RunOutputs:
         return ["test-accuracy", *sorted(keys)]
 
     def summary(self, num_clients: int) -> str:
-        """One line: method, dataset, clients, sets, rounds, final and best test accuracy (and
+        """One line: method, dataset, clients, sets, rounds, the failed training replies (their
+        count and, per failed node, its id and error types), final and best test accuracy (and
         the final accuracy of every other predictor), wall time. Also written to ``summary.txt``."""
         acc = {r: row["test-accuracy"] for r, row in self.rows.items() if "test-accuracy" in row}
         last = max(acc) if acc else 0
         best = max(acc, key=lambda r: acc[r]) if acc else 0
+        failed = ",".join(f"{node}({'/'.join(sorted(kinds))})" for node, kinds in sorted(self.failures.items()))
         line = (
             f"fedul-flwr: method={self.cfg.method} preset={self.cfg.preset or 'none'} dataset={self.cfg.dataset} partition={self.cfg.partition} "
             f"clients={num_clients} sets={','.join(map(str, self.cfg.num_sets))} rounds={last} "
-            f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
+            f"failed-replies={sum(int(row.get('failed-replies', 0)) for row in self.rows.values())} "
+            + (f"failed-nodes={failed} " if failed else "")
+            + f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
             f"best-test-accuracy={100 * acc.get(best, math.nan):.2f}% (round {best}) "
             + "".join(f"final-{k}={100 * self.rows.get(last, {}).get(k, math.nan):.2f}% " for k in self._accuracy_keys()[1:])
             + f"wall-time={time.time() - self.started:.1f}s run-dir={self.path}"

@@ -9,12 +9,20 @@ nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "UnknownChoiceError"]
+__all__ = ["Registry", "UnknownChoiceError", "closest"]
+
+
+def closest(name: str, valid: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the valid name nearest to a mistyped ``name``
+    (:func:`difflib.get_close_matches`, similarity >= 0.6), else ``""``; for error messages."""
+    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1)
+    return f" (did you mean {match[0]!r}?)" if match else ""
 
 
 class UnknownChoiceError(ValueError):
@@ -73,7 +81,7 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise UnknownChoiceError(f"{self.key}={name!r} is not one of {self.names()}") from None
+            raise UnknownChoiceError(f"{self.key}={name!r} is not one of {self.names()}{closest(name, self._items)}") from None
 
     def names(self) -> tuple[str, ...]:
         """Registered names, in registration order."""

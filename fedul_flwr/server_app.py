@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import time
-from logging import INFO
+from logging import ERROR, INFO
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
@@ -18,13 +18,14 @@ from flwr.serverapp import Grid, ServerApp
 from torch import nn
 
 from fedul_flwr import wire
-from fedul_flwr.checkpoint import load_checkpoint, restore_strategy_state, save_checkpoint
-from fedul_flwr.config import RunConfig, compose_config, config_from_values, describe_sources
+from fedul_flwr.checkpoint import CheckpointError, restore_strategy_state, save_checkpoint
+from fedul_flwr.checks import check_before_round_one, check_resume
+from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
-from fedul_flwr.outputs import RunOutputs, read_metrics, running_time
+from fedul_flwr.outputs import RunOutputs, read_metrics, run_folder, running_time
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
 from fedul_flwr.training import evaluate_predictors
@@ -68,15 +69,25 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     metric table, the plot and a summary line are written to the run folder, and after every
     round ``checkpoint.pt`` (the global arrays, the round and the strategy's state,
     :mod:`fedul_flwr.checkpoint`); with ``resume=true`` the run continues from the
-    checkpoint of ``<output-dir>/<run-name>`` up to ``num-rounds``.
+    checkpoint of ``<output-dir>/<run-name>`` up to ``num-rounds``. Every round's failed
+    training replies go on record (``failed-replies``, and the failed nodes in the summary).
+
+    Every check that needs no node's data runs first
+    (:func:`fedul_flwr.checks.check_before_round_one`, and with ``resume=true``
+    :func:`fedul_flwr.checks.check_resume`): a refused run writes nothing.
 
     Raises
     ------
+    ConfigError
+        From the checks before round 1 (names the key and value).
     NoSuccessfulReplyError
-        If a round gets no successful client reply.
+        If a round gets too few successful client replies (``min-train-nodes``) or too many
+        failed ones (``max-failure-fraction``).
     CheckpointError
         With ``resume=true``, if the run folder has no readable checkpoint.
     """
+    check_before_round_one(cfg, grid)
+    ckpt = check_resume(cfg, run_folder(cfg)) if cfg.resume else None
     configure_threads(cfg.client_threads)
     device = pick_device(cfg.device)
     acceleration = loop_acceleration(cfg, device)
@@ -101,10 +112,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     start_round = 0  # rounds already done by the run being resumed (resume=true)
     strategy = build_strategy(cfg, method.aggregation())
     initial_arrays = ArrayRecord(models.state_dict())
-    if cfg.resume:
-        ckpt = load_checkpoint(outputs.path)
-        if ckpt.round >= cfg.num_rounds:
-            raise ValueError(f"{outputs.path}: checkpoint of round {ckpt.round} >= num-rounds={cfg.num_rounds}; nothing to resume")
+    if ckpt is not None:
         start_round = ckpt.round
         models.load_state_dict(ckpt.state_dict)
         initial_arrays = ArrayRecord(ckpt.state_dict)  # as the strategy held them (FedOpt: float64)
@@ -142,6 +150,10 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
             keys = (wire.TRAIN_LOSS, *method.recorded_metrics)
             outputs.record(server_round, **{k: train[k] for k in keys if k in train})
             inner_strategy(strategy).last_train_metrics = None
+        failures = inner_strategy(strategy).last_failures  # this round's failed training replies
+        if failures is not None:
+            outputs.record_failures(server_round, failures)
+            inner_strategy(strategy).last_failures = None
         outputs.record(server_round, **metrics)
         if server_round > start_round:  # every finished round, once its row is written: the models, their
             # round, the strategy state -- the global arrays as the strategy holds them, not the models'
@@ -168,13 +180,18 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Flower entry point: resolve the settings (what the user typed wins over the preset),
-    run the federation, print the summary."""
+    run the federation, print the summary. A run refused by a check before round 1 logs one
+    line naming the key and value, then fails."""
     start = time.time()
     typed = grid.run.override_config.keys()  # the --run-config values, as the SuperLink keeps them
-    values, sources = compose_config(context.run_config, given=typed)
-    cfg = config_from_values(values)
-    log(INFO, "fedul-flwr: %s", describe_sources(values, sources))
-    outputs = run_federation(grid, cfg)
+    try:
+        values, sources = compose_config(context.run_config, given=typed)
+        cfg = config_from_values(values)
+        log(INFO, "fedul-flwr: %s", describe_sources(values, sources))
+        outputs = run_federation(grid, cfg)
+    except (ConfigError, CheckpointError) as exc:
+        log(ERROR, "fedul-flwr: run refused before round 1, nothing written: %s", exc)
+        raise
     line = outputs.summary(num_clients=len(list(grid.get_node_ids())))
     print(line, flush=True)  # the run's one-line summary, shown by `flwr run --stream` / `flwr log`
     log(INFO, "fedul-flwr: finished in %.1fs", time.time() - start)

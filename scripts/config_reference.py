@@ -165,6 +165,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "FedUL authors' code)",
         "fraction-train": "share of connected nodes sampled per round",
         "min-train-nodes": "at least this many nodes per round (must be <= `min-available-nodes`)",
+        "max-failure-fraction": "stop the run (with the nodes' errors) when more than this share of a round's "
+        "training replies are errors; default 0.5: a minority of failing nodes is survived, a failing majority "
+        "(almost always a shared cause) stops the run; 1: only `min-train-nodes` counts. Failed replies are "
+        "recorded either way (`failed-replies` per round, failed nodes in the summary)",
         "min-available-nodes": "nodes that must be connected before a round starts",
         "proximal-mu": "FedProx mu (0 = FedAvg)",
         "server-lr": "server step size; `0` = the strategy's default: FedAvgM 1.0, SCAFFOLD eta_g 1.0, FedAdam "
@@ -195,9 +199,12 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "tensorboard": "also write the metrics of every round as TensorBoard event files to `<run folder>/tensorboard` "
         "(`pip install \"fedul-flwr[tensorboard]\"` on the server; `tensorboard --logdir <output-dir>`)",
         "output-dir": "where run folders go (on the SuperLink's machine in a deployment; use absolute paths)",
-        "run-name": "run folder name (default: time, method, dataset, partition, sets, seed)",
+        "run-name": "run folder name, one folder inside `output-dir` (no `/`, not `.` or `..`; default: time, "
+        "method, dataset, partition, sets, seed)",
         "resume": "continue the run `<output-dir>/<run-name>` from its `checkpoint.pt` up to `num-rounds` "
-        "(needs `run-name`; every strategy but `scaffold`)",
+        "(needs `run-name`; every strategy but `scaffold`); refused, with nothing written, unless the checkpoint "
+        "was written with the same settings (only `num-rounds`, `output-dir`, `run-name`, `tensorboard`, "
+        "`eval-batch-size`, `max-failure-fraction` may differ)",
         "eval-batch-size": "batch size of evaluation (under `torch.inference_mode`)",
         "device": "`auto` (CUDA when present), `cpu`, `cuda`",
         "client-threads": "torch threads per client: `0` = the client's CPU share (`OMP_NUM_THREADS`, set by Ray "
@@ -235,7 +242,10 @@ and hold only the values they change; `preset='<name>'` selects one. Precedence:
 preset < what you typed, also where a typed value equals the default. The server logs which
 keys came from the preset and which from you, resolves the settings once and sends them to
 the clients ([the method interface](methods.md#configuration-what-you-type-wins)). Bad values
-fail before round 1, naming the key.
+fail before round 1 and before the run folder exists, naming the key
+([checks before round 1](deployment.md#3-run-and-monitor)); `fedul check --run-config '...'`
+runs the same checks before `flwr run` and names a mistyped key with the closest valid one,
+which Flower's own refusal (`Invalid run configuration`) does not.
 
 *Allowed* comes from the code: the registries for the keys chosen by name, and each method's
 declared options (a method validates its own options, only when it runs). The number of
@@ -265,9 +275,10 @@ def _type_name(value: Any) -> str:
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from fedul_flwr.config import CHOICES, _registry_choices
+    from fedul_flwr.checks import registry_choices
+    from fedul_flwr.config import CHOICES
 
-    return {**CHOICES, **_registry_choices()}
+    return {**CHOICES, **registry_choices()}
 
 
 def _method_options() -> dict[str, tuple[str, list[str]]]:

@@ -151,10 +151,12 @@ if [[ $TLS == 1 ]]; then  # a SuperNode whose key was never registered must be r
   echo "a SuperNode with an unregistered key was refused (see $WORKDIR/intruder.log)"
 fi
 
-# 4. submit the run (all N nodes take part in every round)
+# 4. submit the run (all N nodes take part in every round); the settings are checked first,
+# since Flower refuses an unknown key without naming it
 cd "$REPO"
-SUBMIT="$(flwr run . "$CONNECTION" --format json --run-config \
-  "min-available-nodes=$NODES min-train-nodes=$NODES device=\"cpu\" output-dir=\"$WORKDIR/runs\" $RUN_CONFIG")"
+SETTINGS="min-available-nodes=$NODES min-train-nodes=$NODES device=\"cpu\" output-dir=\"$WORKDIR/runs\" $RUN_CONFIG"
+fedul check --no-simulation --run-config "$SETTINGS" > /dev/null
+SUBMIT="$(flwr run . "$CONNECTION" --format json --run-config "$SETTINGS")"
 RUN_ID="$(python -c 'import json,sys; print(json.load(sys.stdin)["run-id"])' <<< "$SUBMIT")"
 echo "run $RUN_ID submitted; logs in $WORKDIR"
 

@@ -4,8 +4,11 @@
 # Usage: scripts/make_certs.sh [--out DIR] [--nodes N] [--host NAME]...
 #   --out DIR     output folder (default $HOME/.fedul-flwr/certificates, outside the repository);
 #                 existing files are never overwritten
-#   --owner U:G   who may read the key files (default 49999:49999, the user Flower's Docker
-#                 images run as); applied when run as root, else the chown to run is printed
+#   --owner U:G   who may read the private keys the containers use, server.key and the
+#                 supernode-<i> keys this run creates (default 49999:49999, the user Flower's
+#                 Docker images run as); applied when run as root, else the chown to run is
+#                 printed. Nothing else changes owner: not ca.key, not the folder, not a file
+#                 that was there before
 #   --nodes N     number of SuperNode key pairs (default 3)
 #   --host NAME   a DNS name or IP address the SuperLink is reached by; repeatable
 #                 (default: localhost, 127.0.0.1, ::1). Put your server's name here.
@@ -36,7 +39,7 @@ while [[ $# -gt 0 ]]; do
     --host) HOSTS+=("$2"); shift 2 ;;
     --days) DAYS="$2"; shift 2 ;;
     --owner) OWNER="$2"; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -67,17 +70,24 @@ openssl x509 -req -in "$OUT/server.csr" -CA "$OUT/ca.crt" -CAkey "$OUT/ca.key" -
 rm -f "$OUT/server.csr" "$OUT/server.ext" "$OUT/ca.srl"
 chmod 644 "$OUT/ca.crt" "$OUT/server.pem"
 
-# SuperNode authentication key pairs (ECDSA on NIST P-384, as Flower requires)
+# SuperNode authentication key pairs (ECDSA on NIST P-384, as Flower requires); a key that
+# exists is kept as it is
+CONTAINER_KEYS=("$OUT/server.key")  # the private keys a container reads, created by this run
 for ((i = 0; i < NODES; i++)); do
   key="$OUT/supernode-$i"
-  [[ -e "$key" ]] || ssh-keygen -q -t ecdsa -b 384 -N "" -C "fedul-supernode-$i" -f "$key"
+  if [[ ! -e "$key" ]]; then
+    ssh-keygen -q -t ecdsa -b 384 -N "" -C "fedul-supernode-$i" -f "$key"
+    CONTAINER_KEYS+=("$key")
+  fi
 done
 
 openssl verify -CAfile "$OUT/ca.crt" "$OUT/server.pem" > /dev/null
 echo "wrote $OUT: ca.crt, server.pem/.key (SAN $SAN), $NODES SuperNode key pairs supernode-<i>[.pub]"
-# private keys stay mode 600; the containers' user must own them to read them
+# private keys stay mode 600; the containers' user must own those it reads. The CA key, the
+# folder and every file that was there before keep their owner (certificates and public keys
+# are world-readable, mode 644)
 if [[ "$(id -u)" == 0 ]]; then
-  chown -R "$OWNER" "$OUT" && echo "handed $OUT to $OWNER (the containers' user)"
+  chown "$OWNER" "${CONTAINER_KEYS[@]}" && echo "handed ${CONTAINER_KEYS[*]} to $OWNER (the containers' user)"
 else
-  echo "for the Docker images (uid ${OWNER%%:*}): sudo chown -R $OWNER $OUT   (the keys stay private, mode 600)"
+  echo "for the Docker images (uid ${OWNER%%:*}): sudo chown $OWNER ${CONTAINER_KEYS[*]}   (they stay private, mode 600)"
 fi

@@ -153,6 +153,28 @@ class SuperLink:
         return log
 
 
+def wait_healthy(process: subprocess.Popen, port: int, log_file: Path | None = None, timeout: float = 60) -> None:
+    """Wait until the SuperLink ``process`` answers ``/health`` on ``127.0.0.1:<port>``.
+
+    Raises
+    ------
+    AssertionError
+        If the process exits first (naming its log file).
+    TimeoutError
+        If it is not healthy within ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"flower-superlink exited with {process.returncode}; see {log_file}"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"SuperLink did not become healthy within {timeout:g} s; see {log_file}")
+
+
 @contextmanager
 def superlink(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterator[SuperLink]:
     """Start a simulation SuperLink on free ports; stop it (and its children) on exit.
@@ -185,17 +207,7 @@ def superlink(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterat
     ]
     process = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert process.poll() is None, f"flower-superlink exited with {process.returncode}; see {log_file}"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        else:
-            raise TimeoutError("SuperLink did not become healthy within 60 s")
+        wait_healthy(process, port, log_file)
         yield SuperLink(process=process, connection="test", env=env, log_file=log_file)
     finally:
         try:

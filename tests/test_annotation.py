@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedul_flwr.config import resolve_config
+from fedul_flwr.checks import resolve_config
 from fedul_flwr.data import simulated
 from fedul_flwr.data.annotation import label_fractions, labeled_rows, parse_layout
 

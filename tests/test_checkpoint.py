@@ -12,7 +12,8 @@ import torch
 
 from fedul_flwr.checkpoint import CheckpointError, load_checkpoint
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.config import ConfigError, resolve_config
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import read_metrics
 from fedul_flwr.server_app import run_federation

@@ -7,7 +7,8 @@ import tomllib
 
 import pytest
 
-from fedul_flwr.config import CONF_DIR, CORE_KEYS, PYPROJECT, ConfigError, compose_config, default_config, resolve_config
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.config import CONF_DIR, CORE_KEYS, PYPROJECT, ConfigError, compose_config, default_config
 from fedul_flwr.methods import METHODS
 
 

@@ -5,6 +5,7 @@ nodes training in every round."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
@@ -111,19 +112,9 @@ class _Federation:
         )
 
     def _wait_healthy(self) -> None:
-        import time
+        from tests.flower_harness import wait_healthy
 
-        import httpx
-
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=1).is_success:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise TimeoutError(f"SuperLink not healthy after 60 s; see {self.tmp / 'superlink.log'}")
+        wait_healthy(self.procs["superlink"], self.port, self.tmp / "superlink.log")
 
     def start_node(self, i: int) -> None:
         self._start(f"supernode-{i}", ["flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{self.port}",
@@ -166,7 +157,7 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     restarted node trains again in the last round."""
     import time
 
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
     from fedul_flwr.node_data import write_nodes
 
     node_dirs = write_nodes(resolve_config({"num-sets": 10, "seed": 7}), tmp_path / "nodes", 3, max_set_size=12)
@@ -238,7 +229,7 @@ def _two_rounds_on_simulated_nodes(
     that every aggregation got ``per_aggregation`` replies and no failure (all three nodes,
     unless a method aggregates each model over the nodes that sent it); returns the log, the
     folders and metrics.json."""
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
     from fedul_flwr.node_data import write_nodes
 
     node_dirs = write_nodes(resolve_config(setting), tmp_path / "nodes", 3, max_set_size=max_set_size)
@@ -301,3 +292,41 @@ def test_annotation_heterogeneity_nodes_train_hassle_on_loopback(tmp_path: Path)
     assert [(d / "labeled").is_dir() for d in node_dirs] == [True, True, False]
     assert [(d / "unlabeled").is_dir() for d in node_dirs] == [False, True, True]
     assert all({"test-accuracy-SM", "test-accuracy-UM"} <= set(row) for row in metrics)
+
+
+def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_path: Path) -> None:
+    """Two of three real SuperNodes hold a broken node folder (a priors.csv row that does not
+    sum to 1), so their ClientApps fail in every round. With the default max-failure-fraction
+    (0.5) the run stops in round 1 as failed, with both nodes' NodeDataError; with 1.0 it goes
+    on with the good node, and metrics.csv counts 2 failed replies in each of the 2 rounds
+    while the summary names both failed nodes and their error type."""
+    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.node_data import write_nodes
+
+    node_dirs = write_nodes(resolve_config({"num-sets": 10, "seed": 3}), tmp_path / "nodes", 3, max_set_size=12)
+    for bad in node_dirs[1:]:
+        lines = (bad / "priors.csv").read_text().splitlines()
+        lines[2] = lines[2].rsplit(",", 1)[0] + ",0.9"
+        (bad / "priors.csv").write_text("\n".join(lines) + "\n")
+    fed = _Federation(tmp_path, node_dirs)
+    runs = tmp_path / "runs"
+    common = (f'num-rounds=2 num-sets=10 batch-size=32 min-available-nodes=3 min-train-nodes=1 device="cpu" '
+              f'output-dir="{runs}"')  # fmt: skip
+    try:
+        stopped, stopped_log = fed.wait(fed.submit(f'{common} run-name="stops"'))
+        went_on, went_on_log = fed.wait(fed.submit(f'{common} run-name="goes-on" max-failure-fraction=1.0'))
+    finally:
+        fed.close()
+    assert stopped == "finished:failed", stopped_log[-4000:]
+    assert "2 of 3 training replies failed, more than max-failure-fraction=0.5 allows" in stopped_log, stopped_log[-4000:]
+    assert stopped_log.count("NodeDataError") >= 2 and "priors.csv" in stopped_log
+    assert not (runs / "stops" / "checkpoint.pt").exists()
+
+    assert went_on == "finished:completed", went_on_log[-4000:]
+    per_round = re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", went_on_log)
+    assert per_round == [("1", "2")] * 2, went_on_log[-4000:]
+    with (runs / "goes-on" / "metrics.csv").open() as fh:
+        assert [(row["round"], row["failed-replies"]) for row in csv.DictReader(fh)] == [("0", ""), ("1", "2"), ("2", "2")]
+    summary = (runs / "goes-on" / "summary.txt").read_text()
+    failed = re.search(r"failed-replies=4 failed-nodes=(\d+)\(NodeDataError\),(\d+)\(NodeDataError\) ", summary)
+    assert failed and "clients=3" in summary, summary

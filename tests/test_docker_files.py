@@ -95,6 +95,21 @@ def test_tls_overlay_uses_the_files_make_certs_writes() -> None:
         assert name in script
 
 
+def test_insecure_superlink_is_published_on_loopback_only() -> None:
+    """compose.yaml's SuperLink has no TLS, no node authentication and serves the Control API on
+    the same port: it is published on 127.0.0.1 only, and no service of that file publishes a
+    port on another interface. compose.tls.yaml adds a port on every interface (nodes on
+    other machines connect over TLS with registered keys); docs/docker.md says so."""
+    base = _load("compose.yaml")["services"]
+    assert "--insecure" in base["superlink"]["command"]
+    published = {name: service["ports"] for name, service in base.items() if service.get("ports")}
+    assert published == {"superlink": ["127.0.0.1:9092:9092"]}
+    tls = _load("compose.tls.yaml")["services"]
+    assert {name: service["ports"] for name, service in tls.items() if service.get("ports")} == {"superlink": ["9093:9092"]}
+    docs = (DOCKER.parent / "docs" / "docker.md").read_text()
+    assert "127.0.0.1:9092" in docs and ":9093" in docs
+
+
 def _compose_command() -> list[str] | None:
     """``docker compose`` (v2 plugin) where it works, else the standalone ``docker-compose``."""
     if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
@@ -180,3 +195,31 @@ def test_compose_stack_runs_two_rounds(tmp_path: Path) -> None:
         assert [r["round"] for r in rows] == [0, 1, 2]
     finally:
         subprocess.run([*compose, "down", "-v"], capture_output=True, env=env, timeout=600)
+
+
+@pytest.mark.skipif(
+    not (shutil.which("openssl") and shutil.which("ssh-keygen")) or os.geteuid() != 0,
+    reason="needs openssl, ssh-keygen and root (the owner change happens only as root)",
+)
+def test_make_certs_hands_only_the_containers_keys_to_their_user(tmp_path: Path) -> None:
+    """Run as root into a folder that already holds a file and one SuperNode key:
+    ``make_certs.sh`` gives the containers' user (``--owner``) only the private keys the
+    containers read and it created (server.key, the new supernode-<i>); the CA key, the
+    folder, the certificates and the files that were there before keep their owner."""
+    out = tmp_path / "certs"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    old_key = out / "supernode-0"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", str(old_key)], check=True)
+    proc = subprocess.run(
+        ["bash", str(DOCKER.parent / "scripts" / "make_certs.sh"), "--out", str(out), "--nodes", "2",
+         "--owner", "49999:49999"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    owner = {p.name: (p.stat().st_uid, p.stat().st_gid) for p in [out, *out.iterdir()]}
+    handed = {"server.key", "supernode-1"}
+    assert {name for name, ids in owner.items() if ids == (49999, 49999)} == handed, owner
+    for name in ("certs", "ca.key", "ca.crt", "server.pem", "notes.txt", "supernode-0", "supernode-0.pub", "supernode-1.pub"):
+        assert owner[name] == (0, 0), (name, owner[name])
+    assert all((out / name).stat().st_mode & 0o077 == 0 for name in ("ca.key", *handed))  # private keys stay 600

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.config import resolve_config
+from fedul_flwr.checks import resolve_config
 from fedul_flwr.data import simulated
 from fedul_flwr.data.labels_at_clients import draw_labeled_pool, split_to_clients
 from fedul_flwr.data.partition import dirichlet_partition, iid_partition

@@ -77,3 +77,21 @@ def test_fedpl_metrics_do_not_depend_on_ray_actor_placement(tmp_path: Path) -> N
     strip = lambda rows: [{k: v for k, v in r.items() if "time" not in k} for r in rows]  # noqa: E731
     assert strip(metrics[1]) == strip(metrics[2])
     assert metrics[1][2]["test-accuracy"] > metrics[1][0]["test-accuracy"]
+
+
+def test_settings_refused_before_round_1_fail_the_run_in_one_line_and_leave_no_folder(tmp_path: Path) -> None:
+    """Through a real SuperLink (simulation engine): ``num-sets=5`` (fewer U sets than MNIST's
+    10 classes) is refused by the ServerApp before any client trains, the run ends
+    ``finished:failed`` with one log line naming the key and value, no run folder is left,
+    and the same run-name then runs with working settings."""
+    out = tmp_path / "runs"
+    with superlink(tmp_path) as link:
+        record, log = link.run_app(f"num-sets=5 num-rounds=1 output-dir='{out}' run-name='same'",
+                                   "num-supernodes=2 client-resources-num-cpus=1")  # fmt: skip
+        assert record.get("status") == "finished:failed", (record, log[-3000:])
+        refused = [line for line in log.splitlines() if "run refused before round 1" in line]
+        assert len(refused) == 1 and "num-sets=5: every simulated client needs M_c >= K=10" in refused[0], log[-3000:]
+        assert "configure_train" not in log  # no client was asked to train
+        assert not (out / "same").exists()
+        link.run_to_completion(f"num-rounds=1 samples-per-client=200 output-dir='{out}' run-name='same'",
+                               "num-supernodes=2 client-resources-num-cpus=1", out / "same")  # fmt: skip

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.config import ConfigError, resolve_config
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
 from fedul_flwr.server_app import run_federation

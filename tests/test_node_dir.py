@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedul_flwr.config import resolve_config
+from fedul_flwr.checks import resolve_config
 from fedul_flwr.data.node_dir import (
     LAYOUTS,
     NodeDataError,
@@ -560,3 +561,60 @@ def test_cli_write_labeled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 def test_node_config_without_data_names_the_keys() -> None:
     with pytest.raises(ValueError, match="data-dir=/path"):
         client_from_node_config(resolve_config({}), {"something": 1}, method="fedul", parts=("unlabeled", "usets"))
+
+
+# --------------------------------------------------------------------------- refusals of the tool
+
+
+@pytest.mark.parametrize(
+    ("row", "fragment"),
+    [("0," * (len(CLASSES) - 1) + "0", "every class prior is 0"), ("nan," + "0.1," * (len(CLASSES) - 1), "not a finite"),
+     ("inf," + "0.1," * (len(CLASSES) - 1), "'inf' is not a finite number")],
+    ids=["all-zero", "nan", "inf"],
+)
+def test_class_prior_must_be_finite_and_not_all_zero(tmp_path: Path, row: str, fragment: str) -> None:
+    """A positive-unlabeled node told a prior of zero for every class (or a non-finite one)
+    would train on a meaningless risk: the folder is refused, naming the file and line."""
+    root = tmp_path / "node"
+    _add_labeled(root)
+    _add_unlabeled(root)
+    (root / "class_prior.csv").write_text(",".join(CLASSES) + "\n" + row.rstrip(",") + "\n")
+    _expect(root, "class_prior.csv", "line 2", fragment)
+
+
+def test_validate_refuses_an_unknown_run_config_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A mistyped key would leave the folder checked against the default dataset: refused,
+    naming the key, the closest valid one and the valid keys; a known key still passes."""
+    out = tmp_path / "nodes"
+    assert node_data_main(["write", "--out", str(out), "--num-nodes", "1", "--max-set-size", "2",
+                           "--run-config", "num-sets=10"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert node_data_main(["validate", str(out / "node-0"), "--run-config", 'datset="cifar10"']) == 1
+    err = capsys.readouterr().err
+    assert "'datset' (did you mean 'dataset'?)" in err and "valid keys" in err and "\n" not in err.strip()
+    assert node_data_main(["validate", str(out / "node-0"), "--run-config", 'seed=3 dataset="mnist-sample"']) == 0
+    assert node_data_main(["write", "--out", str(tmp_path / "other"), "--num-nodes", "1",
+                           "--run-config", "num-set=10"]) == 1  # fmt: skip
+    assert "'num-set' (did you mean 'num-sets'?)" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+
+
+def test_write_refuses_a_positive_class_without_a_labeled_image(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--max-set-size 1`` would keep one labeled image of a node meant to label two classes,
+    so the node would label one class only: refused, naming the node and the class, before any
+    node folder is written."""
+    out = tmp_path / "nodes"
+    args = ["write", "--out", str(out), "--num-nodes", "5", "--run-config", 'client-setting="pu" positive-classes="2"']
+    assert node_data_main([*args, "--max-set-size", "1"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"node-0: positive class\(es\) \['\d - \w+'\] would get no labeled image", err), err
+    assert not out.exists() or not any(out.iterdir())
+    assert node_data_main([*args, "--max-set-size", "40"]) == 0
+    for i in range(5):  # each node labels both of its classes
+        assert len(np.unique(np.load(out / f"node-{i}" / "labeled" / "labels.npy"))) == 2
+
+
+def test_write_refuses_fewer_sets_than_classes_before_writing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nodes"
+    assert node_data_main(["write", "--out", str(out), "--num-nodes", "2", "--run-config", "num-sets=5"]) == 1
+    assert "num-sets=5" in capsys.readouterr().err and not out.exists()

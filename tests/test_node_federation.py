@@ -13,7 +13,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.config import resolve_config
+from fedul_flwr.checks import resolve_config
 from fedul_flwr.data.simulated import client_usets
 from fedul_flwr.data.sources import node_key, run_dataset_info
 from fedul_flwr.inprocess import InProcessGrid

@@ -14,7 +14,8 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.config import ConfigError, resolve_config
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import get_method
 from fedul_flwr.server_app import global_models, run_federation

@@ -36,7 +36,8 @@ from fedul_flwr.client_update import (
     prepare_client_update,
     shared_parameters,
 )
-from fedul_flwr.config import ConfigError, resolve_config
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.base import Batch, LocalTask, Stream
 from fedul_flwr.strategies import STRATEGIES, build_strategy, reply_order, strict

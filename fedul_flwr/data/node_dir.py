@@ -24,7 +24,8 @@ plus optional metadata and a local test split::
 
     class prior ("class-prior" part; optional, FedPU):
     <dir>/class_prior.csv         header ``<class name 1>,...,<class name K>``, one row of K
-                                  values in [0, 1]: the class prior pi the node is told
+                                  finite values in [0, 1], not all zero: the class prior pi
+                                  the node is told
 
     <dir>/meta.json               optional: ``{"dataset": ..., "image_size": H,
                                   "channels": C, "class_names": [...]}``; checked against
@@ -306,13 +307,15 @@ def _read_priors(path: Path, class_names: Sequence[str]) -> tuple[list[str], np.
 
 
 def _read_class_prior(path: Path, class_names: Sequence[str]) -> np.ndarray:
-    """``class_prior.csv``: header = the K class names, one row of K values in [0, 1].
+    """``class_prior.csv``: header = the K class names, one row of K finite values in [0, 1],
+    not all zero.
 
     Raises
     ------
     NodeDataError
         On a header that is not the run's class names, not exactly one data row, a value
-        that is not a number or lies outside [0, 1] (names the file, line and value).
+        that is not a finite number or lies outside [0, 1], or a row of zeros (names the
+        file, line and value).
     """
     try:
         with path.open(newline="", encoding="utf-8") as fh:
@@ -333,9 +336,14 @@ def _read_class_prior(path: Path, class_names: Sequence[str]) -> np.ndarray:
             value = float(cell)
         except ValueError:
             raise NodeDataError(f"{path}: line 2, class {name!r}: {cell!r} is not a number") from None
+        if not math.isfinite(value):
+            raise NodeDataError(f"{path}: line 2, class {name!r}: {cell.strip()!r} is not a finite number")
         if not 0.0 <= value <= 1.0:
             raise NodeDataError(f"{path}: line 2, class {name!r}: {value} is outside [0, 1]")
         values.append(value)
+    if not any(values):
+        raise NodeDataError(f"{path}: line 2: every class prior is 0; the positive-unlabeled risk needs the share "
+                            "pi of each positive class among the node's images")  # fmt: skip
     return np.asarray(values, dtype=np.float64)
 
 

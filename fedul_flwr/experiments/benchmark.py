@@ -108,7 +108,8 @@ from fedul_flwr.acceleration import Acceleration, native_bf16
 from fedul_flwr.augment import build_augmentation
 from fedul_flwr.experiments.augment_bench import augment_markdown, section_augment
 from fedul_flwr.checkpoint import save_checkpoint
-from fedul_flwr.config import RunConfig, resolve_config
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.config import RunConfig
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset

@@ -148,7 +148,7 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     import torch
 
     from fedul_flwr.client_app import app
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
     from fedul_flwr.data import simulated
     from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.methods import get_method
@@ -195,14 +195,14 @@ def resumable_round(run_config: Mapping[str, Any]) -> int:
     """Last round of an unfinished run that can be continued from its checkpoint, else 0.
 
     A run folder without a record holds a stopped run. It is continued (``resume=true``)
-    where its ``checkpoint.pt`` was written with the same resolved settings (``resume`` and
-    ``num-rounds`` aside) and the strategy keeps all its state on the server
-    (:data:`~fedul_flwr.checkpoint.RESUMABLE_STRATEGIES`); such a run ends with the weights
+    where its ``checkpoint.pt`` was written with the same resolved settings (those of
+    :data:`~fedul_flwr.checks.RESUME_FREE_KEYS` aside, ``num-rounds`` among them) and the
+    strategy keeps all its state on the server (:data:`~fedul_flwr.checkpoint.RESUMABLE_STRATEGIES`); such a run ends with the weights
     of an uninterrupted one. Anything else (no or unreadable checkpoint, other settings,
     SCAFFOLD) is started afresh (0).
     """
     from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, load_checkpoint
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config, resume_conflicts
 
     if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
         return 0
@@ -212,12 +212,7 @@ def resumable_round(run_config: Mapping[str, Any]) -> int:
         return 0
     if ckpt.random_state is None:  # written before the sampling state was saved: not exact
         return 0
-    free = ("resume", "num-rounds")  # a run may be continued to more rounds than it was stopped at
-
-    def settings(config: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in run_settings(config).items() if k not in free}
-
-    same = settings(resolve_config(dict(run_config)).as_dict()) == settings(ckpt.config)
+    same = not resume_conflicts(ckpt.config, resolve_config(dict(run_config)))  # the ServerApp's own rule
     return ckpt.round if same and ckpt.round < int(run_config["num-rounds"]) else 0
 
 
@@ -386,7 +381,7 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     same resolved settings (the name aside) is copied under this run's id with
     ``same-run-as`` naming the original; nothing is trained. Returns whether it was.
     """
-    from fedul_flwr.config import resolve_config
+    from fedul_flwr.checks import resolve_config
 
     record = recorded.get((spec.clients, _settings(resolve_config(dict(run_config)).as_dict())))
     if record is None:

@@ -254,6 +254,11 @@ class Method(ABC):
     setting: ClassVar[str] = "usets"
     """The simulated ``client-setting`` whose clients hold the parts the method requires
     (named in the error when a client lacks them)."""
+    settings: ClassVar[tuple[str, ...]] = ()
+    """The simulated ``client-setting`` values the method is defined for, checked before round 1
+    (:func:`fedul_flwr.checks.method_settings`); empty: every setting whose clients hold the
+    parts in ``requires``. A method that requires no part (it adapts to what each client
+    holds) names them."""
     recorded_metrics: ClassVar[tuple[str, ...]] = ()
     """Aggregated train metrics written to the run's ``metrics.json`` besides the train loss
     (its uploads, or what its aggregation mixin adds)."""

@@ -4,8 +4,10 @@ FedUL turns unlabeled clients into an ordinary supervised FL problem, so the ser
 stock supervised strategy (Lu et al., ICLR 2022, Sec. 3.2: FedAvg by default). Three things
 are added to every strategy here:
 
-- a round in which no client replied successfully stops the run with the clients' errors
-  (Flower's FedAvg would otherwise keep the old model and "complete");
+- a round in which no client replied successfully, or more than ``max-failure-fraction`` of
+  the replies are errors, stops the run with the clients' errors (Flower's FedAvg would
+  otherwise keep the old model, or train on the few that succeeded, and "complete"); the
+  failed replies of every other round go on record (``last_failures``);
 - replies are aggregated in the order of the clients' partition ids (stable node keys),
   so a seeded run repeats itself bit for bit;
 - ``aggregation-weights``: ``num-examples`` (FedAvg, McMahan et al. 2017) weighs clients
@@ -30,11 +32,13 @@ still does the arithmetic (see :mod:`fedul_flwr.strategies.per_model`).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable
 from logging import WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Error, Message, MetricRecord
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from flwr.serverapp.strategy import (
     Bulyan,
@@ -57,33 +61,61 @@ from fedul_flwr.registry import Registry
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.scaffold import Scaffold
 
-__all__ = ["STRATEGIES", "NoSuccessfulReplyError", "build_strategy", "inner_strategy", "reply_order", "strict"]
+__all__ = ["STRATEGIES", "NoSuccessfulReplyError", "build_strategy", "error_type", "inner_strategy", "reply_order", "strict"]
 
 
 class NoSuccessfulReplyError(RuntimeError):
-    """A training round got fewer successful replies than ``min-train-nodes`` (or none);
-    the message lists each failing node's error."""
+    """A training round got fewer successful replies than ``min-train-nodes`` (or none), or more
+    failed replies than ``max-failure-fraction`` allows; the message lists each failing node's
+    error."""
+
+
+_ERROR_CODES = {v: k for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, int)}
+
+
+def error_type(error: Error) -> str:
+    """The kind of a failed reply, for the record: the exception class the node's ClientApp
+    raised when Flower names it (``<class 'pkg.NodeDataError'>:<'...'>`` from a SuperNode,
+    ``NodeDataError: ...`` from :class:`~fedul_flwr.inprocess.InProcessGrid`), else Flower's
+    error code (``NODE_UNAVAILABLE``, ...)."""
+    reason = str(error.reason or "")
+    found = re.search(r"<class '(?:[\w]+\.)*(\w+)'>", reason) or re.match(r"(\w+(?:Error|Exception)): ", reason)
+    return found.group(1) if found else _ERROR_CODES.get(int(error.code), f"error code {error.code}")
 
 
 class RequireReplies:
     """Mixin for Flower strategies: raise :class:`NoSuccessfulReplyError` when a training
     round yields fewer successful replies than the strategy's ``min_train_nodes`` (at least
-    one), instead of silently aggregating too few clients or keeping the old model. Failing
-    nodes are logged by Flower; the round goes on while enough nodes succeed."""
+    one), or when more than ``max_failure_fraction`` of its replies are errors, instead of
+    silently aggregating too few clients or keeping the old model. Otherwise the round goes
+    on with the nodes that succeeded, and ``last_failures`` names the others (node id, error
+    type, :func:`error_type`) for the run's record."""
+
+    max_failure_fraction: float = 1.0
+    """The largest share of a round's replies that may fail (the run setting
+    ``max-failure-fraction``; 1: only ``min_train_nodes`` counts)."""
+    last_failures: list[tuple[int, str]] | None = None
+    """The failed replies of the latest training round, for the server to record."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        ok = sum(not m.has_error() for m in replies)
+        failed = [m for m in replies if m.has_error()]
+        self.last_failures = [(m.metadata.src_node_id, error_type(m.error)) for m in failed]
+        ok = len(replies) - len(failed)
         needed = max(1, int(getattr(self, "min_train_nodes", 1)))
-        arrays, metrics = super().aggregate_train(server_round, replies) if ok >= needed else (None, None)  # type: ignore[misc]
+        too_many = len(failed) > self.max_failure_fraction * len(replies)
+        enough = ok >= needed and not too_many
+        arrays, metrics = super().aggregate_train(server_round, replies) if enough else (None, None)  # type: ignore[misc]
         if arrays is None:
-            errors = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in replies if m.has_error()]
+            errors = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failed]
+            why = (f"{ok} successful training repl{'y' if ok == 1 else 'ies'} out of {len(replies)}, {needed} needed "
+                   "(min-train-nodes)" if ok < needed else
+                   f"{len(failed)} of {len(replies)} training replies failed, more than "
+                   f"max-failure-fraction={self.max_failure_fraction:g} allows")  # fmt: skip
             raise NoSuccessfulReplyError(
-                f"round {server_round}: {ok} successful training repl{'y' if ok == 1 else 'ies'} out of "
-                f"{len(replies)}, {needed} needed (min-train-nodes); "
-                + ("; ".join(errors) if errors else "(no node replied in time)")
+                f"round {server_round}: {why}; " + ("; ".join(errors) if errors else "(no node replied in time)")
             )
         return arrays, metrics
 
@@ -264,4 +296,5 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> Strategy
         weighted_by_key=wire.WEIGHT_KEYS[cfg.aggregation_weights],
         **specific,
     )
+    strategy.max_failure_fraction = cfg.max_failure_fraction
     return with_server_dp(strategy, cfg)

@@ -77,6 +77,7 @@ class FixMatch(Method):
     requires = ()
     uses = ("labeled", "unlabeled")
     setting = "labels-at-clients"
+    settings = ("labels-at-clients", "annotation-heterogeneity")
     recorded_metrics = ("pseudo-label-share", "pseudo-label-correct-share")
     options = (
         Option("fixmatch-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),

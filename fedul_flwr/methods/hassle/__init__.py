@@ -139,6 +139,7 @@ class Hassle(Method):
     requires = ()
     uses = ("labeled", "unlabeled")
     setting = "annotation-heterogeneity"
+    settings = ("annotation-heterogeneity", "labels-at-clients")
     options = (
         Option("hassle-residual-width", lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: no residual models)"),
         Option("hassle-lambda", lambda v: v >= 0, ">= 0"),
