@@ -14,6 +14,12 @@ and is not timed), reported as medians and ratios of medians of the same run:
    ``augment='rotate'`` against ``augment='none'``: the same clients, weights, batch order
    and seeds.
 
+3. Only with ``--feddb-round``: one round of FedDB's paper protocol (``preset='feddb'``:
+   WRN-28-2, 32 x 32 x 3, 100 clients of 500 images with 40 labels each, 10 per round, 5 local
+   epochs, B = 64, mu = 7) on CIFAR-shaped synthetic images (random uint8; the work does not
+   depend on the pixels), ``--feddb-clients`` sampled clients trained one after another, as a
+   GPU shared by the round's clients runs them; the round time and what 800 rounds would take.
+
 Targets (docs/performance.md): on 2 CPU threads, strong views of 448 28 x 28 images at most
 0.25x the small CNN's step and a rotate round at most 1.10x a round without; on a GPU, strong
 views of 448 32 x 32 images at most 1x the WRN-28-2 bf16 step.
@@ -22,6 +28,7 @@ views of 448 32 x 32 images at most 1x the WRN-28-2 bf16 step.
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
 from statistics import median
 from collections.abc import Callable, Mapping
@@ -30,7 +37,7 @@ from typing import Any
 import torch
 
 from fedul_flwr.augment import Augmentation
-from fedul_flwr.config import resolve_config
+from fedul_flwr.checks import resolve_config
 from fedul_flwr.models import build_model
 
 AUGMENT_NAMES = ("weak", "strong", "rotate")
@@ -110,6 +117,44 @@ def fedul_rounds(args: argparse.Namespace, device: torch.device) -> dict[str, An
             "rotate-over-none": medians["rotate"] / medians["none"]}  # fmt: skip
 
 
+def feddb_round(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Median seconds of one FedDB round of the paper protocol on synthetic CIFAR-shaped data."""
+    from fedul_flwr.data.client_data import ClientData, LabeledImages
+    from fedul_flwr.data.datasets import dataset_info, normalize
+    from fedul_flwr.experiments.benchmark import Federation, bare_round
+    from fedul_flwr.methods import get_method
+    from fedul_flwr.server_app import global_models
+
+    overrides = {"local-epochs": 1} if args.quick else {}
+    # the images are synthetic: data-dir only satisfies the check that cifar10 has a root
+    cfg = resolve_config({"preset": "feddb", "device": device.type, "data-dir": tempfile.gettempdir(), **overrides})
+    method = get_method(cfg.method)(cfg)
+    info = dataset_info(cfg.dataset)
+    per_client, labeled = 50_000 // 100, cfg.num_labeled // 100
+    g = torch.Generator().manual_seed(cfg.seed)
+    shape = (info.channels, info.image_size, info.image_size)
+
+    def images(n: int) -> torch.Tensor:
+        return torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g)
+
+    clients = [
+        ClientData(f"synthetic client {i}", info.class_names, info.mean, info.std,
+                   labeled=LabeledImages(images(labeled), torch.arange(labeled) % len(info.class_names)),
+                   unlabeled=images(per_client - labeled),
+                   unlabeled_classes=torch.randint(0, len(info.class_names), (per_client - labeled,), generator=g))
+        for i in range(args.feddb_clients)
+    ]  # fmt: skip
+    models = global_models(cfg, method, info.channels, len(info.class_names), info.image_size).to(device)
+    initial = {k: v.detach().clone() for k, v in models.state_dict().items()}
+    to_input = lambda x: normalize(x, mean=info.mean, std=info.std)  # noqa: E731
+    fed = Federation(cfg, clients, models, initial, method.predictors(), images(0), torch.zeros(0, dtype=torch.long), to_input, device)
+    time_it = _timer(device)
+    times = [time_it(lambda: bare_round(fed, method, fed.initial, 1)) for _ in range(max(1, args.repeats // 3) + 1)][1:]
+    seconds = median(times)
+    return {"clients-per-round": args.feddb_clients, "local-epochs": cfg.local_epochs, "model": cfg.model,
+            "seconds": times, "median-round-s": seconds, "800-rounds-h": 800 * seconds / 3600}  # fmt: skip
+
+
 def section_augment(args: argparse.Namespace) -> dict[str, Any]:
     """The section (module docstring): per-batch costs per model, then the FedUL rounds.
 
@@ -136,6 +181,11 @@ def section_augment(args: argparse.Namespace) -> dict[str, Any]:
     out["fedul-round"] = rounds
     print(f"augment: FedUL round of {rounds['clients']} clients: none {rounds['median-s']['none']:.2f}s, "
           f"rotate {rounds['median-s']['rotate']:.2f}s (x{rounds['rotate-over-none']:.3f})", flush=True)  # fmt: skip
+    if args.feddb_round:
+        feddb = feddb_round(args, device)
+        out["feddb-round"] = feddb
+        print(f"augment: FedDB paper-protocol round ({feddb['clients-per-round']} clients, synthetic 32x32): "
+              f"{feddb['median-round-s']:.2f}s; 800 rounds {feddb['800-rounds-h']:.2f} h", flush=True)  # fmt: skip
     return out
 
 
@@ -155,4 +205,9 @@ def augment_markdown(augment: Mapping[str, Any]) -> str:
     lines += ["", f"FedUL local round, `mnist-sample`, {r['clients']} clients, M = {r['num-sets']}: "
               f"`augment='none'` {r['median-s']['none']:.2f} s, `augment='rotate'` {r['median-s']['rotate']:.2f} s: "
               f"**{r['rotate-over-none']:.3f}x**."]  # fmt: skip
+    if "feddb-round" in augment:
+        f = augment["feddb-round"]
+        lines += ["", f"FedDB's paper protocol on synthetic 32 x 32 x 3 images (`{f['model']}`, {f['clients-per-round']} "
+                  f"clients per round, {f['local-epochs']} local epochs): {f['median-round-s']:.2f} s per round, "
+                  f"{f['800-rounds-h']:.2f} h for 800 rounds."]  # fmt: skip
     return "\n".join(lines)

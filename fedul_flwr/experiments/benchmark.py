@@ -1100,6 +1100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--augment-batch", type=int, default=448, help="images per batch of the augment section")
     p.add_argument("--augment-device", default="cpu", choices=("cpu", "cuda"), help="where the augment section runs")
     p.add_argument("--augment-clients", type=int, default=5, help="clients of the augment section's FedUL rounds")
+    p.add_argument("--feddb-round", action="store_true", help="augment section: also time a FedDB paper-protocol round (GPU)")
+    p.add_argument("--feddb-clients", type=int, default=10, help="clients per FedDB round of --feddb-round")
     p.add_argument("--client-images", type=int, default=32, help="images of the client in the client section")
     p.add_argument("--client-calls", type=int, default=7, help="timed ClientApp calls per model in the client section")
     p.add_argument("--client-models", default="small-cnn,paper-cnn,resnet18")
@@ -1130,6 +1132,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         args.repeats, args.rounds, args.scale_rounds, args.qc_clients, args.flower_clients = 1, 2, 2, 2, 2
         args.scale, args.samples_per_client = "10:0.2", 300
         args.loop_clients, args.loop_samples, args.augment_batch, args.augment_clients = 2, "resnet18:32", 32, 2
+        args.feddb_clients = 1
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
