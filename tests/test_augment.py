@@ -221,3 +221,18 @@ def test_views_stay_on_the_cuda_device_with_the_cpu_parameters(name: str) -> Non
         assert torch.equal(a.cpu(), cpu)
     else:
         assert (a.cpu().int() - cpu.int()).abs().gt(1).float().mean() < 0.02
+
+
+def test_nearest_affine_rotates_uint8_images_as_torchvision_does() -> None:
+    """The rotation's sampling: torchvision's ``rotate`` at the same angle, pixel for pixel, on
+    the uint8 images themselves, given the map or its inverse."""
+    from torchvision.transforms.v2 import functional as F
+
+    from fedul_flwr.augment import _rotation, nearest_affine
+
+    x = _images(6, 3, 32)
+    angles = torch.tensor([-20.0, -13.5, -2.0, 0.0, 7.25, 20.0])
+    out = nearest_affine(x, _rotation(angles, 32, 32))
+    assert out.dtype == torch.uint8
+    assert torch.equal(out, nearest_affine(x, _rotation(-angles, 32, 32), inverse=True))
+    assert torch.equal(out, torch.stack([F.rotate(im, float(a)) for im, a in zip(x, angles, strict=True)]))
