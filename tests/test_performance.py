@@ -94,8 +94,11 @@ def test_augment_section_renders_its_ratios_per_model_and_the_fedul_round() -> N
     augment["per-batch"]["wrn-28-2"]["median-s"]["model step"] = 1.5
     augment["fedul-round"]["rotate-over-none"] = 1.0456
     text = render_markdown(results)
-    rows = {line.split("|")[1].strip().split(" ")[0]: line for line in text.splitlines() if line.startswith("| `")}
+    cells = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
+    rows = {cell.split(" ")[0]: line for cell, line in cells.items() if "views of" not in cell}
     assert set(rows) == {"`small-cnn`", "`wrn-28-2`"}
+    baseline = augment["setting"].get("baseline")
+    assert not baseline or sum(f"views of `{baseline}`" in cell for cell in cells) == 2
     assert "(0.12x)" in rows["`small-cnn`"].split("|")[4]  # the strong column
     assert "| 1500.0 ms |" in rows["`wrn-28-2`"]
     assert "**1.046x**" in text

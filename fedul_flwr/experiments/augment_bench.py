@@ -20,6 +20,10 @@ and is not timed), reported as medians and ratios of medians of the same run:
    depend on the pixels), ``--feddb-clients`` sampled clients trained one after another, as a
    GPU shared by the round's clients runs them; the round time and what 800 rounds would take.
 
+``--augment-baseline REV`` adds, to the per-batch comparison, the views of ``fedul_flwr/augment.py``
+as it was at the git revision REV of this checkout (e.g. the per-image torchvision views
+before the batched ones), timed in the same interleaved repeats.
+
 Targets (docs/performance.md): on 2 CPU threads, strong views of 448 28 x 28 images at most
 0.25x the small CNN's step and a rotate round at most 1.10x a round without; on a GPU, strong
 views of 448 32 x 32 images at most 1x the WRN-28-2 bf16 step.
@@ -62,8 +66,33 @@ def _timer(device: torch.device) -> Callable[[Callable[[], Any]], float]:
     return time_it
 
 
-def per_batch(model_name: str, batch: int, device: torch.device, repeats: int) -> dict[str, Any]:
-    """Median seconds of each augmentation and of the model step on one batch, interleaved."""
+def baseline_module(revision: str) -> Any:
+    """``fedul_flwr/augment.py`` as it was at git ``revision`` of this checkout, as a module.
+
+    Raises
+    ------
+    SystemExit
+        If git cannot show that file at that revision.
+    """
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    shown = subprocess.run(["git", "-C", str(root), "show", f"{revision}:fedul_flwr/augment.py"], capture_output=True, text=True)
+    if shown.returncode:
+        raise SystemExit(f"--augment-baseline {revision}: {shown.stderr.strip()}")
+    path = Path(tempfile.mkdtemp(prefix="fedul-augment-baseline-")) / "augment_baseline.py"
+    path.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location("augment_baseline", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def per_batch(model_name: str, batch: int, device: torch.device, repeats: int, baseline: Any = None) -> dict[str, Any]:
+    """Median seconds of each augmentation (and of ``baseline``'s, a module with an
+    ``Augmentation`` class) and of the model step on one batch, interleaved."""
     channels, side, dataset = MODEL_SHAPES[model_name]
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (batch, channels, side, side), dtype=torch.uint8, generator=g).to(device)
@@ -80,6 +109,8 @@ def per_batch(model_name: str, batch: int, device: torch.device, repeats: int) -
         opt.step()
 
     augs = {name: Augmentation(name, side, dataset) for name in AUGMENT_NAMES}
+    if baseline is not None:
+        augs.update({f"{name} (baseline)": baseline.Augmentation(name, side, dataset) for name in AUGMENT_NAMES})
     time_it = _timer(device)
     times: dict[str, list[float]] = {**{name: [] for name in augs}, "model step": []}
     for rep in range(repeats + 1):
@@ -171,11 +202,14 @@ def section_augment(args: argparse.Namespace) -> dict[str, Any]:
                     "threads": torch.get_num_threads(), "batch": args.augment_batch, "repeats": args.repeats},
         "per-batch": {},
     }  # fmt: skip
+    baseline = baseline_module(args.augment_baseline) if args.augment_baseline else None
+    if baseline is not None:
+        out["setting"]["baseline"] = args.augment_baseline
     for model_name in MODEL_SHAPES:
-        row = per_batch(model_name, args.augment_batch, device, args.repeats)
+        row = per_batch(model_name, args.augment_batch, device, args.repeats, baseline)
         out["per-batch"][model_name] = row
         print(f"augment {model_name} {row['shape']}: " + ", ".join(
-            f"{n} {1e3 * row['median-s'][n]:.1f} ms (x{row['over-model-step'][n]:.2f})" for n in AUGMENT_NAMES)
+            f"{n} {1e3 * row['median-s'][n]:.1f} ms (x{row['over-model-step'][n]:.2f})" for n in row["over-model-step"])
             + f", model step {1e3 * row['median-s']['model step']:.1f} ms", flush=True)  # fmt: skip
     rounds = fedul_rounds(args, device)
     out["fedul-round"] = rounds
@@ -201,6 +235,10 @@ def augment_markdown(augment: Mapping[str, Any]) -> str:
         cells = [f"{1e3 * row['median-s'][n]:.1f} ms ({row['over-model-step'][n]:.2f}x)" for n in AUGMENT_NAMES]
         lines.append(f"| `{model_name}` ({h}x{w}x{c}, {row['precision']}) | {1e3 * row['median-s']['model step']:.1f} ms | "
                      + " | ".join(cells) + " |")  # fmt: skip
+        if f"{AUGMENT_NAMES[0]} (baseline)" in row["median-s"]:
+            cells = [f"{1e3 * row['median-s'][n + ' (baseline)']:.1f} ms ({row['over-model-step'][n + ' (baseline)']:.2f}x)"
+                     for n in AUGMENT_NAMES]  # fmt: skip
+            lines.append(f"| `{model_name}`, views of `{s['baseline']}` | | " + " | ".join(cells) + " |")
     r = augment["fedul-round"]
     lines += ["", f"FedUL local round, `mnist-sample`, {r['clients']} clients, M = {r['num-sets']}: "
               f"`augment='none'` {r['median-s']['none']:.2f} s, `augment='rotate'` {r['median-s']['rotate']:.2f} s: "

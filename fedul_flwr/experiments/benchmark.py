@@ -1100,6 +1100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--augment-batch", type=int, default=448, help="images per batch of the augment section")
     p.add_argument("--augment-device", default="cpu", choices=("cpu", "cuda"), help="where the augment section runs")
     p.add_argument("--augment-clients", type=int, default=5, help="clients of the augment section's FedUL rounds")
+    p.add_argument("--augment-baseline", default="", help="augment section: also time fedul_flwr/augment.py at this git revision")
     p.add_argument("--feddb-round", action="store_true", help="augment section: also time a FedDB paper-protocol round (GPU)")
     p.add_argument("--feddb-clients", type=int, default=10, help="clients per FedDB round of --feddb-round")
     p.add_argument("--client-images", type=int, default=32, help="images of the client in the client section")
