@@ -159,6 +159,7 @@ class RunConfig:
     run_name: str
     resume: bool
     tensorboard: bool
+    verbose: bool
     eval_batch_size: int
     device: str
     client_threads: int

@@ -192,6 +192,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "dp-delta": "client-local: delta of the Gaussian mechanism, per round",
     },
     "Outputs and runtime": {
+        "verbose": "`false`: the run prints one line per round (test accuracy, seconds, ETA) and the summary line; "
+        "`true`: Flower's full logs as well (the resolved configuration, each round's sampling and aggregation)",
         "tensorboard": "also write the metrics of every round as TensorBoard event files to `<run folder>/tensorboard` "
         "(`pip install \"fedul-flwr[tensorboard]\"` on the server; `tensorboard --logdir <output-dir>`)",
         "output-dir": "where run folders go (on the SuperLink's machine in a deployment; use absolute paths)",

@@ -343,13 +343,15 @@ def run_grid(
     return load_records([s for s, _ in runs], records_dir)
 
 
+DISPLAY_KEYS = ("verbose",)
+"""Settings that change only what a run prints, never its result (nor its checkpoint's match)."""
 SHARED_FREE = ("run-name", "resume")
 """Resolved settings that do not change a run's result: two runs equal in all others are one."""
 
 
 def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """The resolved settings that can change a run: all but the options of methods other than
-    the run's ``method`` (:attr:`Method.options`). So a checkpoint or a record written before
+    the run's ``method`` (:attr:`Method.options`) and :data:`DISPLAY_KEYS`. So a checkpoint or a record written before
     another method gained an option still matches its run.
 
     Raises
@@ -361,7 +363,7 @@ def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
     own = {o.key for o in get_method(str(config["method"])).options}
     foreign = {o.key for name in METHODS.names() for o in get_method(name).options} - own
-    return {k: v for k, v in config.items() if k not in foreign}
+    return {k: v for k, v in config.items() if k not in foreign and k not in DISPLAY_KEYS}
 
 
 def _settings(config: Mapping[str, Any]) -> str:
