@@ -34,6 +34,7 @@ import torch
 
 from fedul_flwr.checkpoint import load_checkpoint
 from fedul_flwr.config import resolve_config
+from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import get_method
@@ -148,11 +149,9 @@ def render_components(rows: Mapping[str, Mapping[str, float]]) -> str:
     if not rows:
         return ""
     columns: list[str] = list(dict.fromkeys(k for r in rows.values() for k in r if k != "round"))
-    lines = ["| run | round | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-    for label, r in rows.items():
-        cells = ["-" if r.get(c) is None else f"{r[c]:.2f}" for c in columns]
-        lines.append(f"| {label} | {int(r['round'])} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    cells = [[label, int(r["round"]), *("-" if r.get(c) is None else f"{r[c]:.2f}" for c in columns)]
+             for label, r in rows.items()]  # fmt: skip
+    return markdown_table(["run", "round", *columns], cells)
 
 
 def read_components(page: str | Path) -> dict[str, dict[str, float]]:
