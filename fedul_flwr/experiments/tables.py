@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from tabulate import tabulate
 
-__all__ = ["markdown_table"]
+__all__ = ["markdown_table", "table_rows"]
 
 
 def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -37,3 +37,18 @@ def markdown_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> 
         if len(row) != len(headers):
             raise ValueError(f"a table row has {len(row)} cells for {len(headers)} columns: {row}")
     return tabulate(rows, headers=list(headers), tablefmt="github", disable_numparse=True)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every pipe-table line of ``text`` (header lines included, separator lines
+    left out), stripped: the inverse of :func:`markdown_table` whatever the column widths."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("|"):
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if all(c and set(c) <= set(":-") for c in cells):
+            continue
+        rows.append(cells)
+    return rows
