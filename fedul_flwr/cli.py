@@ -23,15 +23,22 @@ The grid commands share one runner (:mod:`fedul_flwr.experiments.runner`) and it
 the record to redo it); each run's Flower log goes to ``flower.log`` in its run folder and the
 terminal shows a progress bar and one line per finished run. ``fedul <command> --help`` shows
 every option with its default.
+
+An error ends the command with one line, ``fedul: error: ...`` naming the setting and the
+value, and exit code 1 (2 for a usage error, 130 on Ctrl-C); ``fedul --debug <command>`` shows
+the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 from collections.abc import Sequence
 
-__all__ = ["build_parser", "main"]
+from fedul_flwr.markup import plain
+
+__all__ = ["build_parser", "error_line", "main"]
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "reproduce": ("fedul_flwr.experiments.reproduce", "reproduce the papers' tables (resumable grids)"),
@@ -44,25 +51,48 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults in ``--help``; descriptions (the modules' docstrings) as written."""
+    """Defaults in ``--help``; descriptions (the modules' docstrings, in plain text:
+    :func:`fedul_flwr.markup.plain`) as written."""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``fedul`` parser with its subcommands (each imported when the parser is built)."""
-    parser = argparse.ArgumentParser(prog="fedul", description=__doc__.split("\n\n")[0], formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(prog="fedul", description=plain(__doc__.split("\n\n")[0]), formatter_class=HelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="on an error, show the traceback instead of one line")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
         module = importlib.import_module(module_name)
-        p = sub.add_parser(name, help=summary, description=module.__doc__, formatter_class=HelpFormatter)
+        p = sub.add_parser(name, help=summary, description=plain(module.__doc__ or ""), formatter_class=HelpFormatter)
         module.add_arguments(p)
         p.set_defaults(run=module.run)
     return parser
 
 
+def error_line(exc: BaseException) -> str:
+    """``fedul: error: <the exception's message on one line>`` (its type where it has none)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, KeyError) and text.startswith("'"):  # KeyError quotes its message
+        text = text.strip("'")
+    return f"fedul: error: {text}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``fedul``; returns the subcommand's exit code."""
+    """Entry point of ``fedul``; returns the subcommand's exit code.
+
+    Any exception of the subcommand ends it with :func:`error_line` on stderr and exit code 1
+    (``--debug``: raised, with its traceback); Ctrl-C with exit code 130.
+    """
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:
+        print("fedul: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if args.debug:
+            raise
+        print(error_line(exc), file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

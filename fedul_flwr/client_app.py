@@ -28,6 +28,7 @@ from torch import nn
 from fedul_flwr import wire
 from fedul_flwr.client_update import prepare_client_update
 from fedul_flwr.config import RunConfig, config_from_json
+from fedul_flwr.console import set_verbose
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, RoundContext, get_method
@@ -67,6 +68,7 @@ def _client(msg: Message, context: Context) -> _Client:
             "the fedul-flwr ServerApp sends the resolved run configuration with every message"
         )
     cfg = config_from_json(text)
+    set_verbose(cfg.verbose)  # the node's console (a simulation's Ray actors print into the run's log)
     configure_threads(cfg.client_threads)
     method = get_method(cfg.method)(cfg)
     data = client_from_node_config(cfg, context.node_config, method=cfg.method, parts=method.requires, uses=method.uses)

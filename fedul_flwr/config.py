@@ -142,6 +142,7 @@ class RunConfig:
     run_name: str
     resume: bool
     tensorboard: bool
+    verbose: bool
     eval_batch_size: int
     device: str
     client_threads: int

@@ -35,6 +35,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -171,10 +172,38 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
     return paths
 
 
-def _run_config(text: list[str] | None, dataset: str | None) -> RunConfig:
+def parse_run_config(texts: list[str] | None) -> dict[str, Any]:
+    """``--run-config`` values parsed as ``flwr run`` parses them (Flower's parser).
+
+    Raises
+    ------
+    ConfigError
+        Naming the first ``key=value`` pair Flower's parser refuses (a string value needs
+        quotes: ``partition="noniid"``).
+    """
+    import shlex
+
+    import click
     from flwr.common.config import parse_config_args
 
-    values = parse_config_args(text) if text else {}
+    try:
+        return parse_config_args(texts) if texts else {}
+    except click.ClickException:
+        for text in texts or []:
+            for pair in shlex.split(text, posix=False):
+                try:
+                    parse_config_args([pair])
+                except click.ClickException:
+                    key, _, value = pair.partition("=")
+                    raise ConfigError(
+                        f"--run-config {pair!r}: not key=value with a bool, int, float or quoted string value "
+                        f"(a string needs quotes: {key}=\"{value.strip(chr(39) + chr(34))}\")"
+                    ) from None
+        raise
+
+
+def _run_config(text: list[str] | None, dataset: str | None) -> RunConfig:
+    values = parse_run_config(text)
     if dataset:
         values["dataset"] = dataset
     cfg = resolve_config(values)
@@ -258,9 +287,7 @@ def _validate_settings(text: list[str] | None, dataset: str | None) -> DatasetIn
     ValueError
         On an unknown dataset.
     """
-    from flwr.common.config import parse_config_args
-
-    values = parse_config_args(text) if text else {}
+    values = parse_run_config(text)
     check_keys(values)  # a typo such as 'datset' must not pass as a check against the default dataset
     name = dataset or str(values.get("dataset", default_config()["dataset"]))
     return dataset_facts(name, str(values.get("class-names", "")))

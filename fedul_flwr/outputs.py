@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from fedul_flwr import wire
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
 
 COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "val-accuracy", "val-error", "failed-replies",
@@ -194,6 +195,13 @@ class RunOutputs:
         keys = {k for row in self.rows.values() for k in row if k.startswith("test-accuracy-")}
         return ["test-accuracy", *sorted(keys)]
 
+    @staticmethod
+    def _privacy(row: Mapping[str, Any]) -> str:
+        """``epsilon=... delta=... `` of a DP run's row ("" without them)."""
+        if wire.PRIVACY_EPSILON not in row:
+            return ""
+        return f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "
+
     def summary(self, num_clients: int) -> str:
         """One line: method, dataset, clients, sets, rounds, the failed training replies (their
         count and, per failed node, its id and error types), final and best test accuracy (and
@@ -210,6 +218,7 @@ class RunOutputs:
             + f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
             f"best-test-accuracy={100 * acc.get(best, math.nan):.2f}% (round {best}) "
             + "".join(f"final-{k}={100 * self.rows.get(last, {}).get(k, math.nan):.2f}% " for k in self._accuracy_keys()[1:])
+            + self._privacy(self.rows.get(last, {}))
             + f"wall-time={time.time() - self.started:.1f}s run-dir={self.path}"
         )
         (self.path / "summary.txt").write_text(line + "\n")

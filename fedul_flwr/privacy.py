@@ -47,6 +47,21 @@ Two departures from Flower 1.41, both measured in ``tests/test_privacy_robustnes
   seeded here from the run's seed (server side, once) and from (seed, round, node key) on
   the node before ``LocalDpMod`` runs, so a seeded run repeats itself.
 
+The privacy spent: :func:`privacy_spent` gives (epsilon, delta) after each round from Google's
+``dp-accounting`` (Rényi DP accountant, the ``flwr[dp]`` extra), recorded per round in the run's
+metrics and in the summary line:
+
+- ``server-fixed`` (client-level DP of the released models): each round is the Gaussian
+  mechanism with noise multiplier z on the sum of the clipped updates; with a share q < 1 of
+  the nodes sampled per round it is composed as Poisson sampling with rate q (the usual
+  approximation of Flower's fixed-size sampling without replacement, McMahan et al. 2018).
+- ``client-local`` (local DP of each node's replies): each reply is the Gaussian mechanism
+  with standard deviation sigma = ``dp-sensitivity * sqrt(2 ln(1.25 / dp-delta)) / dp-epsilon``
+  on an update clipped to C, so two replies of a node differ by at most 2C in L2 norm: noise
+  multiplier sigma / (2C), composed over every round (a node that sat rounds out spent less).
+- ``server-adaptive`` is not accounted (its noisy clipped-count query shares the budget in a
+  way Flower's wrapper fixes at construction): the run records no epsilon.
+
 Secure aggregation (Flower's SecAgg+: ``secaggplus_mod`` and ``SecAggPlusWorkflow``) would
 hide individual updates from the server altogether; it drives the rounds through Flower's
 workflow API rather than the Message-API strategies used here, and is not wired in.
@@ -83,11 +98,78 @@ from fedul_flwr import wire
 from fedul_flwr.config import CHOICES, RunConfig, config_from_json
 from fedul_flwr.data.sources import node_key
 
-__all__ = ["DP_MODES", "local_dp_mod", "with_server_dp"]
+__all__ = ["ACCOUNTED_MODES", "DP_MODES", "local_dp_mod", "privacy_spent", "with_server_dp"]
 
 DP_MODES: tuple[str, ...] = CHOICES["differential-privacy"]
 """Values of ``differential-privacy``: none, server-fixed, server-adaptive, client-local."""
 _LOCAL_DP_STREAM = 0x1DB  # keeps the node's noise stream apart from its other seeded draws
+ACCOUNTED_MODES: tuple[str, ...] = ("server-fixed", "client-local")
+"""Values of ``differential-privacy`` whose (epsilon, delta) a run records."""
+_RDP_ORDERS = (*(1 + x / 10.0 for x in range(1, 100)), *range(11, 64), 128, 256, 512, 1024)
+
+
+def noise_multiplier(cfg: RunConfig) -> float:
+    """The noise multiplier of one round's Gaussian mechanism (noise standard deviation over the
+    largest L2 distance between two inputs' outputs), unitless.
+
+    ``server-fixed``: z = ``dp-noise-multiplier`` (Flower adds N(0, (z C / n)^2) to the average
+    of n updates clipped to C, i.e. N(0, (z C)^2) to their sum). ``client-local``:
+    ``LocalDpMod``'s sigma = ``dp-sensitivity`` sqrt(2 ln(1.25 / dp-delta)) / ``dp-epsilon``
+    over 2C, the largest distance between two updates clipped to C.
+
+    Raises
+    ------
+    ValueError
+        For a mode that is not accounted (``none``, ``server-adaptive``).
+    """
+    if cfg.differential_privacy == "server-fixed":
+        return cfg.dp_noise_multiplier
+    if cfg.differential_privacy == "client-local":
+        sigma = cfg.dp_sensitivity * math.sqrt(2 * math.log(1.25 / cfg.dp_delta)) / cfg.dp_epsilon
+        return sigma / (2 * cfg.dp_clipping_norm)
+    raise ValueError(f"differential-privacy={cfg.differential_privacy!r} is not accounted (only {ACCOUNTED_MODES})")
+
+
+def sample_rate(cfg: RunConfig, num_nodes: int) -> float:
+    """Share q of the nodes that train in a round, as Flower samples them:
+    max(int(N * ``fraction-train``), ``min-train-nodes``) of the N nodes (at most all)."""
+    if num_nodes <= 0:
+        return 1.0
+    return min(1.0, max(int(num_nodes * cfg.fraction_train), cfg.min_train_nodes) / num_nodes)
+
+
+def privacy_spent(cfg: RunConfig, rounds: int, num_nodes: int) -> dict[str, float]:
+    """(epsilon, delta) spent after ``rounds`` rounds, by Google's ``dp-accounting`` (RDP).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Uses ``differential-privacy``, the DP keys of :func:`noise_multiplier`, ``dp-delta``
+        (the delta the epsilon is given at), ``fraction-train`` and ``min-train-nodes``.
+    rounds : int
+        Rounds done (>= 0).
+    num_nodes : int
+        Nodes the rounds sample from (server-fixed: amplification by sampling when not all train).
+
+    Returns
+    -------
+    dict
+        ``{"privacy-epsilon": eps, "privacy-delta": delta}`` (eps = 0 at round 0), or ``{}``
+        when the run's mode is not accounted.
+    """
+    if cfg.differential_privacy not in ACCOUNTED_MODES:
+        return {}
+    import dp_accounting  # flwr[dp]; imported here: runs without DP do not need it
+    from dp_accounting.rdp import RdpAccountant
+
+    event: Any = dp_accounting.GaussianDpEvent(noise_multiplier(cfg))
+    q = sample_rate(cfg, num_nodes) if cfg.differential_privacy == "server-fixed" else 1.0
+    if q < 1.0:
+        event = dp_accounting.PoissonSampledDpEvent(q, event)
+    accountant = RdpAccountant(orders=list(_RDP_ORDERS))
+    if rounds > 0:
+        accountant.compose(event, rounds)
+    return {wire.PRIVACY_EPSILON: float(accountant.get_epsilon(cfg.dp_delta)), wire.PRIVACY_DELTA: cfg.dp_delta}
 
 
 class ClippableReplies:

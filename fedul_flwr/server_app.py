@@ -21,11 +21,13 @@ from fedul_flwr import wire
 from fedul_flwr.checkpoint import CheckpointError, restore_strategy_state, save_checkpoint
 from fedul_flwr.checks import check_before_round_one, check_resume
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
+from fedul_flwr.console import PROGRESS, RoundClock, set_verbose
 from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunOutputs, read_metrics, run_folder, running_time
+from fedul_flwr.privacy import privacy_spent
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
 from fedul_flwr.training import evaluate_predictors
@@ -106,9 +108,10 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     models = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size).to(device)
     predictors = method.predictors()
     outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())))
-    log(INFO, "fedul-flwr: run folder %s", outputs.path)
+    PROGRESS.info("fedul-flwr: run folder %s", outputs.path)
     log(INFO, "fedul-flwr: the loop runs %s on %s (server side; each client resolves 'auto' on its own hardware)",
         acceleration.describe(), device)  # fmt: skip
+    num_nodes = len(list(grid.get_node_ids()))  # the nodes each round samples from (DP accounting)
     start_round = 0  # rounds already done by the run being resumed (resume=true)
     strategy = build_strategy(cfg, method.aggregation())
     initial_arrays = ArrayRecord(models.state_dict())
@@ -125,6 +128,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
             # wall-time goes on from the stopped run's (time spent running, not the pause between)
             outputs.started -= running_time(outputs.rows.values())
         log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
+    clock = RoundClock(cfg.num_rounds, start_round)
 
     def test(x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
         out = {}
@@ -154,7 +158,12 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         if failures is not None:
             outputs.record_failures(server_round, failures)
             inner_strategy(strategy).last_failures = None
-        outputs.record(server_round, **metrics)
+        spent = privacy_spent(cfg, server_round, num_nodes)
+        outputs.record(server_round, **metrics, **spent)
+        progress = clock.line(server_round, metrics["test-accuracy"])
+        if spent:
+            progress += f", epsilon {spent[wire.PRIVACY_EPSILON]:.4g} (delta {spent[wire.PRIVACY_DELTA]:g})"
+        PROGRESS.info(progress)
         if server_round > start_round:  # every finished round, once its row is written: the models, their
             # round, the strategy state -- the global arrays as the strategy holds them, not the models'
             # float32 copy: FedOpt strategies compute in float64, and an exact resume must continue from those
@@ -187,6 +196,7 @@ def main(grid: Grid, context: Context) -> None:
     try:
         values, sources = compose_config(context.run_config, given=typed)
         cfg = config_from_values(values)
+        set_verbose(cfg.verbose)
         log(INFO, "fedul-flwr: %s", describe_sources(values, sources))
         outputs = run_federation(grid, cfg)
     except (ConfigError, CheckpointError) as exc:

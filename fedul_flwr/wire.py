@@ -41,6 +41,10 @@ UNIFORM_WEIGHT = "uniform-weight"
 NUM_STEPS = "num-steps"
 CV_ROUNDS = "scaffold-cv-rounds"  # rounds this node's SCAFFOLD c_i was updated in
 
+# server metrics of a DP run: the privacy spent after a round (fedul_flwr.privacy.privacy_spent)
+PRIVACY_EPSILON = "privacy-epsilon"
+PRIVACY_DELTA = "privacy-delta"
+
 # aggregation weights (run setting ``aggregation-weights``) -> reply metric
 WEIGHT_KEYS = {"num-examples": NUM_EXAMPLES, "uniform": UNIFORM_WEIGHT}
 

@@ -191,11 +191,15 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "initial C of server-adaptive",
         "dp-target-clipped-quantile": "server-adaptive: the share of updates that should be clipped",
         "dp-clip-norm-lr": "server-adaptive: the geometric step of C per round",
-        "dp-sensitivity": "client-local: the Gaussian mechanism's sensitivity",
+        "dp-sensitivity": "client-local: the Gaussian mechanism's sensitivity (2 x dp-clipping-norm: two clipped updates "
+        "differ by at most 2C, so each round is (dp-epsilon, dp-delta)-DP)",
         "dp-epsilon": "client-local: epsilon of the Gaussian mechanism, per round",
-        "dp-delta": "client-local: delta of the Gaussian mechanism, per round",
+        "dp-delta": "client-local: delta of the Gaussian mechanism, per round; server-fixed and client-local: the delta "
+        "at which the run records the epsilon it has spent (`privacy-epsilon` in metrics.csv, the summary line)",
     },
     "Outputs and runtime": {
+        "verbose": "`false`: the run prints one line per round (test accuracy, seconds, ETA) and the summary line; "
+        "`true`: Flower's full logs as well (the resolved configuration, each round's sampling and aggregation)",
         "tensorboard": "also write the metrics of every round as TensorBoard event files to `<run folder>/tensorboard` "
         "(`pip install \"fedul-flwr[tensorboard]\"` on the server; `tensorboard --logdir <output-dir>`)",
         "output-dir": "where run folders go (on the SuperLink's machine in a deployment; use absolute paths)",

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import tomllib
-import warnings
 from pathlib import Path
 
 import pytest
@@ -31,10 +30,10 @@ def _load(name: str) -> dict:
 
 
 def test_images_use_one_flwr_version_within_the_projects_requirement() -> None:
-    """The Dockerfile's FLWR_VERSION satisfies pyproject's flwr requirement, every Flower image
-    of the compose files defaults to it, and the image build checks it again; a different
-    flwr installed here is reported (a warning), not a failure: pip may resolve any version the
-    requirement allows."""
+    """The Dockerfile's FLWR_VERSION is the flwr that pip resolved for the project (the one
+    installed here), satisfies pyproject's flwr requirement, every Flower image of the compose
+    files defaults to it, and the image build checks it again. When pip resolves a new flwr,
+    this fails until docker/ follows."""
     dockerfile = (DOCKER / "Dockerfile").read_text()
     (image_version,) = re.findall(r"^ARG FLWR_VERSION=(\S+)$", dockerfile, re.M)
     assert re.search(r"^FROM flwr/superexec:\$\{FLWR_VERSION\}$", dockerfile, re.M)
@@ -46,8 +45,25 @@ def test_images_use_one_flwr_version_within_the_projects_requirement() -> None:
         for name, svc in _load(compose)["services"].items():
             if "image" in svc and svc["image"].startswith("flwr/"):
                 assert svc["image"].endswith(f":${{FLWR_VERSION:-{image_version}}}"), (compose, name)
-    if FLWR_VERSION != image_version:
-        warnings.warn(f"installed flwr {FLWR_VERSION} differs from the Docker images' {image_version}", stacklevel=1)
+    assert image_version == FLWR_VERSION, (
+        f"docker/ pins flwr {image_version}, pip resolved {FLWR_VERSION}: set ARG FLWR_VERSION in docker/Dockerfile "
+        "and the FLWR_VERSION defaults of docker/compose.yaml to it"
+    )
+
+
+def test_build_context_is_only_what_the_dockerfile_copies() -> None:
+    """``.dockerignore`` ignores everything (an in-tree ``.venv`` alone is gigabytes) but the
+    Dockerfile's COPY sources, and those exactly."""
+    lines = [ln.strip() for ln in (DOCKER.parent / ".dockerignore").read_text().splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    assert lines[0] == "*"
+    allowed = {ln[1:] for ln in lines if ln.startswith("!")}
+    copied = set()
+    for args in re.findall(r"^COPY (.+)$", (DOCKER / "Dockerfile").read_text(), re.M):
+        words = [w for w in args.split() if not w.startswith("--")]
+        copied.update(w.rstrip("/") for w in words[:-1])
+    assert allowed == copied, (sorted(allowed), sorted(copied))
+    assert all((DOCKER.parent / path).exists() for path in allowed)
 
 
 def test_each_supernode_has_its_own_data_and_clientapp() -> None:

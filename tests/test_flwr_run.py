@@ -1,5 +1,5 @@
-"""`flwr run .` through a real SuperLink (simulation engine, Ray): a SCAFFOLD run completes
-with its client state kept across rounds, a two-model method runs without app changes, and a
+"""`flwr run .` through a real SuperLink (simulation engine, Ray): the README's main job prints
+one line per round, a SCAFFOLD run completes with its client state kept across rounds, a two-model method runs without app changes, and a
 second run with the same seed gives identical metrics (the FedPL test: new node ids and a
 different actor placement)."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flower_harness import superlink
+from tests.flower_harness import app_dir, superlink
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see tests/conftest.py
 
@@ -21,7 +21,8 @@ def test_flwr_run_completes_writes_outputs_and_keeps_scaffold_client_state(tmp_p
     completes and writes its outputs, and each node's c_i round counter, read back from its
     ``context.state``, is 1 in round 1 and 2 in round 2 (3 nodes, all sampled)."""
     out = tmp_path / "runs"
-    run_config = f"strategy='scaffold' scaffold-option='I' num-rounds=2 output-dir='{out}' run-name='smoke' batch-size=256"
+    run_config = (f"strategy='scaffold' scaffold-option='I' num-rounds=2 output-dir='{out}' run-name='smoke' batch-size=256 "
+                  "verbose=true")  # Flower's aggregation lines are read below
     with superlink(tmp_path) as link:
         log = link.run_to_completion(run_config, "num-supernodes=3 client-resources-num-cpus=1", out / "smoke")
     aggregated = re.findall(r"Aggregated MetricRecord: \{[^}]*'scaffold-cv-rounds': ([0-9.e+]+)", log)
@@ -95,3 +96,24 @@ def test_settings_refused_before_round_1_fail_the_run_in_one_line_and_leave_no_f
         assert not (out / "same").exists()
         link.run_to_completion(f"num-rounds=1 samples-per-client=200 output-dir='{out}' run-name='same'",
                                "num-supernodes=2 client-resources-num-cpus=1", out / "same")  # fmt: skip
+
+
+def test_readme_main_job_prints_one_line_per_round(tmp_path: Path) -> None:
+    """The README's main job (the defaults: 20 rounds; 5 simulated nodes), as a user runs it
+    (``flwr run --stream``), prints at most 40 lines: Flower's few lines before the app starts,
+    the run folder, one progress line per round (round 0 = the initial model) with test
+    accuracy, seconds and ETA, and the summary line; no run-configuration dump, no warning the
+    project causes."""
+    out = tmp_path / "runs"
+    with superlink(tmp_path) as link:
+        proc = link.flwr("run", str(app_dir()), link.connection, "--stream", "--federation-config", "num-supernodes=5",
+                         "--run-config", f"output-dir='{out}'", timeout=1200)  # fmt: skip
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == 0, text[-3000:]
+    assert len(text.splitlines()) <= 40, text
+    rounds = [int(r) for r in re.findall(r"round (\d+)/20: test-accuracy \d+\.\d\d%", text)]
+    assert rounds == list(range(21)), text
+    assert len(re.findall(r"round \d+/20: test-accuracy [0-9.]+%, [0-9.]+s, ETA ", text)) == 20
+    assert re.search(r"^fedul-flwr: method=fedul .* rounds=20 failed-replies=0 final-test-accuracy=", text, re.M), text
+    for noise in ("ConfigRecord", "run-config", "fraction_evaluate", "FutureWarning", "Traceback"):
+        assert noise not in text, noise

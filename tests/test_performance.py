@@ -21,6 +21,7 @@ from fedul_flwr.config import RunConfig, config_from_json
 from fedul_flwr.data.partition import _label_dataset, iid_partition
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.models import build_model
+from fedul_flwr.experiments.tables import table_rows
 
 
 @pytest.mark.parametrize(("n", "parts", "seed"), [(100, 7, 0), (60, 60, 3), (1001, 10, 42), (5, 1, 1)])
@@ -94,11 +95,11 @@ def test_augment_section_renders_its_ratios_per_model_and_the_fedul_round() -> N
     augment["per-batch"]["wrn-28-2"]["median-s"]["model step"] = 1.5
     augment["fedul-round"]["rotate-over-none"] = 1.0456
     text = render_markdown(results)
-    cells = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| `")}
-    rows = {cell.split(" ")[0]: line for cell, line in cells.items() if "views of" not in cell}
-    assert set(rows) == {"`small-cnn`", "`wrn-28-2`"}
+    rows = {row[0]: row for row in table_rows(text) if row[0].startswith("`")}
+    main = {cell.split(" ")[0]: row for cell, row in rows.items() if "views of" not in cell}
+    assert set(main) == {"`small-cnn`", "`wrn-28-2`"}
     baseline = augment["setting"].get("baseline")
-    assert not baseline or sum(f"views of `{baseline}`" in cell for cell in cells) == 2
-    assert "(0.12x)" in rows["`small-cnn`"].split("|")[4]  # the strong column
-    assert "| 1500.0 ms |" in rows["`wrn-28-2`"]
+    assert not baseline or sum(f"views of `{baseline}`" in cell for cell in rows) == 2
+    assert main["`small-cnn`"][3].endswith("(0.12x)")  # the strong column
+    assert main["`wrn-28-2`"][1] == "1500.0 ms"
     assert "**1.046x**" in text

@@ -5,7 +5,9 @@ federation, with the clipping they promise checked on the global model."""
 from __future__ import annotations
 
 import json
+import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +20,7 @@ from fedul_flwr.checks import resolve_config
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import get_method
+from fedul_flwr.privacy import privacy_spent
 from fedul_flwr.server_app import global_models, run_federation
 from fedul_flwr.strategies import build_strategy, inner_strategy
 
@@ -125,13 +128,44 @@ def test_client_local_dp_composes_with_hassle_and_server_dp_refuses_it_clearly(t
     rc = {**CHEAP, "method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "L,P,U",
           "labeled-share": 0.5, "samples-per-client": 100, "batch-size": 32, "num-rounds": 2, "output-dir": str(tmp_path),
           "differential-privacy": "client-local", "dp-clipping-norm": 0.05, "dp-sensitivity": 1e-12}  # fmt: skip
-    run_federation(InProcessGrid(client_app, 3, {**rc, "run-name": "local"}), resolve_config({**rc, "run-name": "local"}))
+    outputs = run_federation(InProcessGrid(client_app, 3, {**rc, "run-name": "local"}), resolve_config({**rc, "run-name": "local"}))
+    assert re.search(r" epsilon=[0-9.e+]+ delta=1e-05 ", outputs.summary(num_clients=3))
     rows = json.loads((tmp_path / "local" / "metrics.json").read_text())
     assert [r["round"] for r in rows] == [0, 1, 2]
+    # the privacy spent is recorded every round (0 before any reply left a node), and grows
+    spent = [r[wire.PRIVACY_EPSILON] for r in rows]
+    assert spent[0] == 0 and 0 < spent[1] < spent[2] and {r[wire.PRIVACY_DELTA] for r in rows} == {rc.get("dp-delta", 1e-5)}
+    assert "privacy-epsilon" in (tmp_path / "local" / "metrics.csv").read_text().splitlines()[0]
     server = {**rc, "differential-privacy": "server-fixed", "run-name": "server"}
     # six models go out (w_S_prev, w_U_prev only to be read); every node sends back some of them
     with pytest.raises(ValueError, match=r"sent (16|32) of the 48 global arrays \(models missing: \[.*'w_S_prev', 'w_U_prev'\]\)"):
         run_federation(InProcessGrid(client_app, 3, server), resolve_config(server))
+
+
+def test_privacy_spent_follows_the_gaussian_mechanism_and_composes() -> None:
+    """server-fixed: one round with all nodes is the Gaussian mechanism with noise multiplier z,
+    so its RDP epsilon stays within the classic bound sqrt(2 ln(1.25 / delta)) / z (valid below 1);
+    more rounds spend more, more noise and sampling fewer nodes spend less. client-local with
+    dp-sensitivity = 2C (two clipped updates differ by at most 2C) spends at most the
+    configured dp-epsilon per round. Modes that are not accounted record nothing."""
+    delta = 1e-5
+    fixed = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": 5.0, "dp-delta": delta})
+    one = privacy_spent(fixed, 1, num_nodes=5)
+    assert one[wire.PRIVACY_DELTA] == delta
+    assert 0.5 < one[wire.PRIVACY_EPSILON] <= math.sqrt(2 * math.log(1.25 / delta)) / 5.0
+    assert privacy_spent(fixed, 0, 5)[wire.PRIVACY_EPSILON] == 0
+    ten = privacy_spent(fixed, 10, 5)[wire.PRIVACY_EPSILON]
+    assert one[wire.PRIVACY_EPSILON] < ten < 10 * one[wire.PRIVACY_EPSILON]
+    noisier = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": 10.0})
+    assert privacy_spent(noisier, 10, 5)[wire.PRIVACY_EPSILON] < ten
+    sampled = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": 5.0, "fraction-train": 0.1,
+                              "min-train-nodes": 2})  # fmt: skip
+    assert privacy_spent(sampled, 10, 100)[wire.PRIVACY_EPSILON] < ten  # 10 of 100 nodes a round
+    local = resolve_config({"differential-privacy": "client-local", "dp-epsilon": 0.9, "dp-sensitivity": 2.0,
+                            "dp-clipping-norm": 1.0, "dp-delta": delta})  # fmt: skip
+    assert 0.5 < privacy_spent(local, 1, 5)[wire.PRIVACY_EPSILON] <= 0.9
+    for mode in ("none", "server-adaptive"):
+        assert privacy_spent(resolve_config({"differential-privacy": mode}), 3, 5) == {}
 
 
 @pytest.mark.parametrize(

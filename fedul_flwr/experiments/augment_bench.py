@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from fedul_flwr.augment import Augmentation
+from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.models import build_model
 
@@ -226,19 +227,18 @@ def section_augment(args: argparse.Namespace) -> dict[str, Any]:
 def augment_markdown(augment: Mapping[str, Any]) -> str:
     """The section's results as markdown tables (milliseconds, ratios to the model step)."""
     s = augment["setting"]
-    lines = [f"Per batch of {s['batch']} uint8 images on `{s['device']}` ({s['device-name']}, {s['threads']} thread(s)), "
-             f"medians of {s['repeats']} interleaved repeats; ratio = augmentation / the model's forward + backward + "
-             "SGD step on the same batch:", "",
-             "| model (images) | step | " + " | ".join(AUGMENT_NAMES) + " |", "|---|---|" + "---|" * len(AUGMENT_NAMES)]  # fmt: skip
+    rows = []
     for model_name, row in augment["per-batch"].items():
         _, c, h, w = row["shape"]
         cells = [f"{1e3 * row['median-s'][n]:.1f} ms ({row['over-model-step'][n]:.2f}x)" for n in AUGMENT_NAMES]
-        lines.append(f"| `{model_name}` ({h}x{w}x{c}, {row['precision']}) | {1e3 * row['median-s']['model step']:.1f} ms | "
-                     + " | ".join(cells) + " |")  # fmt: skip
+        rows.append([f"`{model_name}` ({h}x{w}x{c}, {row['precision']})", f"{1e3 * row['median-s']['model step']:.1f} ms", *cells])
         if f"{AUGMENT_NAMES[0]} (baseline)" in row["median-s"]:
             cells = [f"{1e3 * row['median-s'][n + ' (baseline)']:.1f} ms ({row['over-model-step'][n + ' (baseline)']:.2f}x)"
                      for n in AUGMENT_NAMES]  # fmt: skip
-            lines.append(f"| `{model_name}`, views of `{s['baseline']}` | | " + " | ".join(cells) + " |")
+            rows.append([f"`{model_name}`, views of `{s['baseline']}`", "", *cells])
+    lines = [f"Per batch of {s['batch']} uint8 images on `{s['device']}` ({s['device-name']}, {s['threads']} thread(s)), "
+             f"medians of {s['repeats']} interleaved repeats; ratio = augmentation / the model's forward + backward + "
+             "SGD step on the same batch:", "", markdown_table(["model (images)", "step", *AUGMENT_NAMES], rows)]  # fmt: skip
     r = augment["fedul-round"]
     lines += ["", f"FedUL local round, `mnist-sample`, {r['clients']} clients, M = {r['num-sets']}: "
               f"`augment='none'` {r['median-s']['none']:.2f} s, `augment='rotate'` {r['median-s']['rotate']:.2f} s: "

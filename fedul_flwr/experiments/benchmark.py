@@ -115,6 +115,7 @@ from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import Method, RoundContext, get_method
 from fedul_flwr.methods.base import Predictor
+from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.models import build_model
 from fedul_flwr.runtime import loop_acceleration
 from fedul_flwr.server_app import global_models
@@ -1019,43 +1020,45 @@ def loop_markdown(loop: Mapping[str, Any]) -> str:
     first = names[0]
     lines = []
     models = [m for m in loop if m not in ("setting", "section-wall-s")]
-    lines.append("| model | images/round | variant | settings | images/s | speedup over " + first + " | after-1-round test accuracy |")
-    lines.append("|---|---|---|---|---|---|---|")
     for model in models:
         row = loop[model]
         for name in names:
             v = row[name]
-            lines.append(
-                f"| {model} | {row['images-per-round']} | {name} | {v['settings']} | {v['images-per-s']:.0f} | "
-                f"{v[f'speedup-over-{first}']:.2f}x ({v['median-of-paired-speedups']:.2f}x) | "
-                f"{100 * row['after-one-round-test-accuracy'][name]:.2f}% |"
-            )
-    return "\n".join(lines)
+            lines.append([model, row["images-per-round"], name, v["settings"], f"{v['images-per-s']:.0f}",
+                          f"{v[f'speedup-over-{first}']:.2f}x ({v['median-of-paired-speedups']:.2f}x)",
+                          f"{100 * row['after-one-round-test-accuracy'][name]:.2f}%"])  # fmt: skip
+    head = ["model", "images/round", "variant", "settings", "images/s", f"speedup over {first}", "after-1-round test accuracy"]
+    return markdown_table(head, lines)
 
 
 def scale_markdown(scale: Mapping[str, Any], label: str = "") -> str:
     """The ``scale`` section as markdown: per-point time per client and the CPU seconds of
     the busiest processes, then the py-spy profile of each point that has one."""
-    lines = ["| run | N | clients x images per round | steady round (s) | ms per client | CPU s by process (whole run) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
-    for p in scale["points"]:
-        cpu = ", ".join(f"{name.replace('python3.11 ', '')} {sec:.0f}" for name, sec in p.get("cpu-s-by-process", [])[:3])
-        lines.append(
-            f"| {label} | {p['clients']} | {p['clients-per-round']} x {p['images-per-client']} | "
-            f"{p.get('steady-round-s', float('nan')):.2f} | {p.get('ms-per-client', float('nan')):.0f} | {cpu} |"
-        )
+    lines = [markdown_table(SCALE_HEAD, scale_rows(scale, label))]
     for p in scale["points"]:
         prof = p.get("profile")
         if not prof:
             continue
+        shares = [[f"{kind} ({100 * cats['share']:.0f}% of samples)", cat, f"{100 * share:.1f}%"]
+                  for kind, cats in prof["by-process"].items() for cat, share in cats.items()
+                  if cat != "share" and share >= 0.005]  # fmt: skip
         lines += ["", f"py-spy profile of N = {p['clients']}, fraction-train = {p['fraction-train']} "
                   f"({prof['busy-samples']} busy samples at 50 Hz; shares of all busy samples):", "",
-                  "| process | category | share |", "|---|---|---|"]  # fmt: skip
-        for kind, cats in prof["by-process"].items():
-            for cat, share in cats.items():
-                if cat != "share" and share >= 0.005:
-                    lines.append(f"| {kind} ({100 * cats['share']:.0f}% of samples) | {cat} | {100 * share:.1f}% |")
+                  markdown_table(["process", "category", "share"], shares)]  # fmt: skip
     return "\n".join(lines)
+
+
+SCALE_HEAD = ["run", "N", "clients x images per round", "steady round (s)", "ms per client", "CPU s by process (whole run)"]
+
+
+def scale_rows(scale: Mapping[str, Any], label: str = "") -> list[list[str]]:
+    """The cells of the ``scale`` table: one row per point, labeled ``label``."""
+    rows = []
+    for p in scale["points"]:
+        cpu = ", ".join(f"{name.replace('python3.11 ', '')} {sec:.0f}" for name, sec in p.get("cpu-s-by-process", [])[:3])
+        rows.append([label, str(p["clients"]), f"{p['clients-per-round']} x {p['images-per-client']}",
+                     f"{p.get('steady-round-s', float('nan')):.2f}", f"{p.get('ms-per-client', float('nan')):.0f}", cpu])  # fmt: skip
+    return rows
 
 
 # --------------------------------------------------------------------------- main
@@ -1179,9 +1182,8 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         )
         scales = [(f.stem, results[f.stem]["scale"]) for f in files if "scale" in results[f.stem]]
         if len(scales) > 1:  # one summary table of every scale point first
-            rows = [line for stem, scale in scales for line in scale_markdown(scale, stem).split("\n")[2:]
-                    if line.startswith(f"| {stem} |")]  # fmt: skip
-            text = "\n".join(scale_markdown({"points": []}).split("\n")[:2] + rows) + "\n\n" + text
+            rows = [row for stem, scale in scales for row in scale_rows(scale, stem)]
+            text = markdown_table(SCALE_HEAD, rows) + "\n\n" + text
         if args.markdown:
             Path(args.markdown).write_text(text)
         print(text)

@@ -47,6 +47,7 @@ from fedul_flwr.experiments.runner import (
     parse_seeds,
     run_grid,
 )
+from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.strategies import STRATEGIES
 
 DEFAULT_STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova", "fedadam")
@@ -97,14 +98,15 @@ def _cell(values: list[float]) -> str:
 
 def render(records: Sequence[dict[str, Any]], header: str) -> str:
     """Markdown table: rows = strategies, final and best test error % (mean (std) over seeds)."""
-    lines = [header, "", "| strategy | settings | final test error % | best test error % | seeds |", "|---|---|---|---|---|"]
+    cells = []
     for strategy in dict.fromkeys(r["spec"]["column"] for r in records):
         rows = [r for r in records if r["spec"]["column"] == strategy]
         settings = ", ".join(f"{k}={v}" for k, v in rows[0]["spec"]["overrides"].items()) or "-"
         finals = [r["last-test-error"] for r in rows]
         bests = [r["best-test-error"] if r["best-test-error"] is not None else r["last-test-error"] for r in rows]
-        lines.append(f"| {strategy} | {settings} | {_cell(finals)} | {_cell(bests)} | {len(rows)} |")
-    return "\n".join(lines) + "\n"
+        cells.append([strategy, settings, _cell(finals), _cell(bests), len(rows)])
+    head = ["strategy", "settings", "final test error %", "best test error %", "seeds"]
+    return "\n".join([header, "", markdown_table(head, cells)]) + "\n"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

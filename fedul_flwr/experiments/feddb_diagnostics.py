@@ -30,6 +30,8 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedul_flwr.experiments.tables import markdown_table
+
 __all__ = ["DIAGNOSTIC_ROUNDS", "diagnostics_of", "render_diagnostics"]
 
 DIAGNOSTIC_ROUNDS: tuple[int, ...] = (10, 50, 100, 150)
@@ -115,8 +117,8 @@ def render_diagnostics(records: Sequence[Mapping[str, Any]], rounds: Sequence[in
                     for v in [diagnostics_of(m).get(key)] if v is not None
                 ]  # fmt: skip
             if any(per_round.values()):
-                lines.append(f"| {row} | {column} | " + " | ".join(_cell(per_round[x], len(runs), digits) for x in rounds) + " |")
+                lines.append([row, column, *(_cell(per_round[x], len(runs), digits) for x in rounds)])
         if lines:
-            head = "| partition | method | " + " | ".join(f"round {x}" for x in rounds) + " |"
-            text += [f"#### {title}", "", head, "|---|---|" + "---|" * len(rounds), *lines, ""]
+            head = ["partition", "method", *(f"round {x}" for x in rounds)]
+            text += [f"#### {title}", "", markdown_table(head, lines), ""]
     return "\n".join(text)

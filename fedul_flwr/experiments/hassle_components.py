@@ -34,6 +34,7 @@ import torch
 
 from fedul_flwr.checkpoint import load_checkpoint
 from fedul_flwr.checks import resolve_config
+from fedul_flwr.experiments.tables import markdown_table, table_rows
 from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import get_method
@@ -148,11 +149,9 @@ def render_components(rows: Mapping[str, Mapping[str, float]]) -> str:
     if not rows:
         return ""
     columns: list[str] = list(dict.fromkeys(k for r in rows.values() for k in r if k != "round"))
-    lines = ["| run | round | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
-    for label, r in rows.items():
-        cells = ["-" if r.get(c) is None else f"{r[c]:.2f}" for c in columns]
-        lines.append(f"| {label} | {int(r['round'])} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    cells = [[label, int(r["round"]), *("-" if r.get(c) is None else f"{r[c]:.2f}" for c in columns)]
+             for label, r in rows.items()]  # fmt: skip
+    return markdown_table(["run", "round", *columns], cells)
 
 
 def read_components(page: str | Path) -> dict[str, dict[str, float]]:
@@ -171,15 +170,13 @@ def read_components(page: str | Path) -> dict[str, dict[str, float]]:
     start, end = "<!-- --8<-- [start:components] -->", "<!-- --8<-- [end:components] -->"
     if start not in text or end not in text:
         raise ValueError(f"{path}: no components table between {start!r} and {end!r}")
-    lines = [line for line in text[text.index(start) + len(start):text.index(end)].splitlines() if line.startswith("|")]
+    lines = table_rows(text[text.index(start) + len(start):text.index(end)])
     if not lines:
         return {}
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    header = lines[0]
     rows: dict[str, dict[str, float]] = {}
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        row = {k: float(v) for k, v in zip(header[1:], cells[1:], strict=True) if v != "-"}
-        rows[cells[0]] = row
+    for cells in lines[1:]:
+        rows[cells[0]] = {k: float(v) for k, v in zip(header[1:], cells[1:], strict=True) if v != "-"}
     return rows
 
 

@@ -70,6 +70,7 @@ from fedul_flwr.experiments.runner import (
     parse_seeds,
     run_grid,
 )
+from fedul_flwr.experiments.tables import markdown_table
 
 # --------------------------------------------------------------------------- methods
 
@@ -542,7 +543,7 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
                 values[(s["row"], label, s["sub"])].append(1.0 - value if accuracy else value)
     gap = next(((a, b) for a, b in GAPS if a in columns and b in columns), None)
     head = ["setting", *columns] + ([f"gap {gap[0]} - {gap[1]}"] if gap else [])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for row in rows:
         cells = [row]
         for col in columns:
@@ -561,8 +562,8 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
                 ref = values.get((row, gap[1], sub)) or values.get((row, gap[1], "*"), [])
                 gaps.append(f"{100 * (statistics.fmean(ul) - statistics.fmean(ref)):+.2f}" if ul and ref else "-")
             cells.append(" / ".join(gaps))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown_table(head, lines)
 
 
 def plot_curves(grid: str, records: Sequence[Mapping[str, Any]], plots_dir: Path) -> list[Path]:
@@ -666,18 +667,17 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         rounds = sorted({10, 50, 100, 150, 200} & set(range(1, max(int(r["last-round"]) for r in diagnosed) + 1)))
         text += _section("diagnostics", f"Why: {title} by round", render_diagnostics(diagnosed, rounds=rounds))
     if records:  # every run's wall time and the settings that decide it
-        rows = ["| run | wall time (s) | s per round (median) | threads | device | loop | continued after round |",
-                "|---|---|---|---|---|---|---|"]  # fmt: skip
+        rows = []
         for r in sorted(records, key=lambda r: r["run-id"]):
             c = r["config"]
             loop = " ".join(str(c.get(k, "-")) for k in ("precision", "memory-format"))
             loop += " fused" if c.get("fused-optimizer") else (" per-parameter" if "fused-optimizer" in c else "")
             shared = f" (= {r['same-run-as']})" if r.get("same-run-as") else ""
             per_round = seconds_per_round(r)
-            rows.append(f"| {r['run-id']}{shared} | {r['wall-time-s']:.0f} | "
-                        f"{'-' if per_round is None else f'{per_round:.1f}'} | {r.get('threads', '-')} | "
-                        f"{c.get('device', '-')} | {loop} | {r.get('resumed-after-round', '-')} |")  # fmt: skip
-        text += _section("wall-time", "Wall time per run", "\n".join(rows))
+            rows.append([f"{r['run-id']}{shared}", f"{r['wall-time-s']:.0f}", "-" if per_round is None else f"{per_round:.1f}",
+                         r.get("threads", "-"), c.get("device", "-"), loop, r.get("resumed-after-round", "-")])  # fmt: skip
+        head = ["run", "wall time (s)", "s per round (median)", "threads", "device", "loop", "continued after round"]
+        text += _section("wall-time", "Wall time per run", markdown_table(head, rows))
     plots = plot_curves(grid, records, out_dir / "plots") if records else []
     text += [f"![{p.stem}](plots/{p.name})" for p in plots]
     path = out_dir / f"results-{grid}.md"

@@ -26,6 +26,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedul_flwr.experiments.tables import markdown_table
+
 __all__ = ["RANGE_ROUNDS", "WINDOW", "at_chance", "format_seeds", "predictor_columns", "render_windows"]
 
 WINDOW = 50
@@ -106,7 +108,7 @@ def render_windows(
             cells.setdefault((r["spec"]["row"], r["spec"]["column"], label, key), []).append(r)
     head = ["setting", "method", "predictor", *(f"rounds {a}-{b}" for a, b in windows),
             f"range, last {range_rounds} rounds", "rounds at chance"]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for (row, column, label, key), runs in cells.items():
         per_run = [{int(m["round"]): float(m[key]) for m in r["metrics"] if key in m and int(m["round"]) >= 1} for r in runs]
         means = []
@@ -117,5 +119,5 @@ def render_windows(
         tails = [[acc[n] for n in sorted(acc)[-range_rounds:]] for acc in per_run if acc]
         spread = " / ".join(f"{100 * min(t):.1f}-{100 * max(t):.1f}" for t in tails) or "-"
         chance = " / ".join(f"{sum(at_chance(v, num_classes) for v in acc.values())} of {len(acc)}" for acc in per_run)
-        lines.append(f"| {row} | {column} | {label or '-'} | " + " | ".join(means) + f" | {spread} | {chance} |")
-    return "\n".join(lines)
+        lines.append([row, column, label or "-", *means, spread, chance])
+    return markdown_table(head, lines)

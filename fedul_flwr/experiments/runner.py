@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "RunSpec", "add_common_arguments", "best_val_round", "execute", "load_records", "parse_overrides", "parse_seeds",
+    "RunSpec", "add_common_arguments", "best_val_round", "check_run_configs", "execute", "load_records", "parse_overrides", "parse_seeds",
     "resumable_round", "run_grid", "run_settings", "threads_per_job",
 ]  # fmt: skip
 
@@ -275,6 +275,25 @@ def summary_line(record: Mapping[str, Any]) -> str:
     )
 
 
+def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]]) -> None:
+    """Resolve every run's configuration.
+
+    Raises
+    ------
+    fedul_flwr.config.ConfigError
+        For the first invalid one, naming the run, the key and the value (and the flags that
+        set them: ``--data-dir``, ``--set KEY=VALUE``).
+    """
+    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.config import ConfigError
+
+    for spec, run_config in runs:
+        try:
+            resolve_config(dict(run_config))
+        except ConfigError as exc:
+            raise ConfigError(f"run {spec.run_id}: {exc} (data-dir is --data-dir, other keys --set KEY=VALUE)") from exc
+
+
 def run_grid(
     runs: Sequence[tuple[RunSpec, dict[str, Any]]], records_dir: Path, jobs: int = 1, threads: int = 0, name: str = "grid"
 ) -> list[dict[str, Any]]:
@@ -300,6 +319,7 @@ def run_grid(
     """
     from tqdm import tqdm
 
+    check_run_configs(runs)  # a grid with a bad run is refused before anything runs or is written
     records_dir.mkdir(parents=True, exist_ok=True)
     todo = [(s, rc, str(records_dir / f"{s.run_id}.json")) for s, rc in runs if not (records_dir / f"{s.run_id}.json").exists()]
     if todo:  # a run recorded already, e.g. in another grid, is not trained again
@@ -338,13 +358,15 @@ def run_grid(
     return load_records([s for s, _ in runs], records_dir)
 
 
+DISPLAY_KEYS = ("verbose",)
+"""Settings that change only what a run prints, never its result (nor its checkpoint's match)."""
 SHARED_FREE = ("run-name", "resume")
 """Resolved settings that do not change a run's result: two runs equal in all others are one."""
 
 
 def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """The resolved settings that can change a run: all but the options of methods other than
-    the run's ``method`` (:attr:`Method.options`). So a checkpoint or a record written before
+    the run's ``method`` (:attr:`Method.options`) and :data:`DISPLAY_KEYS`. So a checkpoint or a record written before
     another method gained an option still matches its run.
 
     Raises
@@ -356,7 +378,7 @@ def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
     own = {o.key for o in get_method(str(config["method"])).options}
     foreign = {o.key for name in METHODS.names() for o in get_method(name).options} - own
-    return {k: v for k, v in config.items() if k not in foreign}
+    return {k: v for k, v in config.items() if k not in foreign and k not in DISPLAY_KEYS}
 
 
 def _settings(config: Mapping[str, Any]) -> str:

@@ -1,0 +1,92 @@
+"""What a run prints: one line per round (test accuracy, seconds, ETA) and the summary line by
+default, Flower's full logs as well with ``verbose=true``.
+
+Flower's console handler (``flwr.common.logger.console_handler``, the one whose output
+``flwr run --stream`` and ``flwr log`` show) gets a filter that lets through warnings and
+errors, and the project's progress lines (:data:`PROGRESS`, a child of Flower's logger). The
+filter sits on that handler and not on the logger, so every other handler of Flower's logger
+(the run folder's ``flower.log`` of the ``fedul`` grid runner, pytest's ``caplog``) still gets
+everything. Two warnings the project's own settings cause are dropped unless verbose: Flower's
+"fraction_evaluate is set to 0.0" (the server evaluates centrally: no client evaluation is
+intended) and Ray's tip about accelerator variables for actors with ``num_gpus=0``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+
+from flwr.common.logger import FLOWER_LOGGER, console_handler
+
+__all__ = ["PROGRESS", "RoundClock", "set_verbose"]
+
+PROGRESS = logging.getLogger(f"{FLOWER_LOGGER.name}.fedul-flwr")
+"""The progress lines of a run (one per round); shown whether or not ``verbose``."""
+PROGRESS.setLevel(logging.INFO)
+
+_PROJECT_CAUSED = ("fraction_evaluate is set to 0.0",)
+"""Flower warnings that the project's settings cause on purpose (message starts)."""
+_RAY_TIP = r"Tip: In future versions of Ray, Ray will no longer override accelerator"
+
+
+class QuietFilter(logging.Filter):
+    """Keeps warnings and errors (but :data:`_PROJECT_CAUSED`) and the :data:`PROGRESS` lines."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == PROGRESS.name:
+            return True
+        if record.levelno < logging.WARNING:
+            return False
+        return not str(record.msg).startswith(_PROJECT_CAUSED)
+
+
+_QUIET = QuietFilter()
+
+
+def set_verbose(verbose: bool) -> None:
+    """Quiet (``False``: :class:`QuietFilter` on Flower's console handler, Ray's tip ignored)
+    or Flower's full console log (``True``) for this process. Idempotent."""
+    console_handler.removeFilter(_QUIET)
+    if verbose:
+        warnings.filterwarnings("default", message=_RAY_TIP, category=FutureWarning)
+        return
+    console_handler.addFilter(_QUIET)
+    warnings.filterwarnings("ignore", message=_RAY_TIP, category=FutureWarning)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class RoundClock:
+    """The progress line of each round: round, headline test accuracy, seconds the round took,
+    and the estimated time to the last round (mean seconds per round so far times the rounds
+    left).
+
+    Parameters
+    ----------
+    num_rounds : int
+        The run's last round.
+    start_round : int
+        Rounds done before this start (a resumed run); the estimate counts only this start's.
+    """
+
+    def __init__(self, num_rounds: int, start_round: int = 0) -> None:
+        self.num_rounds = num_rounds
+        self.start_round = start_round
+        self.started = self.last = time.monotonic()
+
+    def line(self, server_round: int, accuracy: float) -> str:
+        """The line after ``server_round`` (round ``start_round``: the initial model); accuracy
+        in [0, 1]."""
+        now = time.monotonic()
+        took, self.last = now - self.last, now
+        if server_round <= self.start_round:  # the estimate counts the training rounds only
+            self.started = now
+            return f"round {server_round}/{self.num_rounds}: test-accuracy {100 * accuracy:.2f}% (initial model)"
+        per_round = (now - self.started) / (server_round - self.start_round)
+        eta = per_round * (self.num_rounds - server_round)
+        return (f"round {server_round}/{self.num_rounds}: test-accuracy {100 * accuracy:.2f}%, "
+                f"{took:.1f}s, ETA {_clock(eta)}")  # fmt: skip

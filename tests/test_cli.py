@@ -1,0 +1,78 @@
+"""The ``fedul`` command ends every error a user can cause with one line naming the setting and
+its value, a non-zero exit code and nothing written; ``--debug`` shows the traceback; its
+``--help`` texts are plain text (no Sphinx markup from the docstrings they come from)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fedul_flwr import cli
+from fedul_flwr.config import ConfigError
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "Traceback" not in captured.err + captured.out
+    return lines[0]
+
+
+def test_compare_without_data_dir_is_one_line_naming_the_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    assert cli.main(["compare", "--rounds", "1", "--strategies", "fedavg", "--out", str(out)]) == 1
+    line = _one_error_line(capsys)
+    assert line.startswith("fedul: error: ") and "dataset='mnist'" in line and "--data-dir" in line
+    assert not out.exists()  # refused before anything was written
+
+
+def test_too_few_nodes_for_krum_is_refused_before_any_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    args = ["compare", "--dataset", "mnist-sample", "--strategies", "krum", "--clients", "2", "--rounds", "1", "--out", str(out)]
+    assert cli.main(args) == 1
+    line = _one_error_line(capsys)
+    assert "strategy='krum'" in line and "min-train-nodes=2" in line
+    assert not out.exists()
+
+
+def test_node_data_write_with_an_unquoted_string_names_the_pair(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "nodes"
+    assert cli.main(["node-data", "write", "--out", str(out), "--num-nodes", "3", "--run-config", "num-sets=10 partition=noniid"]) == 1
+    line = _one_error_line(capsys)
+    assert "'partition=noniid'" in line and 'partition="noniid"' in line
+    assert not out.exists()
+
+
+def test_debug_shows_the_traceback(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="data-dir"):
+        cli.main(["--debug", "compare", "--rounds", "1", "--strategies", "fedavg", "--out", str(tmp_path / "out")])
+
+
+def test_error_line_is_one_line_for_multi_line_messages() -> None:
+    assert cli.error_line(ValueError("first\n  second")) == "fedul: error: first second"
+    assert cli.error_line(KeyError("missing")) == "fedul: error: missing"
+    assert cli.error_line(RuntimeError()) == "fedul: error: RuntimeError"
+
+
+@pytest.mark.parametrize("command", [[], ["reproduce"], ["compare"], ["benchmark"], ["node-data"]])
+def test_help_texts_are_plain(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.strip()
+    for role in (":class:`", ":func:`", ":mod:`", ":data:`", ":meth:`", ":attr:`", "``"):
+        assert role not in text, (command, role)
+
+
+def test_roles_become_plain_text_or_optional_crossrefs() -> None:
+    from fedul_flwr.markup import ROLE, crossrefs, plain
+
+    text = "see :class:`RunConfig`, :func:`~fedul_flwr.runtime.model_seed` and ``flwr run``"
+    assert plain(text) == "see RunConfig, model_seed() and flwr run"
+    names = {"RunConfig": "fedul_flwr.config.RunConfig"}
+    linked = crossrefs(text, lambda name: names.get(name, name))
+    assert '<autoref identifier="fedul_flwr.config.RunConfig" optional><code>RunConfig</code></autoref>' in linked
+    assert "<code>model_seed()</code>" in linked and not ROLE.search(linked)
