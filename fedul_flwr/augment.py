@@ -63,7 +63,6 @@ per image before; measured against it in ``tests/test_augment.py``):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch

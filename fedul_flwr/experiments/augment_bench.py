@@ -131,7 +131,7 @@ def per_batch(model_name: str, batch: int, device: torch.device, repeats: int, b
 
 def fedul_rounds(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Median seconds of a FedUL local round with ``augment='rotate'`` and with ``'none'``."""
-    from fedul_flwr.experiments.benchmark import bare_round, build_federation
+    from fedul_flwr.experiments.bare_loop import bare_round, build_federation
     from fedul_flwr.methods import get_method
 
     base = {"dataset": "mnist-sample", "num-sets": args.num_sets, "samples-per-client": args.samples_per_client, "device": device.type}
@@ -153,7 +153,7 @@ def feddb_round(args: argparse.Namespace, device: torch.device) -> dict[str, Any
     """Median seconds of one FedDB round of the paper protocol on synthetic CIFAR-shaped data."""
     from fedul_flwr.data.client_data import ClientData, LabeledImages
     from fedul_flwr.data.datasets import dataset_info, normalize
-    from fedul_flwr.experiments.benchmark import Federation, bare_round
+    from fedul_flwr.experiments.bare_loop import Federation, bare_round
     from fedul_flwr.methods import get_method
     from fedul_flwr.server_app import global_models
 
