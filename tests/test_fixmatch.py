@@ -201,6 +201,8 @@ def test_feddb_diagnostics_by_hand() -> None:
     assert got["effective-clients"] == pytest.approx(1 / (0.25 + 0.0625 + 0.0625))
     assert (got["dma-loss-uniform"], got["dma-loss"]) == (0.3, 0.1)
     assert diagnostics_of({"round": 3, "test-error": 0.2}) == {}
+    # HASSLE's class mix: kept shares per class 0.5, 0.3, 0.1, 0.1 -> 80% in the two largest
+    assert diagnostics_of({"round": 1, "pseudo-label-classes": [0.1, 0.5, 0.1, 0.3]})["top2-classes"] == pytest.approx(80.0)
     spec = {"row": "IID", "column": "FedDB"}
     records = [{"spec": spec, "metrics": [row]}, {"spec": spec, "metrics": [{**row, "round": 50, "pseudo-label-share": 0.75}]}]
     text = render_diagnostics(records, rounds=(10, 50))

@@ -459,8 +459,8 @@ def test_shared_init_starts_w_u_from_w_s() -> None:
 
 def test_pseudo_label_diagnostics_by_hand() -> None:
     """An unlabeled client: the kept pseudo-labels of Eq. 11 (teacher w_S_prev + r_US, as
-    received) counted per class and against the true classes, each divided by the client's
-    images n."""
+    received) counted per class and against the true classes, as shares of its unlabeled
+    images."""
     from fedul_flwr.methods.hassle import _logits
 
     received, models, method, client = _hassle_round({}, layout="U,L")

@@ -17,13 +17,14 @@ weighs the same 500 in ``roles/aggregator.py``): ``aggregation-weights = "unifor
 
 Choices the paper leaves open (see :mod:`fedul_flwr.methods.fedpu.risk` for the loss):
 
-- ``fedpu-loss`` = ``eq10-nn`` (default): Eq. 10 with the cross-entropy surrogate, each
-  negative class's corrected risk clamped at 0 (nnPU-style); ``nnpu``: a sum of one-vs-rest
-  binary nnPU risks, which differs from Eq. 10 by a term penalising confusions between
-  positive classes (not a constant once a client has two or more); ``upu``: the same
-  unclamped; ``eq10``: Eq. 10 with the bounded surrogate 1 - s_m; ``authors``: the authors'
-  code (``MPULoss_V2``; their class prior is the client's unlabeled class mix:
-  ``class-prior = "client"``).
+- ``fedpu-loss`` = ``nnpu`` (default): a sum of one-vs-rest binary nnPU risks. It is not
+  Eq. 10: under the 0-1 loss it is Eq. 10 plus a term that penalises predicting another
+  positive class for a labeled image (not a constant once a client has two or more positive
+  classes). ``eq10-nn``: Eq. 10 itself with the cross-entropy surrogate, each negative class's
+  corrected risk clamped at 0 (nnPU-style); it measured lower than ``nnpu`` here
+  (docs/fedpu.md), hence the default. ``upu``: ``nnpu`` unclamped; ``eq10``: Eq. 10 with the
+  bounded surrogate 1 - s_m; ``authors``: the authors' code (``MPULoss_V2``; their class
+  prior is the client's unlabeled class mix: ``class-prior = "client"``).
 - The unlabeled stream drives the local epoch (it is the larger part on every client of the
   paper's settings); the labeled positives are cycled in batches of the same size.
 - Eq. 10's third, cross-client term needs each client to know the other clients' positive

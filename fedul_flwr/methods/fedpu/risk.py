@@ -12,7 +12,7 @@ The paper never says which differentiable surrogate replaces P(f != m), and the 
 *subtracts* terms, so with cross-entropy it is unbounded below (a model can drive the
 subtracted terms to +inf). The losses, by name in :data:`PU_LOSSES`:
 
-``eq10-nn`` (default)
+``eq10-nn``
     Eq. 10 itself with the cross-entropy surrogate P(f(x) != m) ~ -log s_m, regrouped by class
     and made non-negative as in nnPU (Kiryo et al., NeurIPS 2017). Eq. 10 is, exactly,
 
@@ -27,7 +27,7 @@ subtracted terms to +inf). The losses, by name in :data:`PU_LOSSES`:
           + sum_{m in CN} max(0, E_U[-log s_m] - sum_{i in CP} pi_i E_i[-log s_m]).
 
     Where no clamp acts, L is Eq. 10 with this surrogate, term for term. Bounded below by 0.
-``nnpu``
+``nnpu`` (default: it measures better than ``eq10-nn``, docs/fedpu.md)
     A sum over the positive classes of one-vs-rest binary non-negative PU risks ("i" against
     "not i", class prior pi_i), with the nnPU clamp:
 

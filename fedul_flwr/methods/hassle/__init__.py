@@ -75,10 +75,10 @@ Choices the paper leaves open, made here (and in :mod:`.losses`):
   images as they are (no augmentation: the paper names none).
 
 Per-round diagnostics (train metrics, averaged over the round's clients weighted by their
-images n): ``pseudo-label-share``, ``pseudo-label-classes`` (the class mix of the kept
-pseudo-labels, up to normalisation) and ``pseudo-label-correct-share`` (their accuracy, up to
-the same normalisation; simulation only) -- :meth:`Hassle.uploads`; and the test accuracy of
-the dual models alone beside SM, UM and EM (:meth:`Hassle.predictors`).
+images n_L + n_U): ``pseudo-label-share``, ``pseudo-label-classes`` (per class; divided by
+their sum, the class mix of the pseudo-labels) and ``pseudo-label-correct-share`` (over the
+share: their accuracy; simulation only), as FixMatch's (:meth:`Hassle.uploads`); and the test
+accuracy of the dual models alone beside SM, UM and EM (:meth:`Hassle.predictors`).
 """
 
 from __future__ import annotations
@@ -322,7 +322,6 @@ class Hassle(Method):
                 results += self._side(models, frozen, loop, client.unlabeled, targets, mask, "w_U", "w_S", "r_SU")
                 self._sent += ("w_U", "r_SU") if self.residual else ("w_U",)
         n = sum(len(p) for p in (client.labeled, client.unlabeled) if p is not None)
-        self._n = n
         if not results and warm:  # an unlabeled client during the warm-up: nothing to train yet
             return TrainResult(loss=0.0, num_examples=n, num_steps=0)
         if not results:
@@ -336,23 +335,22 @@ class Hassle(Method):
         return self._sent
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
-        """n_L and n_U (the aggregation weights); the share of the client's unlabeled images
-        whose pseudo-label passed the threshold (0 without unlabeled data or in the warm-up);
-        diagnostics per image of the client (n = n_L + n_U, the weight of the round's
-        average of train metrics, so the averages are sums over the round's clients divided
-        by their images): ``pseudo-label-classes``, K floats, the kept pseudo-labels of each
-        class / n (divided by its sum: the class mix of the round's pseudo-labels) and, in
-        simulation, ``pseudo-label-correct-share``, those of the image's true class / n
-        (divided by the sum of ``pseudo-label-classes``: their accuracy)."""
-        n = max(self._n, 1)
+        """n_L and n_U (the aggregation weights) and, as shares of the client's unlabeled
+        images (0 without unlabeled data or in the warm-up), as FixMatch's: those whose
+        pseudo-label passed the threshold (``pseudo-label-share``); per class, those kept with
+        that class (``pseudo-label-classes``, K floats summing to the share: divided by their
+        sum, the class mix of the pseudo-labels trained on); in simulation, those kept with
+        their true class (``pseudo-label-correct-share``; over ``pseudo-label-share``: the
+        accuracy of the pseudo-labels)."""
+        n_u = 0 if client.unlabeled is None else len(client.unlabeled)
         out: dict[str, float | list[float]] = {
             NUM_LABELED: float(0 if client.labeled is None else len(client.labeled)),
-            NUM_UNLABELED: float(0 if client.unlabeled is None else len(client.unlabeled)),
+            NUM_UNLABELED: float(n_u),
             "pseudo-label-share": self._kept,
-            "pseudo-label-classes": [float(c) / n for c in self._classes],
+            "pseudo-label-classes": [float(c) / max(n_u, 1) for c in self._classes],
         }
         if client.unlabeled_classes is not None:
-            out["pseudo-label-correct-share"] = self._correct / n
+            out["pseudo-label-correct-share"] = self._correct / max(n_u, 1)
         return out
 
     def aggregation(self) -> type | None:
