@@ -90,6 +90,7 @@ FEDPU_COLUMNS: dict[str, dict[str, Any]] = {
     "Baseline-1": {"method": "supervised", "label-fraction": 1.0, "client-setting": "pu"},  # labeled positives only
     "FedPU": {"method": "fedpu", "client-setting": "pu"},
     "uPU (conventional PU)": {"method": "fedpu", "fedpu-loss": "upu", "client-setting": "pu"},
+    "FedPU, Eq. 10": {"method": "fedpu", "fedpu-loss": "eq10-nn", "client-setting": "pu"},  # the default is nnpu
     "Baseline-2 (supervised)": {"method": "supervised", "label-fraction": 1.0, "client-setting": "usets"},
 }
 # FedDB (Zhu et al., IJCAI 2024): the ablation of its Table 4 (FixMatch -> +DPL -> +DPL+DMA)
