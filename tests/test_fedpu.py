@@ -193,3 +193,27 @@ def test_cross_client_switch_queries_every_node_once_and_broadcasts_their_sets(t
     assert len(trains) == 6 and all(sorted(b) == expected for b in trains)
     assert all(kind != "query" and b is None for kind, _, b in sent[False])
     assert losses[True] != pytest.approx(losses[False], rel=1e-3)
+
+
+def test_a_reply_counts_all_its_images_as_in_alg_1() -> None:
+    """Alg. 1, line 7: w <- sum_k n_k / n w^k with n_k = |P_k| + |U_k|. One real local round of
+    a PU client: the reply's count is its labeled positives plus its unlabeled images, not the
+    unlabeled stream that drives the epoch."""
+    from torch import nn
+
+    from fedul_flwr.methods.base import RoundContext, method_class
+    from fedul_flwr.methods.fedpu import aggregation_weight
+    from fedul_flwr.models import build_model
+    from fedul_flwr.training import LocalLoop
+
+    cfg = resolve_config({"method": "fedpu", "client-setting": "pu", "positive-classes": "2", "samples-per-client": 300,
+                          "batch-size": 64})  # fmt: skip
+    client = simulated.load_client(cfg, 0, 5, frozenset({"labeled", "unlabeled", "positive-classes", "class-prior"}))
+    n_p, n_u = len(client.labeled), len(client.unlabeled)
+    assert n_p > 0 and n_u > 0
+    models = nn.ModuleDict({"f": build_model("small-cnn", 1, 10, 28, seed=0)})
+    loop = LocalLoop(epochs=1, lr=0.01, l1_weight=0.0, optimizer="sgd", seed=0, device=torch.device("cpu"),
+                     to_input=client.to_input)  # fmt: skip
+    result = method_class("fedpu")(cfg).local_update(client, models, RoundContext(0, 1, 0), loop)
+    assert result.num_examples == aggregation_weight(client) == n_p + n_u
+    assert result.num_steps == -(-n_u // 64)  # the unlabeled stream still drives the epoch
