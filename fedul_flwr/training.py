@@ -229,6 +229,8 @@ def train_local(
         views = augment_generator(seed)
         total, steps = torch.zeros((), device=device), 0
         for epoch in range(epochs):
+            if task.before_epoch is not None:
+                task.before_epoch(forwards)
             epoch_sum = torch.zeros((), device=device)
             for batch in iterate_batches(task, generator, device, to_input, augment, views):
                 loss = task.loss(forwards, batch)
@@ -244,8 +246,6 @@ def train_local(
             if not math.isfinite(value):
                 raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
             total += epoch_sum
-            if task.after_epoch is not None:
-                task.after_epoch(forwards)
     finally:
         acc.restore(models)
     return TrainResult(loss=float(total) / steps, num_examples=n, num_steps=steps)

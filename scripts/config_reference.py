@@ -118,16 +118,22 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "vat-weight": "FedLLP-VAT consistency weight alpha (App. D: 5e-4 MNIST, 0.05 CIFAR-10)",
         "vat-epsilon": "FedLLP-VAT perturbation radius mu (App. D: 1e-2 MNIST, 6.0 CIFAR-10)",
         "vat-xi": "FedLLP-VAT finite-difference step of the power iteration",
-        "fedpu-loss": "the PU risk: `nnpu` (per positive class non-negative PU risk, bounded below), `upu` "
-        "(unclamped: conventional PU), `eq10` (Eq. 10 with the bounded surrogate 1 - s), `authors` (the "
-        "authors' code) ([FedPU](fedpu.md))",
+        "fedpu-loss": "the PU risk: `nnpu` (a sum of one-vs-rest non-negative binary PU risks, bounded below; "
+        "not Eq. 10: it also penalises confusing two positive classes), `eq10-nn` (Eq. 10 itself with "
+        "cross-entropy, each negative class's corrected risk clamped at 0), `upu` (`nnpu` unclamped: "
+        "conventional PU), `eq10` (Eq. 10 with the bounded surrogate 1 - s), `authors` (the authors' code) "
+        "([FedPU](fedpu.md))",
         "fedpu-cross-client": "add Eq. 10's cross-client term; the server queries every node's positive classes "
         "and broadcasts them to all clients ([what this reveals](fedpu.md))",
         "fixmatch-threshold": "confidence threshold tau of the pseudo-labels",
         "fixmatch-lambda": "weight lambda of the unlabeled loss",
         "fixmatch-mu": "unlabeled images per labeled one in a step",
+        "fixmatch-weight": "a reply's aggregation weight: `epoch` (the images one local epoch passes over: n_L "
+        "where the client has labels, else n_U), `all` (n_L + n_U) or `used` (labeled rows plus pseudo-labels "
+        "kept over the round's steps; a client with none sends no model)",
         "dpl-ema": "gamma of APP-U's moving average (the authors' code's value; the paper gives none)",
-        "dpl-app-u-update": "APP-U update: `epoch` (paper: over all unlabeled images after each local epoch) or "
+        "dpl-app-u-update": "APP-U update: `epoch` (paper, Alg. 3: over all unlabeled images before each local "
+        "epoch's update) or "
         "`step` (authors' code: per step, confident images of the batch)",
         "dma-loss": "DMA's loss, `l2` (paper, Eq. 16) or `mse` (authors' code)",
         "dma-steps": "DMA's gradient steps E_aggr",
@@ -136,13 +142,21 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "channels (1/16 ... 1); 0 removes them (the GRA ablation)",
         "hassle-lambda": "weight lambda of the residual alignment (KL to the tempered logit difference)",
         "hassle-gamma": "gamma of the cross-model proximity term, gamma / 2 times the squared distance of w_S "
-        "and w_U; 0 turns it off (the MPA ablation)",
+        "and w_U beside the batch-mean loss (`hassle-gamma-form`); 0 turns it off (the MPA ablation)",
         "hassle-temperature": "temperature T of the residual target (T^2-scaled KL)",
         "hassle-threshold": "confidence threshold of the pseudo-labels (0: none, the paper's default; 0.95 in "
         "its Table 6)",
         "hassle-pairing": "which dual model a residual model is added to in SM, UM and the pseudo-labels: "
         "`previous`, the one it was trained against (the paper, after its Eq. 10; the previous round's w_S / "
         "w_U travel too), or `current`, the same round's",
+        "hassle-phase-order": "`residual-first` (Eqs. 7-8 and Fig. 3: each residual fits the received dual "
+        "models) or `dual-first` (Alg. 1's order: the dual model trains first, its residual then fits the "
+        "updated one)",
+        "hassle-gamma-form": "`mean` (gamma / 2 times the squared distance beside the batch-mean loss) or `sum` "
+        "(Eq. 12 as written: gamma times it beside the sum over the client's n examples, i.e. 2 gamma / n per "
+        "batch-mean step)",
+        "hassle-shared-init": "start w_U from w_S's initial weights",
+        "hassle-warmup-rounds": "rounds before w_U and r_{S-U} train on pseudo-labels (0: none)",
     },
     "Local training": {
         "num-rounds": "federated rounds",

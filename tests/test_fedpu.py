@@ -57,6 +57,33 @@ def test_nnpu_by_hand_and_its_clamp() -> None:
     assert float(clamped) == pytest.approx(0.99 * -np.log(s0), rel=1e-5)
 
 
+def test_eq10_nn_is_eq10_with_cross_entropy_by_hand_where_no_clamp_acts() -> None:
+    """Two positive classes of three (CP = {0, 1}, CN = {2}), two labeled rows of each class,
+    one unlabeled row; P(f != m) ~ -log s_m. Eq. 10 term by term:
+    sum_{i in {0,1}} pi_i mean_{x in P_i}[-log s_i + log s_2] + mean_{x in U}[-log s_2];
+    the negative class's corrected risk is positive here, so no clamp acts."""
+    prior = torch.tensor([0.25, 0.25, 0.5])
+    logits_p = torch.tensor([[1.0, 0.0, 0.0], [2.0, 1.0, 0.0], [0.0, 1.0, 0.5], [0.0, 0.0, 0.0]])
+    y_p = torch.tensor([0, 0, 1, 1])
+    logits_u = torch.tensor([[2.0, 0.0, -1.0]])
+    s = [_softmax(z) for z in logits_p.numpy()]
+    su = _softmax(logits_u.numpy()[0])
+    eq10 = (0.25 * np.mean([-np.log(s[r][0]) + np.log(s[r][2]) for r in (0, 1)])
+            + 0.25 * np.mean([-np.log(s[r][1]) + np.log(s[r][2]) for r in (2, 3)])
+            - np.log(su[2]))  # fmt: skip
+    corrected = -np.log(su[2]) - 0.25 * np.mean([-np.log(s[r][2]) for r in (0, 1)]) - 0.25 * np.mean([-np.log(s[r][2]) for r in (2, 3)])
+    assert corrected > 0  # the case without the clamp
+    got = PU_LOSSES.get("eq10-nn")(logits_p, y_p, logits_u, torch.tensor([0, 1]), prior)
+    assert float(got) == pytest.approx(eq10, rel=1e-6)
+    # the same with unlabeled data confidently of the negative class ... and positives that
+    # put it far lower: E_U[-log s_2] - sum_i pi_i E_i[-log s_2] < 0 is clamped, leaving
+    # the labeled term sum_i pi_i E_i[-log s_i]
+    far = torch.tensor([[4.0, 4.0, -8.0]]).repeat(4, 1)
+    sf = _softmax(far.numpy()[0])
+    got = PU_LOSSES.get("eq10-nn")(far, y_p, logits_u, torch.tensor([0, 1]), torch.tensor([0.45, 0.45, 0.1]))
+    assert float(got) == pytest.approx(0.45 * -np.log(sf[0]) + 0.45 * -np.log(sf[1]), rel=1e-5)
+
+
 @pytest.mark.parametrize("name", sorted(PU_LOSSES.names()))
 def test_losses_are_bounded_below_where_an_adversary_minimises_them(name: str) -> None:
     """Free logits minimised by Adam for 300 steps: the risk settles at a finite value at or
@@ -75,7 +102,7 @@ def test_losses_are_bounded_below_where_an_adversary_minimises_them(name: str) -
         opt.step()
     value = float(PU_LOSSES.get(name)(logits_p, y_p, logits_u, positives, prior))
     assert np.isfinite(value)
-    bound = {"nnpu": 0.0, "eq10": -(0.25 + 0.25) * 2}.get(name)
+    bound = {"eq10-nn": 0.0, "nnpu": 0.0, "eq10": -(0.25 + 0.25) * 2}.get(name)
     if bound is not None:
         assert value >= bound - 1e-6
     if name == "upu":  # without the clamp the estimate runs below zero: what nnPU prevents
@@ -166,3 +193,27 @@ def test_cross_client_switch_queries_every_node_once_and_broadcasts_their_sets(t
     assert len(trains) == 6 and all(sorted(b) == expected for b in trains)
     assert all(kind != "query" and b is None for kind, _, b in sent[False])
     assert losses[True] != pytest.approx(losses[False], rel=1e-3)
+
+
+def test_a_reply_counts_all_its_images_as_in_alg_1() -> None:
+    """Alg. 1, line 7: w <- sum_k n_k / n w^k with n_k = |P_k| + |U_k|. One real local round of
+    a PU client: the reply's count is its labeled positives plus its unlabeled images, not the
+    unlabeled stream that drives the epoch."""
+    from torch import nn
+
+    from fedul_flwr.methods.base import RoundContext, method_class
+    from fedul_flwr.methods.fedpu import aggregation_weight
+    from fedul_flwr.models import build_model
+    from fedul_flwr.training import LocalLoop
+
+    cfg = resolve_config({"method": "fedpu", "client-setting": "pu", "positive-classes": "2", "samples-per-client": 300,
+                          "batch-size": 64})  # fmt: skip
+    client = simulated.load_client(cfg, 0, 5, frozenset({"labeled", "unlabeled", "positive-classes", "class-prior"}))
+    n_p, n_u = len(client.labeled), len(client.unlabeled)
+    assert n_p > 0 and n_u > 0
+    models = nn.ModuleDict({"f": build_model("small-cnn", 1, 10, 28, seed=0)})
+    loop = LocalLoop(epochs=1, lr=0.01, l1_weight=0.0, optimizer="sgd", seed=0, device=torch.device("cpu"),
+                     to_input=client.to_input)  # fmt: skip
+    result = method_class("fedpu")(cfg).local_update(client, models, RoundContext(0, 1, 0), loop)
+    assert result.num_examples == aggregation_weight(client) == n_p + n_u
+    assert result.num_steps == -(-n_u // 64)  # the unlabeled stream still drives the epoch

@@ -202,9 +202,106 @@ def test_feddb_diagnostics_by_hand() -> None:
     assert got["effective-clients"] == pytest.approx(1 / (0.25 + 0.0625 + 0.0625))
     assert (got["dma-loss-uniform"], got["dma-loss"]) == (0.3, 0.1)
     assert diagnostics_of({"round": 3, "test-error": 0.2}) == {}
+    # HASSLE's class mix: kept shares per class 0.5, 0.3, 0.1, 0.1 -> 80% in the two largest
+    assert diagnostics_of({"round": 1, "pseudo-label-classes": [0.1, 0.5, 0.1, 0.3]})["top2-classes"] == pytest.approx(80.0)
     spec = {"row": "IID", "column": "FedDB"}
     records = [{"spec": spec, "metrics": [row]}, {"spec": spec, "metrics": [{**row, "round": 50, "pseudo-label-share": 0.75}]}]
     text = render_diagnostics(records, rounds=(10, 50))
     assert ["IID", "FedDB", "25.0 (1 of 2 seeds)", "75.0 (1 of 2 seeds)"] in table_rows(text)
     assert ["IID", "FedDB", "2.67 (1 of 2 seeds)", "2.67 (1 of 2 seeds)"] in table_rows(text)  # effective clients
     assert render_diagnostics([{"spec": spec, "metrics": [{"round": 10, "test-error": 0.1}]}]) == ""
+
+
+def _local_round(overrides: dict, partition: int = 1, clients: int = 4, epochs: int = 1, lr: float = 0.05):  # type: ignore[no-untyped-def]
+    """One real local round of a FixMatch-family method on simulated client ``partition``:
+    (method, client, the received models, the trained models, the TrainResult)."""
+    import copy
+
+    from torch import nn
+
+    from fedul_flwr.methods.base import RoundContext, method_class
+    from fedul_flwr.models import build_model
+    from fedul_flwr.training import LocalLoop
+
+    cfg = resolve_config({"client-setting": "labels-at-clients", "num-labeled": 100, "samples-per-client": 300,
+                          "batch-size": 16, "fixmatch-mu": 2, "eval-batch-size": 64, **overrides})  # fmt: skip
+    client = simulated.load_client(cfg, partition, clients, frozenset({"labeled", "unlabeled"}))
+    method = method_class(cfg.method)(cfg)
+    channels, side = client.image_shape[0], client.image_shape[1]
+    models = nn.ModuleDict({"f": build_model("small-cnn", channels, client.num_classes, side, seed=0)})
+    received = copy.deepcopy(models)
+    ctx = RoundContext(seed=0, server_round=1, node_key=partition)
+    loop = LocalLoop(epochs=epochs, lr=lr, l1_weight=0.0, optimizer="sgd", seed=ctx.batch_seed,
+                     device=torch.device("cpu"), to_input=client.to_input)  # fmt: skip
+    result = method.local_update(client, models, ctx, loop)
+    return method, client, received, models, result
+
+
+@pytest.mark.parametrize("weight", ["epoch", "all", "used"])
+def test_fixmatch_weight_counts_by_hand(weight: str) -> None:
+    """One epoch of a client with n_L labeled and n_U unlabeled images: ``epoch`` counts the
+    n_L rows the epoch passes over, ``all`` n_L + n_U; ``used`` the labeled rows plus the
+    kept pseudo-labels -- with tau = 1 (a softmax never reaches it here) only the n_L labeled
+    rows, with tau = 0 also every unlabeled row drawn: mu B per step, ceil(n_L / B) steps."""
+    method, client, _, _, result = _local_round({"method": "fixmatch", "fixmatch-weight": weight, "fixmatch-threshold": 1.0})
+    n_l, n_u = len(client.labeled), len(client.unlabeled)
+    assert n_l > 0 and n_u > 0
+    assert result.num_examples == {"epoch": n_l, "all": n_l + n_u, "used": n_l}[weight]
+    assert method.sent_models(client, None) == ("f",)  # type: ignore[arg-type]
+    if weight == "used":
+        *_, result = _local_round({"method": "fixmatch", "fixmatch-weight": "used", "fixmatch-threshold": 0.0})
+        steps = -(-n_l // 16)
+        assert result.num_steps == steps
+        assert result.num_examples == n_l + steps * 2 * 16
+
+
+def test_fixmatch_weight_used_sends_no_model_from_a_client_without_used_examples() -> None:
+    """An unlabeled client of the annotation-heterogeneity setting whose pseudo-labels all fall
+    below tau trained on nothing: under ``used`` it counts 0 and sends no model (the
+    aggregation leaves it out); under ``epoch`` it sends the model with its n_U."""
+    from torch import nn
+
+    from fedul_flwr.methods.base import RoundContext, method_class
+    from fedul_flwr.models import build_model
+    from fedul_flwr.training import LocalLoop
+
+    for weight, count, sent in (("used", 0, ()), ("epoch", None, ("f",))):
+        cfg = resolve_config({"client-setting": "annotation-heterogeneity", "label-layout": "L,U", "samples-per-client": 200,
+                              "method": "fixmatch", "fixmatch-threshold": 1.0, "fixmatch-weight": weight, "batch-size": 16})  # fmt: skip
+        client = simulated.load_client(cfg, 1, 2, frozenset({"labeled", "unlabeled"}))
+        assert client.labeled is None and client.unlabeled is not None
+        method = method_class("fixmatch")(cfg)
+        models = nn.ModuleDict({"f": build_model("small-cnn", 1, 10, 28, seed=0)})
+        loop = LocalLoop(epochs=1, lr=0.05, l1_weight=0.0, optimizer="sgd", seed=0, device=torch.device("cpu"),
+                         to_input=client.to_input)  # fmt: skip
+        result = method.local_update(client, models, RoundContext(0, 1, 1), loop)
+        assert result.num_examples == (len(client.unlabeled) if count is None else count)
+        assert method.sent_models(client, None) == sent  # type: ignore[arg-type]
+
+
+def test_app_u_average_takes_each_epochs_prediction_before_its_update() -> None:
+    """Alg. 3 on two local epochs with gamma = 0.5: pbar = 0.25 pbar_DPL + 0.25 pbar^1 +
+    0.5 pbar^2, where pbar^1 is the received model's mean prediction and pbar^2 that of the
+    weights after the first epoch (w^1) -- not those after the second (w^2). The weak views
+    of the three passes are drawn in turn from the round's generator, replayed here."""
+    from fedul_flwr.augment import Augmentation
+    from fedul_flwr.methods.base import RoundContext
+    from fedul_flwr.methods.fixmatch.dpl import predict_weak
+
+    over = {"method": "fixmatch-dpl", "dpl-ema": 0.5, "dpl-app-u-update": "epoch"}
+    method, client, w0, w2, _ = _local_round(over, epochs=2)
+    *_, w1, _ = _local_round(over, epochs=1)  # the first epoch is the same: same batches, same views
+    weak = Augmentation("weak", client.image_shape[1], "mnist-sample")
+    generator = RoundContext(seed=0, server_round=1, node_key=1).generator
+
+    def mean(models) -> torch.Tensor:  # type: ignore[no-untyped-def]
+        f = models["f"]
+        return predict_weak(f, f, client.unlabeled, weak, generator, client.to_input, torch.device("cpu"), 64).mean(dim=0)
+
+    p_dpl, p1 = mean(w0), mean(w0)
+    state = generator.get_state()
+    p2 = mean(w1)
+    torch.testing.assert_close(method.app_u, 0.25 * p_dpl + 0.25 * p1 + 0.5 * p2)
+    generator.set_state(state)
+    after = mean(w2)  # the order before: the weights after the epoch
+    assert not torch.allclose(method.app_u, 0.25 * p_dpl + 0.25 * p1 + 0.5 * after, atol=1e-4)

@@ -74,8 +74,9 @@ def test_sm_um_em_in_one_pass_equal_each_alone_and_run_each_model_once_per_batch
     x, y = torch.randint(0, 256, (70, 1, 28, 28), dtype=torch.uint8, generator=g), torch.randint(0, 10, (70,), generator=g)
     to_input = lambda u: u.float() / 255  # noqa: E731
     together = evaluate_predictors(models, hassle.predictors(), x, y, to_input=to_input, batch_size=32)
-    # 3 batches; EM reuses SM's and UM's forwards; SM and UM use the paired copies of w_S, w_U
-    assert calls == {name: 0 if name in ("w_S", "w_U") else 3 for name in models}
+    # 3 batches; EM reuses SM's and UM's forwards, w_S_prev alone SM's; SM and UM use the
+    # paired copies of w_S, w_U; the newest w_S and w_U run for the diagnostics alone
+    assert calls == {name: 3 for name in models}
     for name, predict in hassle.predictors().items():
         assert together[name] == evaluate(models, predict, x, y, to_input=to_input, batch_size=32)
     assert together["EM"] != together["SM"] != together["UM"]
@@ -97,10 +98,11 @@ class _ReplyGrid(InProcessGrid):
         return replies
 
 
-def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2, method: str = "hassle") -> tuple[_ReplyGrid, list[dict], str]:
+def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2, method: str = "hassle",
+         extra: dict | None = None) -> tuple[_ReplyGrid, list[dict], str]:  # fmt: skip
     rc = {"output-dir": str(tmp_path), "run-name": name, "num-rounds": rounds, "method": method,
           "client-setting": "annotation-heterogeneity", "label-layout": layout, "labeled-share": 0.5,
-          "samples-per-client": 300, "batch-size": 32, "min-available-nodes": 3, "min-train-nodes": 3}  # fmt: skip
+          "samples-per-client": 300, "batch-size": 32, "min-available-nodes": 3, "min-train-nodes": 3, **(extra or {})}  # fmt: skip
     grid = _ReplyGrid(client_app, 3, rc)
     grid.replies, grid.sent = [], []
     outputs = run_federation(grid, resolve_config(rc))
@@ -379,3 +381,109 @@ def test_predictor_windows_range_and_rounds_at_chance_by_hand() -> None:
         render_windows([hassle], window=0)
     with pytest.raises(ValueError, match="range_rounds"):
         render_windows([hassle], range_rounds=0)
+
+
+def test_proximity_weight_is_eq12_in_its_sum_form_by_hand() -> None:
+    """Eq. 12 as written: sum_i CE_i + gamma ||w - w'||^2 over the client's n examples. One
+    full-batch step of the batch-mean loss with the gradient term mu (w - w') follows the
+    gradient of that sum divided by n exactly when mu = 2 gamma / n; the mean form keeps
+    FedProx's mu = gamma."""
+    from fedul_flwr.client_update import ProximalTerm
+    from fedul_flwr.methods.hassle import proximity_weight
+
+    assert proximity_weight(10.0, "sum", 100) == pytest.approx(0.2)
+    assert proximity_weight(10.0, "mean", 100) == 10.0
+    assert proximity_weight(10.0, "sum", 0) == 0.0
+    with pytest.raises(ValueError, match="hassle-gamma-form"):
+        proximity_weight(1.0, "max", 3)
+    torch.manual_seed(0)
+    x, y = torch.randn(5, 3), torch.tensor([0, 1, 1, 0, 1])
+    w = torch.randn(2, 3, requires_grad=True)
+    anchor, gamma = torch.randn(2, 3), 0.7
+    objective = torch.nn.functional.cross_entropy(x @ w.T, y, reduction="sum") + gamma * ((w - anchor) ** 2).sum()
+    (expected,) = torch.autograd.grad(objective / 5, w)
+    torch.nn.functional.cross_entropy(x @ w.T, y).backward()
+    ProximalTerm(proximity_weight(gamma, "sum", 5), {"w": w}, {"w": anchor}).after_backward()
+    torch.testing.assert_close(w.grad, expected)
+
+
+def _hassle_round(overrides: dict, layout: str = "L,U") -> tuple[torch.nn.ModuleDict, torch.nn.ModuleDict, object, object]:  # type: ignore[type-arg]
+    """One real local round of HASSLE on client 0 of a two-client layout: (received models,
+    trained models, the method, the client)."""
+    import copy
+
+    from torch import nn
+
+    from fedul_flwr.data import simulated
+    from fedul_flwr.methods.base import RoundContext, method_class
+    from fedul_flwr.models import build_model
+    from fedul_flwr.training import LocalLoop
+
+    cfg = resolve_config({"method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": layout,
+                          "labeled-share": 0.5, "samples-per-client": 200, "batch-size": 32, **overrides})  # fmt: skip
+    client = simulated.load_client(cfg, 0, 2, frozenset({"labeled", "unlabeled"}))
+    method = method_class("hassle")(cfg)
+    models = nn.ModuleDict({s.name: build_model("small-cnn", 1, 10, 28, seed=i, width=s.width)
+                            for i, s in enumerate(method.model_specs())})  # fmt: skip
+    received = copy.deepcopy(models)
+    loop = LocalLoop(epochs=1, lr=0.05, l1_weight=0.0, optimizer="sgd", seed=0, device=torch.device("cpu"),
+                     to_input=client.to_input)  # fmt: skip
+    method.local_update(client, models, RoundContext(0, 1, 0), loop)
+    return received, models, method, client
+
+
+def test_phase_order_residual_first_fits_the_received_dual_model_dual_first_the_updated_one() -> None:
+    """A fully labeled client. residual-first (Eqs. 7-8): r_US fits the received w_S, so it
+    is the same whatever w_S's own phase does (gamma 0 or 1 changes w_S); dual-first (Alg. 1):
+    r_US fits the w_S just trained, so it changes with gamma."""
+    def r_us(order: str, gamma: float) -> dict[str, torch.Tensor]:
+        _, models, _, _ = _hassle_round({"hassle-phase-order": order, "hassle-gamma": gamma})
+        return {k: v.clone() for k, v in models["r_US"].state_dict().items()}
+
+    def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+        return all(torch.equal(a[k], b[k]) for k in a)
+
+    assert same(r_us("residual-first", 0.0), r_us("residual-first", 1.0))
+    assert not same(r_us("dual-first", 0.0), r_us("dual-first", 1.0))
+    assert not same(r_us("dual-first", 0.0), r_us("residual-first", 0.0))
+
+
+def test_shared_init_starts_w_u_from_w_s() -> None:
+    from fedul_flwr.methods.base import method_class
+    from fedul_flwr.server_app import global_models
+
+    for shared in (False, True):
+        cfg = resolve_config({"method": "hassle", "client-setting": "annotation-heterogeneity", "hassle-shared-init": shared})
+        models = global_models(cfg, method_class("hassle")(cfg), 1, 10, 28)
+        equal = all(torch.equal(a, b) for a, b in zip(models["w_S"].state_dict().values(), models["w_U"].state_dict().values()))
+        assert equal == shared
+        assert all(torch.equal(a, b) for a, b in zip(models["w_U"].state_dict().values(), models["w_U_prev"].state_dict().values()))
+
+
+def test_pseudo_label_diagnostics_by_hand() -> None:
+    """An unlabeled client: the kept pseudo-labels of Eq. 11 (teacher w_S_prev + r_US, as
+    received) counted per class and against the true classes, as shares of its unlabeled
+    images."""
+    from fedul_flwr.methods.hassle import _logits
+
+    received, models, method, client = _hassle_round({}, layout="U,L")
+    teacher = _logits([received["w_S_prev"], received["r_US"]], client.unlabeled, client, torch.device("cpu"), 64)
+    targets = teacher.argmax(dim=1)
+    n = len(client.unlabeled)
+    sent = method.uploads(client, models, None)
+    expected = torch.bincount(targets, minlength=10).float() / n
+    assert sent["pseudo-label-classes"] == pytest.approx(expected.tolist())
+    assert sent["pseudo-label-correct-share"] == pytest.approx(float((targets == client.unlabeled_classes).float().mean()))
+    assert sent["pseudo-label-share"] == 1.0
+
+
+def test_warmup_rounds_keep_w_u_from_pseudo_labels(tmp_path: Path) -> None:
+    """hassle-warmup-rounds = 1: in round 1 the unlabeled client sends nothing and nobody sends
+    w_U or r_SU; in round 2 they train. The dual models alone are evaluated every round."""
+    grid, rows, _ = _run(tmp_path, "warm", "L,P,U", extra={"hassle-warmup-rounds": 1})
+    by_round = [{r.metadata.src_node_id: _models_of(r) for r in grid.replies[i : i + 3]} for i in (0, 3)]
+    assert by_round[0] == {1: {"w_S", "r_US"}, 2: {"w_S", "r_US"}, 3: set()}
+    assert by_round[1] == {1: {"w_S", "r_US"}, 2: {"w_S", "r_US", "w_U", "r_SU"}, 3: {"w_U", "r_SU"}}
+    assert all({"test-accuracy-w_S", "test-accuracy-w_U", "test-accuracy-w_S_prev"} <= set(r) for r in rows)
+    share = {r["round"]: r["pseudo-label-share"] for r in rows if "pseudo-label-share" in r}
+    assert share[1] == 0.0 and share[2] > 0

@@ -678,3 +678,34 @@ def test_tail_measure_is_the_mean_over_the_last_rounds_per_predictor() -> None:
     assert reproduce.record_value(short, "tail-test-error") == pytest.approx(1 - 0.015)
     assert reproduce.record_value({"metrics": rows[:1]}, "tail-test-error") is None
     assert reproduce.record_value({"last-test-error": 0.2}, "last-test-error") == 0.2
+
+
+def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path: Path) -> None:
+    """Every sweep row is HASSLE at Fashion-MNIST 10% with the preset's values plus its own
+    (one factor; the Alg. 1 order once more with the same-round pairing it implies), on two
+    seeds by default; the baselines run once, in the preset's row. Its page tabulates every
+    run's pseudo-labels by round."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    reproduce.add_arguments(parser)
+    specs = reproduce.build_grid("hassle-sweep", parser.parse_args(["--grid", "hassle-sweep"]), [0])
+    assert {s.seed for s in specs} == {0, 1}
+    hassle = [s for s in specs if s.column == "HASSLE"]
+    assert len(hassle) == 2 * len(reproduce.HASSLE_SWEEP) and all(s.preset == "hassle" and s.clients == 20 for s in specs)
+    for spec in hassle:
+        assert spec.overrides == {**reproduce.HASSLE_SHARES["10%"], "method": "hassle", **reproduce.HASSLE_SWEEP[spec.row]}
+        assert len(reproduce.HASSLE_SWEEP[spec.row]) <= (2 if "pairing" in spec.row or "sum form" in spec.row else 1)
+    assert {s.row for s in specs if s.column != "HASSLE"} == {"preset"}
+    assert reproduce.HASSLE_SWEEP["gamma 10, Eq. 12's sum form"] == {"hassle-gamma-form": "sum", "hassle-gamma": 10.0}
+    assert len({s.run_id for s in specs}) == len(specs)
+    assert reproduce.PAPER["hassle-sweep"][("preset", "HASSLE EM", "*")] == 84.04
+    one = [s for s in specs if s.seed == 0 and s.row in ("preset", "warm-up 10 rounds") and s.column == "HASSLE"]
+    rows = [{"round": n, "test-accuracy": 0.5, "wall-time": float(n), "pseudo-label-share": 1.0, "pseudo-label-correct-share": 0.5,
+             "pseudo-label-classes": [0.9, 0.1] + [0.0] * 8} for n in range(11)]  # fmt: skip
+    records = [{"spec": dataclasses.asdict(spec), "run-id": spec.run_id, "last-test-error": 0.5, "last-round": 10,
+                "wall-time-s": 10.0, "config": {"method": "hassle"}, "metrics": rows} for spec in one]  # fmt: skip
+    page = reproduce.render("hassle-sweep", "cpu", specs, records, tmp_path).read_text()
+    table = page[page.index("HASSLE's pseudo-labels (Eq. 11)"):page.index("<!-- --8<-- [end:diagnostics] -->")]
+    assert "| warm-up 10 rounds | HASSLE | 50.0 | 50.0 | 50.0 |" in table  # accuracy at rounds 1, 5, 10
+    assert "| preset | HASSLE | 100.0 | 100.0 | 100.0 |" in table  # two classes hold them all

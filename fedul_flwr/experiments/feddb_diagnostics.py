@@ -11,6 +11,9 @@ weights beta that move the mixture of the clients' APP-U towards uniform. The re
   known): the fraction whose pseudo-label passes tau and is the true class, averaged the
   same way; its ratio to ``pseudo-label-share`` is the accuracy of the pseudo-labels
   trained on;
+- ``pseudo-label-classes`` (HASSLE): per class, the share of the round's unlabeled images
+  kept with that class (K floats); the two largest over their sum is the share of the
+  pseudo-labels that fall in two classes (a collapse of the pseudo-labelling model);
 - ``app-u``: the clients' APP-U averaged the same way (K floats); its max / min ratio says how
   unequal the model's predictions over the classes are (1 = uniform);
 - ``dma-beta``: beta of the round's clients; 1 / sum(beta^2) is its *effective number of
@@ -50,7 +53,8 @@ def diagnostics_of(row: Mapping[str, Any]) -> dict[str, float]:
     -------
     dict
         ``share`` (% of unlabeled images passing tau), ``pseudo-label-accuracy`` (% of those
-        whose pseudo-label is the true class), ``app-u-ratio`` (max / min of the
+        whose pseudo-label is the true class), ``top2-classes`` (% of the kept pseudo-labels
+        in their two most frequent classes), ``app-u-ratio`` (max / min of the
         mean APP-U), ``effective-clients`` (1 / sum beta^2), ``dma-loss-uniform`` and
         ``dma-loss``.
     """
@@ -59,6 +63,9 @@ def diagnostics_of(row: Mapping[str, Any]) -> dict[str, float]:
         out["share"] = 100.0 * float(row["pseudo-label-share"])
         if "pseudo-label-correct-share" in row and float(row["pseudo-label-share"]) > 0:
             out["pseudo-label-accuracy"] = 100.0 * float(row["pseudo-label-correct-share"]) / float(row["pseudo-label-share"])
+    classes = row.get("pseudo-label-classes")
+    if isinstance(classes, list) and sum(classes) > 0:
+        out["top2-classes"] = 100.0 * sum(sorted(classes)[-2:]) / sum(classes)
     app_u = row.get("app-u")
     if isinstance(app_u, list) and app_u and min(app_u) > 0:
         out["app-u-ratio"] = max(app_u) / min(app_u)
@@ -101,6 +108,7 @@ def render_diagnostics(records: Sequence[Mapping[str, Any]], rounds: Sequence[in
     quantities = (
         ("share", "Pseudo-labels passing tau (% of the round's unlabeled images)", 1),
         ("pseudo-label-accuracy", "Pseudo-labels passing tau that are the true class (%; simulation knows the classes)", 1),
+        ("top2-classes", "Pseudo-labels in their two most frequent classes (% of those passing tau)", 1),
         ("app-u-ratio", "APP-U max / min over the classes (mean over the round's clients; 1 = uniform)", 2),
         ("effective-clients", "DMA: effective number of clients 1 / sum(beta^2) (of the round's clients)", 2),
         ("dma-loss-uniform", "DMA: L_aggr at uniform weights", 4),

@@ -91,6 +91,7 @@ FEDPU_COLUMNS: dict[str, dict[str, Any]] = {
     "Baseline-1": {"method": "supervised", "label-fraction": 1.0, "client-setting": "pu"},  # labeled positives only
     "FedPU": {"method": "fedpu", "client-setting": "pu"},
     "uPU (conventional PU)": {"method": "fedpu", "fedpu-loss": "upu", "client-setting": "pu"},
+    "FedPU, Eq. 10": {"method": "fedpu", "fedpu-loss": "eq10-nn", "client-setting": "pu"},  # the default is nnpu
     "Baseline-2 (supervised)": {"method": "supervised", "label-fraction": 1.0, "client-setting": "usets"},
 }
 # FedDB (Zhu et al., IJCAI 2024): the ablation of its Table 4 (FixMatch -> +DPL -> +DPL+DMA)
@@ -142,15 +143,40 @@ HASSLE_ABLATION: dict[str, dict[str, Any]] = {  # GRA: residual models; MPA: the
     "GRA, same-round pairing": {"method": "hassle", "hassle-gamma": 0.0, "hassle-pairing": "current"},
     "GRA + MPA, same-round pairing": {"method": "hassle", "hassle-pairing": "current"},
 }
+# What HASSLE's paper leaves open, one factor at a time from the ``hassle`` preset (Fashion-MNIST
+# 10%, the preset's split, lr 0.01, gamma 0.01 in FedProx's form, residual first, separate
+# initial weights, no warm-up, no threshold, 1 local epoch): one row per variant, HASSLE's
+# predictors (with the dual models alone) as columns, FedAvg on the labeled data in the first row.
+HASSLE_SWEEP: dict[str, dict[str, Any]] = {
+    "preset": {},
+    "Alg. 1 phase order": {"hassle-phase-order": "dual-first"},
+    "Alg. 1 phase order, same-round pairing": {"hassle-phase-order": "dual-first", "hassle-pairing": "current"},
+    **{f"gamma {g:g}, Eq. 12's sum form": {"hassle-gamma-form": "sum", "hassle-gamma": g} for g in (1.0, 10.0, 100.0)},
+    "same initial weights": {"hassle-shared-init": True},
+    **{f"warm-up {r} rounds": {"hassle-warmup-rounds": r} for r in (10, 20)},
+    "threshold 0.95": {"hassle-threshold": 0.95},
+    "2 local epochs": {"local-epochs": 2},
+    "lr 0.1": {"lr": 0.1},
+}
+HASSLE_SWEEP_BASELINES: dict[str, dict[str, Any]] = {
+    "FedAvg (labeled only)": HASSLE_COLUMNS["FedAvg (labeled only)"],
+    **{f"FedAvg+FixMatch, weights {w}": {"method": "fixmatch", "fixmatch-weight": w} for w in ("epoch", "all", "used")},
+}
+"""The baselines of ``hassle-sweep``'s preset row: FedAvg on the labeled data, and FixMatch
+with each aggregation weight of ``fixmatch-weight``."""
+HASSLE_SWEEP_SEEDS = (0, 1)
+"""Seeds of ``hassle-sweep`` when ``--seeds`` is not given (the profile's otherwise)."""
 BRACKET_NOTES = {  # what the [paper] numbers are where they are not the same experiment
     "feddb-ablation": "[paper]: the paper's CIFAR-10 numbers (WRN-28-2, 100 clients), for reference only.",
     "hassle-ablation": "[paper]: the paper's Table 2, on CIFAR-10 (ResNet-8), for reference only.",
     "hassle-table1": "[paper]: trained with SGD lr 0.1, as the rows marked lr 0.1 are; the others use the `hassle` "
                      "preset's lr 0.01, at which FedAvg on the labeled data trains at every share here (docs/hassle.md).",
     "hassle-table7": "[paper]: trained with SGD lr 0.1; the `hassle` preset uses lr 0.01 (docs/hassle.md).",
+    "hassle-sweep": "[paper]: Table 1, Fashion-MNIST 10%, trained with SGD lr 0.1; every row but `lr 0.1` uses the "
+                    "`hassle` preset's lr 0.01.",
 }
 ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation",
-                  *HASSLE_ROWS)  # fmt: skip
+                  *HASSLE_ROWS, "hassle-sweep")  # fmt: skip
 """Grids rendered in % test accuracy (the FedPU paper's unit); the others in % test error."""
 
 # --------------------------------------------------------------------------- paper numbers
@@ -356,6 +382,9 @@ _HASSLE_PAPER_INDEX = {"labeled-share": {0.05: 0, 0.1: 1, 0.2: 2}, "dirichlet-al
 PAPER.update({grid: {(row, col, "*"): v[_HASSLE_PAPER_INDEX[key][over[key]]]
                      for col, v in _HASSLE_PAPER.items() for row, over in HASSLE_ROWS[grid]}
               for grid, key in (("hassle-table1", "labeled-share"), ("hassle-table7", "dirichlet-alpha"))})  # fmt: skip
+PAPER["hassle-sweep"] = {("preset", col, "*"): v[1] for col, v in _HASSLE_PAPER.items() if col.startswith(("FedAvg (", "HASSLE"))}
+PAPER["hassle-sweep"].update({("preset", col, "*"): _HASSLE_PAPER["FedAvg+FixMatch"][1]
+                              for col in HASSLE_SWEEP_BASELINES if col.startswith("FedAvg+FixMatch")})
 PAPER["hassle-ablation"] = {(row, f"{col} {p}", "*"): v for row, _ in HASSLE_ROWS["hassle-ablation"] for col, values in
                             (("neither", (57.85, 61.07, 61.86)), ("MPA", (65.04, 65.98, 66.47)),
                              ("GRA", (62.11, 64.09, 64.54)), ("GRA + MPA", (66.34, 67.14, 67.79)))
@@ -367,6 +396,17 @@ def hassle_specs(grid: str, seeds: Sequence[int]) -> list[RunSpec]:
     columns = HASSLE_ABLATION if grid == "hassle-ablation" else HASSLE_COLUMNS
     return [RunSpec(grid, row, column, "*", s, 20, "hassle", {**row_over, **col_over})
             for row, row_over in HASSLE_ROWS[grid] for column, col_over in columns.items() for s in seeds]  # fmt: skip
+
+
+def hassle_sweep_specs(seeds: Sequence[int]) -> list[RunSpec]:
+    """Runs of ``hassle-sweep``: every variant of :data:`HASSLE_SWEEP` (a row) with HASSLE,
+    and the baselines of :data:`HASSLE_SWEEP_BASELINES` once, in the preset's row, at
+    Fashion-MNIST 10%."""
+    share = HASSLE_SHARES["10%"]
+    specs = [RunSpec("hassle-sweep", row, "HASSLE", "*", s, 20, "hassle", {**share, "method": "hassle", **over})
+             for row, over in HASSLE_SWEEP.items() for s in seeds]  # fmt: skip
+    return specs + [RunSpec("hassle-sweep", "preset", column, "*", s, 20, "hassle", {**share, **over})
+                    for column, over in HASSLE_SWEEP_BASELINES.items() for s in seeds]  # fmt: skip
 
 
 def fedpu_specs(grid: str, seeds: Sequence[int]) -> list[RunSpec]:
@@ -428,6 +468,8 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
         return fedpu_specs(name, seeds)
     if name in HASSLE_ROWS:
         return hassle_specs(name, seeds)
+    if name == "hassle-sweep":
+        return hassle_sweep_specs(seeds if getattr(args, "seeds", "") else HASSLE_SWEEP_SEEDS)
     if name == "feddb-ablation":
         preset, clients = FEDDB_PROTOCOLS[args.profile]
         return [RunSpec(name, row, column, "*", s, clients, preset, {**row_over, **col_over})
@@ -643,7 +685,7 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
     ]
     text += _section("last", f"Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
                      render_table(grid, specs, records, "last-test-error"))  # fmt: skip
-    windowed = grid == "feddb-ablation" or grid in HASSLE_ROWS  # single rounds swing by points on non-IID splits
+    windowed = grid in ("feddb-ablation", "hassle-sweep") or grid in HASSLE_ROWS  # single rounds swing by points on non-IID splits
     if windowed:
         text += _section("tail", f"Mean test {unit} over the last {TAIL_ROUNDS} rounds (single rounds swing by points "
                          "on non-IID splits)", render_table(grid, specs, records, "tail-test-error"))  # fmt: skip
@@ -657,14 +699,16 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         text += _section("windows", "Why: each predictor's mean test accuracy (%) by windows of rounds, its range over "
                          "the last rounds, and rounds at chance", render_windows(records))  # fmt: skip
     # the pseudo-labels (and, for FedDB, APP-U and DMA's weights) by round: every run of the FedDB
-    # grid; on the HASSLE grids the FixMatch baseline's (HASSLE keeps all of its pseudo-labels)
-    diagnosed = records if grid == "feddb-ablation" else [
+    # grid and of the HASSLE sweep; on the HASSLE tables the FixMatch baseline's
+    diagnosed = records if grid in ("feddb-ablation", "hassle-sweep") else [
         r for r in records if grid in HASSLE_ROWS and r["config"].get("method") == "fixmatch"]  # fmt: skip
     if diagnosed:
         from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
 
-        title = "pseudo-labels, APP-U and DMA's weights" if grid == "feddb-ablation" else "FedAvg+FixMatch's pseudo-labels"
-        rounds = sorted({10, 50, 100, 150, 200} & set(range(1, max(int(r["last-round"]) for r in diagnosed) + 1)))
+        title = {"feddb-ablation": "pseudo-labels, APP-U and DMA's weights",
+                 "hassle-sweep": "HASSLE's pseudo-labels (Eq. 11)"}.get(grid, "FedAvg+FixMatch's pseudo-labels")  # fmt: skip
+        shown = {1, 5, 10, 20, 50, 100, 150, 200} if grid == "hassle-sweep" else {10, 50, 100, 150, 200}
+        rounds = sorted(shown & set(range(1, max(int(r["last-round"]) for r in diagnosed) + 1)))
         text += _section("diagnostics", f"Why: {title} by round", render_diagnostics(diagnosed, rounds=rounds))
     if records:  # every run's wall time and the settings that decide it
         rows = []

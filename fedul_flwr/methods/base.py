@@ -173,14 +173,15 @@ class LocalTask:
         + mu * B unlabeled images per step).
     loss : Callable[[nn.ModuleDict, Batch], torch.Tensor]
         ``loss(models, batch) -> scalar`` (mean over the batch), for all models at once.
-    after_epoch : Callable[[nn.ModuleDict], None] | None
-        Called with the models after every local epoch (e.g. FedDB's update of its average
-        prediction on unlabeled data); ``None``: nothing.
+    before_epoch : Callable[[nn.ModuleDict], None] | None
+        Called with the models before every local epoch, i.e. with the weights w^{e-1} that
+        epoch e starts from (e.g. FedDB's average prediction on unlabeled data, Alg. 3);
+        ``None``: nothing.
     """
 
     streams: dict[str, Stream]
     loss: Callable[[nn.ModuleDict, Batch], torch.Tensor]
-    after_epoch: Callable[[nn.ModuleDict], None] | None = None
+    before_epoch: Callable[[nn.ModuleDict], None] | None = None
 
     def __post_init__(self) -> None:
         if not self.streams:

@@ -10,12 +10,21 @@ labeled positives and one of its unlabeled images per step (Alg. 1); the server 
 strategy (FedAvg in the paper). Only the classifier f is trained and exchanged; prediction is
 argmax f(x).
 
+**Aggregation weights**: a client's reply counts n_k = |P_k| + |U_k|, all its images (Alg. 1,
+line 7: w <- sum_k (n_k / n) w^k), where the shared loop would count the unlabeled stream
+that drives the epoch (|U_k|) alone. The authors' code averages uniformly (every client
+weighs the same 500 in ``roles/aggregator.py``): ``aggregation-weights = "uniform"``.
+
 Choices the paper leaves open (see :mod:`fedul_flwr.methods.fedpu.risk` for the loss):
 
-- ``fedpu-loss`` = ``nnpu`` (default): a bounded, non-negative surrogate of Eq. 10;
-  ``eq10``: Eq. 10 with the bounded surrogate 1 - s_m; ``authors``: the authors' code
-  (``MPULoss_V2``; their class prior is the client's unlabeled class mix:
-  ``class-prior = "client"``).
+- ``fedpu-loss`` = ``nnpu`` (default): a sum of one-vs-rest binary nnPU risks. It is not
+  Eq. 10: under the 0-1 loss it is Eq. 10 plus a term that penalises predicting another
+  positive class for a labeled image (not a constant once a client has two or more positive
+  classes). ``eq10-nn``: Eq. 10 itself with the cross-entropy surrogate, each negative class's
+  corrected risk clamped at 0 (nnPU-style); it measured lower than ``nnpu`` here
+  (docs/fedpu.md), hence the default. ``upu``: ``nnpu`` unclamped; ``eq10``: Eq. 10 with the
+  bounded surrogate 1 - s_m; ``authors``: the authors' code (``MPULoss_V2``; their class
+  prior is the client's unlabeled class mix: ``class-prior = "client"``).
 - The unlabeled stream drives the local epoch (it is the larger part on every client of the
   paper's settings); the labeled positives are cycled in batches of the same size.
 - Eq. 10's third, cross-client term needs each client to know the other clients' positive
@@ -27,6 +36,9 @@ Choices the paper leaves open (see :mod:`fedul_flwr.methods.fedpu.risk` for the 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -36,7 +48,16 @@ from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stre
 from fedul_flwr.methods.fedpu.broadcast import ANNOUNCED, BROADCAST, PositiveClassBroadcast, parse_sets
 from fedul_flwr.methods.fedpu.risk import PU_LOSSES, cross_client_term, cross_client_weights, pu_loss
 
-__all__ = ["FedPU"]
+if TYPE_CHECKING:  # pragma: no cover
+    from fedul_flwr.training import LocalLoop, TrainResult
+
+__all__ = ["FedPU", "aggregation_weight"]
+
+
+def aggregation_weight(client: ClientData) -> int:
+    """n_k = |P_k| + |U_k| of Alg. 1, line 7: the client's labeled positives and unlabeled
+    images (0 for a part it lacks)."""
+    return sum(len(part) for part in (client.labeled, client.unlabeled) if part is not None)
 
 
 @register_method
@@ -60,6 +81,12 @@ class FedPU(Method):
     def aggregation(self) -> type | None:
         """The positive-class broadcast under ``fedpu-cross-client``; else the strategy as it is."""
         return PositiveClassBroadcast if self.option("fedpu-cross-client") else None
+
+    def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
+        """The shared loop on :meth:`local_task`; the reply counts n_k = |P_k| + |U_k|
+        (:func:`aggregation_weight`), not the rows of the stream that drives the epoch."""
+        result = super().local_update(client, models, ctx, loop)
+        return dataclasses.replace(result, num_examples=aggregation_weight(client))
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Streams ``unlabeled`` (x) and ``positive`` (x, y); loss = the ``fedpu-loss`` risk of

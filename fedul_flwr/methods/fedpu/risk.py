@@ -10,20 +10,40 @@ P(f(x) != m):
 
 The paper never says which differentiable surrogate replaces P(f != m), and the risk
 *subtracts* terms, so with cross-entropy it is unbounded below (a model can drive the
-subtracted terms to +inf). Three losses, by name in :data:`PU_LOSSES`:
+subtracted terms to +inf). The losses, by name in :data:`PU_LOSSES`:
 
-``nnpu`` (default)
-    Under the 0-1 loss, sum_{m in CN} P(f != m) = |CN| - 1 + sum_{i in CP} P(f = i), so the
-    unlabeled part of Eq. 10 equals, up to a constant, pushing unlabeled data away from each
-    positive class i, corrected by the labeled data of i -- for every positive class a binary
-    PU risk ("i" against "not i") with class prior pi_i. We estimate each with the
-    non-negative correction of Kiryo et al. (NeurIPS 2017, nnPU):
+``eq10-nn``
+    Eq. 10 itself with the cross-entropy surrogate P(f(x) != m) ~ -log s_m, regrouped by class
+    and made non-negative as in nnPU (Kiryo et al., NeurIPS 2017). Eq. 10 is, exactly,
+
+        R_k = sum_{i in CP} pi_i E_i[-log s_i]
+            + sum_{m in CN} ( E_U[-log s_m] - sum_{i in CP} pi_i E_i[-log s_m] ),
+
+    and each bracket estimates sum_{j in CN} pi_j E_j[-log s_m] >= 0 (the unlabeled data of
+    the negative classes, Eq. 7's decomposition), so each is clamped at 0 when a mini-batch
+    estimate goes negative:
+
+        L = sum_{i in CP} pi_i E_i[-log s_i]
+          + sum_{m in CN} max(0, E_U[-log s_m] - sum_{i in CP} pi_i E_i[-log s_m]).
+
+    Where no clamp acts, L is Eq. 10 with this surrogate, term for term. Bounded below by 0.
+``nnpu`` (default: it measures better than ``eq10-nn``, docs/fedpu.md)
+    A sum over the positive classes of one-vs-rest binary non-negative PU risks ("i" against
+    "not i", class prior pi_i), with the nnPU clamp:
 
         L = sum_{i in CP} [ pi_i E_i[-log s_i] + max(0, E_U[-log(1 - s_i)] - pi_i E_i[-log(1 - s_i)]) ].
 
-    The clamped term estimates sum_{j != i} pi_j E_j[-log(1 - s_i)] >= 0, so it is clamped
-    at 0 when a mini-batch estimate goes negative (the overfitting signature of uPU); the
-    cross-entropy keeps the gradients of a classifier. Bounded below by 0.
+    This is *not* Eq. 10. Under the 0-1 loss (-log s_i -> P(f != i), -log(1 - s_i) ->
+    P(f = i)) and without the clamp, using sum_{m in CN} P(f != m) = |CN| - 1 +
+    sum_{j in CP} P(f = j),
+
+        L = Eq. 10 + sum_{i in CP} pi_i E_i[ sum_{j in CP, j != i} P(f = j) ] + constant:
+
+    it also penalises a labeled image of positive class i predicted as another positive
+    class j, a term Eq. 10 lacks (Eq. 10 rewards it: its labeled part subtracts
+    sum_{m in CN} P(f != m)). The extra term is not a constant; it vanishes only with one
+    positive class per client, where the two risks agree up to a constant. Bounded below
+    by 0.
 ``upu``
     The same sum of binary PU risks without the clamp: the unbiased PU risk of du Plessis et
     al. (ICML 2015), i.e. conventional PU learning on each client -- the paper's
@@ -110,10 +130,48 @@ def _binary_pu_risks(
     return labeled, negative
 
 
+@PU_LOSSES.register("eq10-nn")
+def eq10_nn_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
+                 prior: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Eq. 10 without the cross-client term, surrogate P(f != m) ~ -log s_m, each negative
+    class's corrected risk clamped at 0 (module docstring).
+
+    Parameters
+    ----------
+    logits_p : torch.Tensor
+        ``[n_p, K]`` logits of the labeled positives.
+    y_p : torch.Tensor
+        int64 ``[n_p]`` their classes (in ``positives``).
+    logits_u : torch.Tensor
+        ``[n_u, K]`` logits of the unlabeled images.
+    positives : torch.Tensor
+        int64 ``[|CP|]`` the client's positive classes CP.
+    prior : torch.Tensor
+        ``[K]`` class prior pi.
+
+    Returns
+    -------
+    torch.Tensor
+        Scalar >= 0; a positive class without rows in the batch contributes no labeled term.
+    """
+    k = logits_p.shape[1]
+    negative = torch.ones(k, dtype=torch.bool, device=logits_p.device)
+    negative[positives] = False
+    ce_p = -F.log_softmax(logits_p, dim=1)  # [n_p, K]: -log s_m
+    ce_u = -F.log_softmax(logits_u, dim=1)[:, negative].mean(dim=0)  # [|CN|]: E_U[-log s_m]
+    means, present = _class_means(ce_p, y_p, positives)  # [|CP|, K]: E_i[-log s_m]
+    weights = torch.where(present, prior[positives], torch.zeros_like(prior[positives]))  # pi_i, 0 if absent
+    idx = torch.arange(len(positives), device=logits_p.device)
+    labeled = (weights * means[idx, positives]).sum()  # sum_i pi_i E_i[-log s_i]
+    corrected = ce_u - weights @ means[:, negative]  # [|CN|]: E_U[-log s_m] - sum_i pi_i E_i[-log s_m]
+    return labeled + corrected.clamp_min(0).sum()
+
+
 @PU_LOSSES.register("nnpu")
 def nnpu_loss(logits_p: torch.Tensor, y_p: torch.Tensor, logits_u: torch.Tensor, positives: torch.Tensor,
               prior: torch.Tensor) -> torch.Tensor:  # fmt: skip
-    """Sum over positive classes of non-negative binary PU risks (module docstring)."""
+    """Sum over positive classes of non-negative one-vs-rest binary PU risks (module
+    docstring: not Eq. 10 once a client has two or more positive classes)."""
     labeled, negative = _binary_pu_risks(logits_p, y_p, logits_u, positives, prior)
     return (labeled + negative.clamp_min(0)).sum()
 

@@ -13,28 +13,33 @@ Eq. 14 is Bayes' rule moving the posterior from the training prior (estimated by
 uniform target prior of a balanced test set (Eqs. 9-13). Per round (Alg. 1, before the local
 epochs): the received global model predicts the weak views of all of D_u in eval mode; pbar,
 the debiased pseudo-labels and their mask are computed once and stay fixed for the round's
-local epochs; the strong views are trained on them (FixMatch's L_u). After every local epoch
-APP-U is updated by an exponential moving average with the current model (Alg. 3,
-lines 11-16),
+local epochs; the strong views are trained on them (FixMatch's L_u). APP-U is then updated by
+an exponential moving average once per local epoch, in Alg. 3's order: pbar^e is computed at
+line 12, *before* the epoch's update at line 16, with the weights w^{e-1} that epoch e starts
+from (w^0 = the received global model):
 
-    pbar <- gamma pbar + (1 - gamma) pbar^e,   pbar^e = 1/N_u sum_n softmax(f(alpha(u_n); w^e)),
+    pbar^e = 1/N_u sum_n softmax(f(alpha(u_n); w^{e-1})),   pbar <- gamma pbar + (1 - gamma) pbar^e,
 
-and the client uploads the final pbar (a K-vector metric, ``app-u``) with its model; the
-server's DMA (:mod:`fedul_flwr.strategies.dma`, method ``feddb``) uses it.
+so after E epochs pbar averages the predictions of w^0, ..., w^{E-1} (the final weights w^E
+never enter). The client uploads the final pbar (a K-vector metric, ``app-u``) with its
+model; the server's DMA (:mod:`fedul_flwr.strategies.dma`, method ``feddb``) uses it.
 
 Choices the paper leaves open:
 
 - gamma (``dpl-ema``) = 0.5, the authors' code's coefficient (the paper gives none).
-- ``dpl-app-u-update = "epoch"`` (default, the paper): pbar^e over all of D_u after each
-  epoch, one extra forward pass over the weak views. ``"step"`` (the authors' code): after
-  every step, pbar <- gamma pbar + (1 - gamma) mean softmax of the weak views of that batch's
-  confident images (the weak views then go through the training forward pass too).
+- ``dpl-app-u-update = "epoch"`` (default, the paper): pbar^e over all of D_u before each
+  epoch, one extra forward pass over the weak views. ``"step"`` (the authors' code,
+  ``modules.py``): at every step, pbar <- gamma pbar + (1 - gamma) mean softmax of the weak
+  views of that batch's confident images, from the training forward pass, i.e. with the
+  weights before that step's update (the weak views then go through it too). Both use the
+  weights before the update they precede; neither uses the weights after an update.
 - Predictions for pseudo-labels and for APP-U are made in eval mode (batch norm's running
   statistics), as in the authors' code.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -177,16 +182,16 @@ class FixMatchDPL(FixMatch):
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """FixMatch's task on the debiased pseudo-labels; under ``"epoch"`` APP-U is updated
-        after every local epoch."""
+        before every local epoch, with the weights the epoch starts from (Alg. 3, line 12)."""
         task = super().local_task(client, models, ctx)
         if self.option("dpl-app-u-update") != "epoch":
             return task
         gamma = float(self.option("dpl-ema"))
 
-        def after_epoch(forwards: nn.ModuleDict) -> None:
+        def before_epoch(forwards: nn.ModuleDict) -> None:
             self.app_u = gamma * self.app_u + (1 - gamma) * self._predict(forwards["f"], forwards["f"]).mean(dim=0)
 
-        return LocalTask(task.streams, task.loss, after_epoch)
+        return dataclasses.replace(task, before_epoch=before_epoch)
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """``app-u``: the client's final APP-U (K floats) and ``pseudo-label-share``, the

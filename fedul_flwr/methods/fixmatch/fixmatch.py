@@ -31,9 +31,28 @@ Choices:
   FSSL baselines run FixMatch on such clients. A client with neither sits the round out.
   (FixMatch-DPL and FedDB need both parts: their APP-U is over the unlabeled part, and
   their clients without one sit out.)
+- **Aggregation weight** of a reply (``fixmatch-weight``; what FedAvg's n_k is):
+
+  ``epoch`` (default)
+      the images one local epoch passes over: n_L where the client holds labeled images,
+      else n_U (the shared loop's count of the stream that drives the epoch);
+  ``all``
+      n_L + n_U, every image the client holds;
+  ``used``
+      the examples that trained the model this round: the labeled rows of every step plus
+      the unlabeled rows whose pseudo-label passed tau, over all the round's steps (a row
+      drawn twice counts twice). A client with none (an unlabeled client whose
+      pseudo-labels all fall below tau) sends no model, so it does not pull the average
+      back to the model it received; a round where no client has one keeps the global model.
+
+  Under ``feddb`` the DMA weights beta replace these (a client with no used example is left
+  out of DMA under ``used``). The train metrics of a round are averaged with the same weights.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +63,13 @@ from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
 
-__all__ = ["FixMatch", "unlabeled_loss"]
+if TYPE_CHECKING:  # pragma: no cover
+    from fedul_flwr.training import LocalLoop, TrainResult
+
+__all__ = ["FIXMATCH_WEIGHTS", "FixMatch", "unlabeled_loss"]
+
+FIXMATCH_WEIGHTS = ("epoch", "all", "used")
+"""Values of ``fixmatch-weight``, the reply's aggregation weight (module docstring)."""
 
 
 def unlabeled_loss(strong_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -83,6 +108,7 @@ class FixMatch(Method):
         Option("fixmatch-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
         Option("fixmatch-lambda", lambda v: v >= 0, ">= 0"),
         Option("fixmatch-mu", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
+        Option("fixmatch-weight", lambda v: v in FIXMATCH_WEIGHTS, f"one of {FIXMATCH_WEIGHTS}"),
     )
 
     def sits_out(self, client: ClientData) -> bool:
@@ -151,6 +177,7 @@ class FixMatch(Method):
             parts = [t for t in (lb.get("weak"), ub.get("weak"), ub.get("strong")) if t is not None]
             logits = models["f"](torch.cat(parts))
             total = F.cross_entropy(logits[:n_l], lb["y"]) if n_l else logits.sum() * 0
+            self._labeled_rows += n_l
             if ub:
                 targets, mask = self.pseudo_labels(logits[n_l : n_l + n_w] if n_w else None, ub)
                 self._kept = self._kept + mask.sum()  # a tensor: no device sync per step
@@ -160,8 +187,30 @@ class FixMatch(Method):
                 total = total + lam * unlabeled_loss(logits[n_l + n_w :], targets, mask)
             return total
 
-        self._kept = self._seen = self._correct = 0
+        self._kept = self._seen = self._correct = self._labeled_rows = 0
         return LocalTask(streams, loss)
+
+    def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
+        """The shared loop on :meth:`local_task`; the reply's count is the ``fixmatch-weight``
+        of the round (module docstring), and under ``used`` a client with no used example
+        sends no model."""
+        result = super().local_update(client, models, ctx, loop)
+        self._sent: tuple[str, ...] | None = None
+        mode = self.option("fixmatch-weight")
+        if mode == "epoch":
+            return result
+        if mode == "all":
+            n = sum(len(part) for part in (client.labeled, client.unlabeled) if part is not None)
+        else:
+            n = self._labeled_rows + int(self._kept)
+            if n == 0:
+                self._sent = ()
+        return dataclasses.replace(result, num_examples=n)
+
+    def sent_models(self, client: ClientData, ctx: RoundContext) -> tuple[str, ...]:
+        """The model, unless ``fixmatch-weight = "used"`` counted no example this round."""
+        sent = getattr(self, "_sent", None)
+        return super().sent_models(client, ctx) if sent is None else sent
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """``pseudo-label-share``: the share of the round's unlabeled images (over all steps)

@@ -40,12 +40,28 @@ same round instead (w_S^(t+1) + r_{U-S}^(t+1)); four models travel then.
 
 Choices the paper leaves open, made here (and in :mod:`.losses`):
 
+- **Phase order** (``hassle-phase-order``): Fig. 3 and Eqs. 7-8 train each residual against
+  the *received* dual models w_S^(t), w_U^(t); Alg. 1 lists the dual model's update
+  (lines 5, 10) before its residual's (lines 6, 11). With the equations as written the order
+  changes nothing (the residual never sees the updated dual model), so ``dual-first`` reads
+  Alg. 1 as sequential: the dual model trains first and its residual then fits the updated
+  local dual model (the base of Eq. 8 and the subtracted model of Eq. 7's target).
+  ``residual-first`` (default) is the equations' reading. The aggregated residual then
+  corrects the newest dual model, which ``hassle-pairing = "current"`` pairs it with.
 - **Local epochs**: the run's ``local-epochs`` for every phase.
 - **Temperature** T = ``hassle-temperature`` = 1; **KL direction** KL(target || residual) with
   T^2 scaling (:mod:`.losses`); **lambda** = ``hassle-lambda`` = 1 (the paper's best).
 - **gamma** = ``hassle-gamma`` = 0.01 as FedProx's mu: the loss gains (gamma / 2) ||w - w'||^2,
   the squared norm, applied as a gradient term (0 turns the proximity term off: the MPA
-  ablation).
+  ablation). ``hassle-gamma-form = "sum"`` reads Eq. 12 as written: gamma ||w - w'||^2
+  beside the *sum* of the cross-entropy over the client's n examples, i.e. a gradient term
+  (2 gamma / n)(w - w') in a batch-mean step (:func:`proximity_weight`); the paper gives no
+  value of gamma.
+- **Initial weights**: w_S and w_U start from different seeds; ``hassle-shared-init = true``
+  starts w_U from w_S's initial weights (the paper does not say).
+- **Warm-up** (``hassle-warmup-rounds`` = R, 0): in rounds 1..R no client pseudo-labels or
+  trains w_U and r_{S-U} (an unlabeled client sends nothing); w_S and r_{U-S} train as usual.
+  The paper has none.
 - **Which w_S pairs with r_{U-S}**: the paper's text (Eq. 11 and the inference rule) pairs the
   residual with the dual model of the previous round; App. A says four models travel, which
   cannot carry it. The text wins (``hassle-pairing = "previous"``): six models go to the
@@ -57,6 +73,12 @@ Choices the paper leaves open, made here (and in :mod:`.losses`):
 - ``hassle-threshold`` = 0: every pseudo-label is kept (the paper's default; Table 6: 0.95).
 - Losses are batch means; pseudo-labels are computed once per round, in eval mode, on the
   images as they are (no augmentation: the paper names none).
+
+Per-round diagnostics (train metrics, averaged over the round's clients weighted by their
+images n_L + n_U): ``pseudo-label-share``, ``pseudo-label-classes`` (per class; divided by
+their sum, the class mix of the pseudo-labels) and ``pseudo-label-correct-share`` (over the
+share: their accuracy; simulation only), as FixMatch's (:meth:`Hassle.uploads`); and the test
+accuracy of the dual models alone beside SM, UM and EM (:meth:`Hassle.predictors`).
 """
 
 from __future__ import annotations
@@ -78,10 +100,12 @@ from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
 from fedul_flwr.strategies.per_model import PerModelAggregation
 from fedul_flwr.training import LocalLoop, TrainResult
 
-__all__ = ["Hassle", "HassleAggregation"]
+__all__ = ["Hassle", "HassleAggregation", "proximity_weight"]
 
 NUM_LABELED, NUM_UNLABELED = "num-labeled", "num-unlabeled"
 PAIRING = ("previous", "current")
+PHASE_ORDERS = ("residual-first", "dual-first")
+GAMMA_FORMS = ("mean", "sum")
 PAIRED: dict[str, tuple[str, str]] = {"r_US": ("w_S", "w_S_prev"), "r_SU": ("w_U", "w_U_prev")}
 """Residual model -> (the dual model it is trained against, the copy of that dual model it
 was last trained against, sent with ``hassle-pairing = "previous"``)."""
@@ -119,6 +143,40 @@ class HassleAggregation(PerModelAggregation):
         return arrays, metrics
 
 
+def proximity_weight(gamma: float, form: str, n: int) -> float:
+    """The weight mu of the proximity term's gradient mu (w - w') in a step on a batch-mean
+    loss (Eq. 12; ``hassle-gamma-form``).
+
+    ``mean``: the loss is (gamma / 2) ||w - w'||^2 beside the batch mean, mu = gamma
+    (FedProx's form). ``sum``: Eq. 12 as written, sum over the client's n examples of the
+    cross-entropy + gamma ||w - w'||^2; divided by n for the batch-mean step, mu = 2 gamma / n.
+
+    Parameters
+    ----------
+    gamma : float
+        gamma >= 0 (0: no term).
+    form : str
+        ``"mean"`` or ``"sum"``.
+    n : int
+        Examples the dual model trains on this round (labeled, or pseudo-labels kept).
+
+    Returns
+    -------
+    float
+        mu >= 0 (0 for ``sum`` without examples).
+
+    Raises
+    ------
+    ValueError
+        On an unknown form.
+    """
+    if form == "mean":
+        return gamma
+    if form == "sum":
+        return 2 * gamma / n if n > 0 else 0.0
+    raise ValueError(f"hassle-gamma-form={form!r} must be one of {GAMMA_FORMS}")
+
+
 @torch.no_grad()
 def _logits(modules: list[nn.Module], images: torch.Tensor, client: ClientData, device: torch.device, batch: int) -> torch.Tensor:
     """Sum of the modules' logits on every image (eval mode): ``[n, K]`` on ``device``."""
@@ -147,8 +205,12 @@ class Hassle(Method):
         Option("hassle-temperature", lambda v: v > 0, "> 0"),
         Option("hassle-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
         Option("hassle-pairing", lambda v: v in PAIRING, f"one of {PAIRING}"),
+        Option("hassle-phase-order", lambda v: v in PHASE_ORDERS, f"one of {PHASE_ORDERS}"),
+        Option("hassle-gamma-form", lambda v: v in GAMMA_FORMS, f"one of {GAMMA_FORMS}"),
+        Option("hassle-shared-init", lambda v: isinstance(v, bool), "true or false"),
+        Option("hassle-warmup-rounds", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
     )
-    recorded_metrics = ("pseudo-label-share",)
+    recorded_metrics = ("pseudo-label-share", "pseudo-label-classes", "pseudo-label-correct-share")
 
     @property
     def residual(self) -> bool:
@@ -157,7 +219,7 @@ class Hassle(Method):
 
     def model_specs(self) -> tuple[ModelSpec, ...]:
         """w_S, w_U and, with residuals, r_US (r_{U-S}) and r_SU (r_{S-U}) at the residual width."""
-        duals = (ModelSpec("w_S"), ModelSpec("w_U"))
+        duals = (ModelSpec("w_S"), ModelSpec("w_U", initial="w_S" if self.option("hassle-shared-init") else None))
         if not self.residual:
             return duals
         width = float(self.option("hassle-residual-width"))
@@ -194,37 +256,46 @@ class Hassle(Method):
         self, models: nn.ModuleDict, frozen: nn.ModuleDict, loop: LocalLoop, x: torch.Tensor, y: torch.Tensor,
         mask: torch.Tensor, dual: str, other: str, residual: str,
     ) -> list[TrainResult]:  # fmt: skip
-        """One side of the round: the residual of ``dual`` (Eqs. 7-9), then ``dual`` itself
-        with the proximity term towards the frozen ``other``."""
-        results = []
+        """One side of the round: the residual of ``dual`` (Eqs. 7-9) and ``dual`` itself with
+        the proximity term towards the frozen ``other`` (Eq. 12), in ``hassle-phase-order``:
+        ``residual-first`` fits the residual to the received ``dual``; ``dual-first`` trains
+        ``dual`` first and fits the residual to the updated one (Alg. 1's order)."""
         stream = {"d": Stream({"x": x, "y": y, "mask": mask}, self.cfg.batch_size)}
-        if self.residual:
-            t, lam = float(self.option("hassle-temperature")), float(self.option("hassle-lambda"))
-
-            def res_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
-                b = batch["d"]
-                with torch.no_grad():
-                    base, target = frozen[dual](b["x"]), frozen[other](b["x"])
-                return residual_loss(models[residual](b["x"]), base, target, b["y"], t, lam, b["mask"])
-
-            results.append(loop.run(models, LocalTask(stream, res_loss), trained=[residual]))
 
         def dual_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
             b = batch["d"]
             per_row = F.cross_entropy(models[dual](b["x"]), b["y"], reduction="none")
             return (per_row * b["mask"].to(per_row.dtype)).sum() / b["mask"].sum().clamp_min(1)
 
-        hooks = loop.hooks
-        gamma = float(self.option("hassle-gamma"))
-        if gamma > 0:
-            # imported here: fedul_flwr.client_update imports the methods package
-            from fedul_flwr.client_update import ProximalTerm, shared_parameters
+        def train_dual() -> TrainResult:
+            hooks = loop.hooks
+            mu = proximity_weight(float(self.option("hassle-gamma")), self.option("hassle-gamma-form"), int(mask.sum()))
+            if mu > 0:
+                # imported here: fedul_flwr.client_update imports the methods package
+                from fedul_flwr.client_update import ProximalTerm, shared_parameters
 
-            params = shared_parameters(models, [dual])  # keyed "<dual>.<parameter>"
-            anchor = {f"{dual}.{k}": v for k, v in frozen[other].named_parameters()}
-            hooks = hooks + (ProximalTerm(gamma, params, anchor),)
-        results.append(dataclasses.replace(loop, hooks=hooks).run(models, LocalTask(stream, dual_loss), trained=[dual]))
-        return results
+                params = shared_parameters(models, [dual])  # keyed "<dual>.<parameter>"
+                anchor = {f"{dual}.{k}": v for k, v in frozen[other].named_parameters()}
+                hooks = hooks + (ProximalTerm(mu, params, anchor),)
+            return dataclasses.replace(loop, hooks=hooks).run(models, LocalTask(stream, dual_loss), trained=[dual])
+
+        def train_residual(base: nn.Module) -> TrainResult:
+            t, lam = float(self.option("hassle-temperature")), float(self.option("hassle-lambda"))
+
+            def res_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+                b = batch["d"]
+                with torch.no_grad():
+                    base_logits, target = base(b["x"]), frozen[other](b["x"])
+                return residual_loss(models[residual](b["x"]), base_logits, target, b["y"], t, lam, b["mask"])
+
+            return loop.run(models, LocalTask(stream, res_loss), trained=[residual])
+
+        if not self.residual:
+            return [train_dual()]
+        if self.option("hassle-phase-order") == "residual-first":
+            return [train_residual(frozen[dual]), train_dual()]
+        first = train_dual()
+        return [first, train_residual(copy.deepcopy(models[dual]).requires_grad_(False).eval())]
 
     def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
         """The round of Fig. 3 (module docstring)."""
@@ -232,24 +303,32 @@ class Hassle(Method):
         results: list[TrainResult] = []
         self._sent: tuple[str, ...] = ()
         self._kept = 0.0
+        k = client.num_classes
+        self._classes, self._correct = torch.zeros(k), 0.0
         if client.labeled is not None and len(client.labeled):
             ones = torch.ones(len(client.labeled), dtype=torch.bool)
             results += self._side(models, frozen, loop, client.labeled.x, client.labeled.y, ones, "w_S", "w_U", "r_US")
             self._sent += ("w_S", "r_US") if self.residual else ("w_S",)
-        if client.unlabeled is not None and len(client.unlabeled):
+        warm = ctx.server_round <= int(self.option("hassle-warmup-rounds"))  # w_U waits: no pseudo-labels yet
+        if client.unlabeled is not None and len(client.unlabeled) and not warm:
             teachers = [frozen[self.paired("w_S")], frozen["r_US"]] if self.residual else [frozen["w_S"]]
             logits = _logits(teachers, client.unlabeled, client, ctx.device, self.cfg.eval_batch_size)
             targets, mask = pseudo_labels(logits, float(self.option("hassle-threshold")))
             targets, mask = targets.cpu(), mask.cpu()
             self._kept = float(mask.float().mean())
+            self._classes = torch.bincount(targets[mask], minlength=k).float()
+            if client.unlabeled_classes is not None:  # simulation: the diagnostic accuracy
+                self._correct = float((mask & (targets == client.unlabeled_classes)).sum())
             if bool(mask.any()):
                 results += self._side(models, frozen, loop, client.unlabeled, targets, mask, "w_U", "w_S", "r_SU")
                 self._sent += ("w_U", "r_SU") if self.residual else ("w_U",)
+        n = sum(len(p) for p in (client.labeled, client.unlabeled) if p is not None)
+        if not results and warm:  # an unlabeled client during the warm-up: nothing to train yet
+            return TrainResult(loss=0.0, num_examples=n, num_steps=0)
         if not results:
             raise ValueError(f"{client.node} has no labeled image and no confident pseudo-label: nothing to train")
         steps = sum(r.num_steps for r in results)
         loss = sum(r.loss * r.num_steps for r in results) / steps
-        n = sum(len(p) for p in (client.labeled, client.unlabeled) if p is not None)
         return TrainResult(loss=loss, num_examples=n, num_steps=steps)
 
     def sent_models(self, client: ClientData, ctx: RoundContext) -> tuple[str, ...]:
@@ -257,13 +336,23 @@ class Hassle(Method):
         return self._sent
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
-        """n_L and n_U (the aggregation weights) and the share of the client's unlabeled images
-        whose pseudo-label passed the threshold (0 without unlabeled data)."""
-        return {
+        """n_L and n_U (the aggregation weights) and, as shares of the client's unlabeled
+        images (0 without unlabeled data or in the warm-up), as FixMatch's: those whose
+        pseudo-label passed the threshold (``pseudo-label-share``); per class, those kept with
+        that class (``pseudo-label-classes``, K floats summing to the share: divided by their
+        sum, the class mix of the pseudo-labels trained on); in simulation, those kept with
+        their true class (``pseudo-label-correct-share``; over ``pseudo-label-share``: the
+        accuracy of the pseudo-labels)."""
+        n_u = 0 if client.unlabeled is None else len(client.unlabeled)
+        out: dict[str, float | list[float]] = {
             NUM_LABELED: float(0 if client.labeled is None else len(client.labeled)),
-            NUM_UNLABELED: float(0 if client.unlabeled is None else len(client.unlabeled)),
+            NUM_UNLABELED: float(n_u),
             "pseudo-label-share": self._kept,
+            "pseudo-label-classes": [float(c) / max(n_u, 1) for c in self._classes],
         }
+        if client.unlabeled_classes is not None:
+            out["pseudo-label-correct-share"] = self._correct / max(n_u, 1)
+        return out
 
     def aggregation(self) -> type | None:
         """:class:`HassleAggregation`."""
@@ -271,7 +360,9 @@ class Hassle(Method):
 
     def predictors(self) -> dict[str, Predictor]:
         """EM (headline), SM = f(w_S_prev) + f(r_US), UM = f(w_U_prev) + f(r_SU) (w_S, w_U with
-        ``hassle-pairing = "current"``; without residual models SM = f(w_S), UM = f(w_U))."""
+        ``hassle-pairing = "current"``; without residual models SM = f(w_S), UM = f(w_U)); and
+        the dual models alone, ``w_S`` and ``w_U`` (the newest), and, under the previous-round
+        pairing, ``w_S_prev``: what SM's residual adds to (a diagnostic)."""
         if self.residual:
             s, u = self.paired("w_S"), self.paired("w_U")
             sm = lambda models, x: models[s](x) + models["r_US"](x)  # noqa: E731
@@ -279,4 +370,7 @@ class Hassle(Method):
         else:
             sm = lambda models, x: models["w_S"](x)  # noqa: E731
             um = lambda models, x: models["w_U"](x)  # noqa: E731
-        return {"EM": lambda models, x: (sm(models, x) + um(models, x)) / 2, "SM": sm, "UM": um}
+        alone = {"w_S": lambda models, x: models["w_S"](x), "w_U": lambda models, x: models["w_U"](x)}
+        if self.paired("w_S") != "w_S":
+            alone["w_S_prev"] = lambda models, x: models["w_S_prev"](x)
+        return {"EM": lambda models, x: (sm(models, x) + um(models, x)) / 2, "SM": sm, "UM": um, **alone}
