@@ -46,7 +46,7 @@ def test_loopback_deployment_three_supernodes(tmp_path: Path) -> None:
             "--max-set-size",
             "12",
             "--run-config",
-            f"num-rounds={rounds} num-sets=10 batch-size=32",
+            f"num-rounds={rounds} num-sets=10 batch-size=32 verbose=true",  # Flower's aggregation lines are read below
             "--timeout",
             "300",
         ],
@@ -165,7 +165,7 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     try:
         runs = tmp_path / "runs"
         run_id = fed.submit(
-            f'num-rounds=3 num-sets=10 batch-size=32 min-available-nodes=2 min-train-nodes=2 device="cpu" '
+            f'num-rounds=3 num-sets=10 batch-size=32 min-available-nodes=2 min-train-nodes=2 device="cpu" verbose=true '
             f'output-dir="{runs}" run-name="fault"'
         )
 
@@ -203,7 +203,7 @@ def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
     env = {**os.environ, "VENV_BIN": str(VENV_BIN), "PYTHONPATH": str(REPO)}
     proc = subprocess.run(
         ["bash", str(SCRIPT), "--tls", "--workdir", str(tmp_path), "--port", "9545", "--nodes", "2",
-         "--max-set-size", "12", "--run-config", "num-rounds=1 num-sets=10 batch-size=32", "--timeout", "300"],
+         "--max-set-size", "12", "--run-config", "num-rounds=1 num-sets=10 batch-size=32 verbose=true", "--timeout", "300"],
         env=env, capture_output=True, text=True, timeout=420,
     )
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(tmp_path.glob("*.log")))
@@ -236,7 +236,7 @@ def _two_rounds_on_simulated_nodes(
     fed = _Federation(tmp_path, node_dirs)
     runs = tmp_path / "runs"
     try:
-        run_id = fed.submit(f'{run_config} num-rounds=2 min-available-nodes=3 min-train-nodes=3 device="cpu" '
+        run_id = fed.submit(f'{run_config} num-rounds=2 min-available-nodes=3 min-train-nodes=3 device="cpu" verbose=true '
                             f'output-dir="{runs}" run-name="two-rounds"')  # fmt: skip
         status, log = fed.wait(run_id)
     finally:
@@ -310,7 +310,7 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
         (bad / "priors.csv").write_text("\n".join(lines) + "\n")
     fed = _Federation(tmp_path, node_dirs)
     runs = tmp_path / "runs"
-    common = (f'num-rounds=2 num-sets=10 batch-size=32 min-available-nodes=3 min-train-nodes=1 device="cpu" '
+    common = (f'num-rounds=2 num-sets=10 batch-size=32 min-available-nodes=3 min-train-nodes=1 device="cpu" verbose=true '
               f'output-dir="{runs}"')  # fmt: skip
     try:
         stopped, stopped_log = fed.wait(fed.submit(f'{common} run-name="stops"'))

@@ -87,7 +87,7 @@ def test_settings_refused_before_round_1_fail_the_run_in_one_line_and_leave_no_f
     and the same run-name then runs with working settings."""
     out = tmp_path / "runs"
     with superlink(tmp_path) as link:
-        record, log = link.run_app(f"num-sets=5 num-rounds=1 output-dir='{out}' run-name='same'",
+        record, log = link.run_app(f"num-sets=5 num-rounds=1 output-dir='{out}' run-name='same' verbose=true",
                                    "num-supernodes=2 client-resources-num-cpus=1")  # fmt: skip
         assert record.get("status") == "finished:failed", (record, log[-3000:])
         refused = [line for line in log.splitlines() if "run refused before round 1" in line]
