@@ -63,6 +63,7 @@ per image before; measured against it in ``tests/test_augment.py``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -222,13 +223,20 @@ def nearest_affine(images: torch.Tensor, matrix: torch.Tensor, *, inverse: bool 
 
     b, c, h, w = images.shape
     inverse = (matrix if inverse else invert_affine_transform(matrix.double())).float().to(images.device)  # [B, 2, 3]
-    ys, xs = torch.meshgrid(torch.arange(h, device=images.device), torch.arange(w, device=images.device), indexing="ij")
-    points = torch.stack([xs.flatten(), ys.flatten(), torch.ones_like(xs.flatten())]).float()  # [3, HW]
+    points = _pixel_grid(h, w, images.device)  # [3, HW]
     source = (inverse @ points).round_().long() + 1  # [B, 2, HW], in the zero-bordered image
     # one black border: every source outside the image clamps onto it
     index = source[:, 1].clamp_(0, h + 1) * (w + 2) + source[:, 0].clamp_(0, w + 1)
     bordered = torch.nn.functional.pad(images, (1, 1, 1, 1)).flatten(2)  # [B, C, (H + 2)(W + 2)]
     return bordered.gather(2, index[:, None, :].expand(b, c, h * w)).view(b, c, h, w)
+
+
+@functools.lru_cache(maxsize=8)
+def _pixel_grid(h: int, w: int, device: torch.device) -> torch.Tensor:
+    """float ``[3, H W]``: the homogeneous (x, y, 1) of every pixel, row by row (built once per
+    size and device, not per batch)."""
+    ys, xs = torch.meshgrid(torch.arange(h, device=device), torch.arange(w, device=device), indexing="ij")
+    return torch.stack([xs.flatten(), ys.flatten(), torch.ones_like(xs.flatten())]).float()
 
 
 def _warp(images: torch.Tensor, names: Sequence[str], values: torch.Tensor) -> torch.Tensor:
@@ -391,6 +399,7 @@ class Augmentation:
     def __init__(self, name: str, image_side: int, dataset: str) -> None:
         self.name = name
         self.stages = AUGMENTATIONS.get(name)(image_side, dataset in MIRRORED)
+        self._global_rng = any(getattr(stage, "global_rng", False) for stage in self.stages)
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Augment each image of a batch with its own random parameters, the batch at once.
@@ -411,7 +420,7 @@ class Augmentation:
             return images
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         own = torch.Generator().manual_seed(seed)
-        if not any(getattr(stage, "global_rng", False) for stage in self.stages):
+        if not self._global_rng:
             return self._apply(images, own)
         with torch.random.fork_rng(devices=[]):  # Kornia samples on the CPU, whatever the device
             torch.default_generator.manual_seed(seed)
