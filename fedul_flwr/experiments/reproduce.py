@@ -101,6 +101,8 @@ FEDDB_COLUMNS: dict[str, dict[str, Any]] = {
     "FixMatch": {"method": "fixmatch"},
     "FixMatch-DPL": {"method": "fixmatch-dpl"},
     "FedDB": {"method": "feddb"},
+    # the aggregation weight that counts the examples that trained the model this round
+    "FixMatch (used weights)": {"method": "fixmatch", "fixmatch-weight": "used"},
 }
 FEDDB_ROWS: list[tuple[str, dict[str, Any]]] = [
     ("IID", {"partition": "iid"}),
