@@ -512,6 +512,29 @@ def test_run_settings_leave_out_only_the_options_of_other_methods() -> None:
     assert runner.run_settings({**hassle, "hassle-pairing": "current"}) != runner.run_settings(hassle)
 
 
+
+def test_a_record_is_shared_across_grids_when_only_keys_added_since_sit_at_their_default(tmp_path: Path) -> None:
+    """A record written before a key existed holds the run that key's default gives: another
+    grid's run with the default shares it (nothing trained), one with another value does not;
+    the run folder's place never matters."""
+    import json
+
+    spec = reproduce.RunSpec("grid-a", "row", "FixMatch", "*", 0, 20, "", {})
+    requested = {"method": "fixmatch", "client-setting": "labels-at-clients", "seed": 0}
+    old = resolve_config({**requested, "output-dir": "elsewhere/runs"}).as_dict()
+    del old["fixmatch-weight"]  # the record predates the key
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "old.json").write_text(json.dumps({"run-id": "old", "config": old, "spec": dataclasses.asdict(spec)}))
+    recorded = runner._recorded_runs(records)
+    other = dataclasses.replace(spec, grid="grid-b")
+    assert runner._share_record(other, {**requested, "fixmatch-weight": "epoch", "output-dir": str(tmp_path)},
+                                records / "b.json", recorded)  # fmt: skip
+    assert json.loads((records / "b.json").read_text())["same-run-as"] == "old"
+    assert not runner._share_record(other, {**requested, "fixmatch-weight": "used"}, records / "c.json", recorded)
+    assert not runner._share_record(dataclasses.replace(other, clients=5), requested, records / "d.json", recorded)
+    assert not (records / "c.json").exists() and not (records / "d.json").exists()
+
 def test_fedul_command_shares_flag_conventions_and_shows_defaults(capsys) -> None:
     from fedul_flwr import cli
 

@@ -360,7 +360,7 @@ def run_grid(
 
 DISPLAY_KEYS = ("verbose",)
 """Settings that change only what a run prints, never its result (nor its checkpoint's match)."""
-SHARED_FREE = ("run-name", "resume")
+SHARED_FREE = ("run-name", "resume", "output-dir")
 """Resolved settings that do not change a run's result: two runs equal in all others are one."""
 
 
@@ -381,31 +381,44 @@ def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if k not in foreign and k not in DISPLAY_KEYS}
 
 
-def _settings(config: Mapping[str, Any]) -> str:
-    return json.dumps({k: v for k, v in run_settings(config).items() if k not in SHARED_FREE}, sort_keys=True)
+def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`run_settings` without :data:`SHARED_FREE`."""
+    return {k: v for k, v in run_settings(config).items() if k not in SHARED_FREE}
 
 
-def _recorded_runs(records_dir: Path) -> dict[tuple[int, str], dict[str, Any]]:
-    """The trained (not shared) records in ``records_dir`` by (clients, resolved settings)."""
-    runs = {}
+def same_settings(recorded: Mapping[str, Any], requested: Mapping[str, Any]) -> bool:
+    """Whether two runs' settings (:func:`_settings`) are one run's. A key one of them lacks
+    (added to the project after its record was written) counts as its default, the rule a
+    resumed checkpoint follows (:func:`fedul_flwr.checks.resume_conflicts`): a new key's
+    default keeps the behaviour the older record was trained with."""
+    from fedul_flwr.config import default_config
+
+    defaults = default_config()
+    return all(recorded.get(k, defaults.get(k)) == requested.get(k, defaults.get(k)) for k in {*recorded, *requested})
+
+
+def _recorded_runs(records_dir: Path) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
+    """The trained (not shared) records in ``records_dir``: (clients, resolved settings, record)."""
+    runs = []
     for path in sorted(records_dir.glob("*.json")):
         record = json.loads(path.read_text())
         if "config" in record and "spec" in record and not record.get("same-run-as"):
-            runs.setdefault((record["spec"]["clients"], _settings(record["config"])), record)
+            runs.append((record["spec"]["clients"], _settings(record["config"]), record))
     return runs
 
 
-def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorded: Mapping[tuple[int, str], Mapping[str, Any]]) -> bool:
+def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorded: Sequence[tuple[int, dict[str, Any], dict[str, Any]]]) -> bool:
     """Write ``spec``'s record from a recorded run of the same clients and settings, if any.
 
     Two grids may hold the same run (HASSLE's full method is a column of Table 1 and of the
     ablation). A record of ``recorded`` (:func:`_recorded_runs`) with as many clients and the
-    same resolved settings (the name aside) is copied under this run's id with
-    ``same-run-as`` naming the original; nothing is trained. Returns whether it was.
+    same resolved settings (:func:`same_settings`; name and folder aside) is copied under this
+    run's id with ``same-run-as`` naming the original; nothing is trained. Returns whether it was.
     """
     from fedul_flwr.checks import resolve_config
 
-    record = recorded.get((spec.clients, _settings(resolve_config(dict(run_config)).as_dict())))
+    requested = _settings(resolve_config(dict(run_config)).as_dict())
+    record = next((r for clients, settings, r in recorded if clients == spec.clients and same_settings(settings, requested)), None)
     if record is None:
         return False
     _write_record(path, {**record, "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config,
