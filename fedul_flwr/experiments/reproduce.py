@@ -116,7 +116,8 @@ FEDDB_PROTOCOLS = {"cpu": ("feddb-cpu", 20), "paper": ("feddb", 100)}  # profile
 HASSLE_COLUMNS: dict[str, dict[str, Any]] = {
     "FedAvg (labeled only)": {"method": "supervised", "label-fraction": 1.0},
     "FedProx (labeled only)": {"method": "supervised", "label-fraction": 1.0, "strategy": "fedprox", "proximal-mu": 0.01},
-    "FedAvg+FixMatch": {"method": "fixmatch"},
+    # the weights its records were trained with; the presets' "used" is hassle-sweep's column
+    "FedAvg+FixMatch": {"method": "fixmatch", "fixmatch-weight": "epoch"},
     "HASSLE": {"method": "hassle"},
 }
 HASSLE_SHARES = {"5%": {"labeled-share": 0.05, "label-layout": "P*2,U*18"},
