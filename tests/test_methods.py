@@ -512,7 +512,6 @@ def test_run_settings_leave_out_only_the_options_of_other_methods() -> None:
     assert runner.run_settings({**hassle, "hassle-pairing": "current"}) != runner.run_settings(hassle)
 
 
-
 def test_a_record_is_shared_across_grids_when_only_keys_added_since_sit_at_their_default(tmp_path: Path) -> None:
     """A record written before a key existed holds the run that key's default gives: another
     grid's run with the default shares it (nothing trained), one with another value does not;
@@ -534,6 +533,7 @@ def test_a_record_is_shared_across_grids_when_only_keys_added_since_sit_at_their
     assert not runner._share_record(other, {**requested, "fixmatch-weight": "used"}, records / "c.json", recorded)
     assert not runner._share_record(dataclasses.replace(other, clients=5), requested, records / "d.json", recorded)
     assert not (records / "c.json").exists() and not (records / "d.json").exists()
+
 
 def test_fedul_command_shares_flag_conventions_and_shows_defaults(capsys) -> None:
     from fedul_flwr import cli
