@@ -8,8 +8,9 @@ above both and adds what needs the registries:
 - every key chosen by name is one of its registry's names (the closest one is suggested);
 - the method's own options (``Method.options``);
 - ``resume=true`` only with a strategy whose whole state a server checkpoint holds, and
-  (:func:`check_resume`) only from a checkpoint of the same settings: ``num-rounds`` and the
-  keys of :data:`RESUME_FREE_KEYS` may differ, nothing else;
+  (:func:`check_resume`) only from a checkpoint of the same settings: ``num-rounds``, the
+  :data:`OUTPUT_KEYS` and, in float32, ``device`` may differ, nothing else (:func:`run_settings`,
+  the same rule the grid runner's records follow);
 - in simulation (:func:`check_simulation`), where ``client-setting`` builds the clients'
   data: the method is defined for that setting (:func:`method_settings`), every client gets
   ``num-sets`` >= K U sets (Lu et al., ICLR 2022, Theorem 1), a given ``class-prior`` is
@@ -45,6 +46,8 @@ from fedul_flwr.config import (
 from fedul_flwr.registry import closest
 
 __all__ = [
+    "DEVICE_FREE_PRECISION",
+    "OUTPUT_KEYS",
     "RESUME_FREE_KEYS",
     "check_before_round_one",
     "check_resume",
@@ -55,16 +58,55 @@ __all__ = [
     "registry_choices",
     "resolve_config",
     "resume_conflicts",
+    "run_settings",
     "validate_config",
 ]
 
-RESUME_FREE_KEYS: tuple[str, ...] = (
-    "num-rounds", "resume", "output-dir", "run-name", "tensorboard", "eval-batch-size", "max-failure-fraction"
+OUTPUT_KEYS: tuple[str, ...] = (
+    "resume", "output-dir", "run-name", "verbose", "tensorboard", "eval-batch-size", "max-failure-fraction"
 )  # fmt: skip
-"""Keys a resumed run may set differently from the checkpoint's run: how long it runs, where
-its folder is, what is logged and how the central evaluation is batched -- none changes the
-training. Every other key (``lr``, ``seed``, which also draws the data split, ...) must be
-the same."""
+"""Settings that change only what a run writes, prints or logs, where its folder is, how the
+central evaluation is batched or when a failing run gives up -- never what it trains. Two
+runs that differ only in these are one run: for a resumed checkpoint
+(:data:`RESUME_FREE_KEYS`) and for the grid runner's records
+(:func:`fedul_flwr.experiments.runner.run_grid`) alike."""
+DEVICE_FREE_PRECISION = "fp32"
+"""With this ``precision``, ``device`` is free too (:func:`run_settings`): float32 on ``cpu``
+and on ``cuda`` computes the same model (the runs differ by floating-point rounding only),
+so a run may stop on one device and continue on the other, and its record counts for either.
+(``precision=auto`` resolves to bfloat16 autocast on one device and float32 on the other.)"""
+RESUME_FREE_KEYS: tuple[str, ...] = ("num-rounds", *OUTPUT_KEYS)
+"""Keys a resumed run may set differently from the checkpoint's run: how long it runs and
+:data:`OUTPUT_KEYS` (and ``device`` in float32, :data:`DEVICE_FREE_PRECISION`). Every other
+key (``lr``, ``seed``, which also draws the data split, ...) must be the same."""
+
+
+def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The resolved settings that can change what a run trains: all of ``config`` but the
+    options of methods other than its ``method`` (:attr:`Method.options`), the
+    :data:`OUTPUT_KEYS`, and ``device`` where ``precision`` is
+    :data:`DEVICE_FREE_PRECISION`. So a checkpoint or a record written before another method
+    gained an option, with another ``verbose``, or on the other device in float32 still
+    matches its run.
+
+    Parameters
+    ----------
+    config : Mapping[str, Any]
+        Resolved dashed-key settings (:meth:`RunConfig.as_dict`, a checkpoint's or a
+        record's ``config``).
+
+    Returns
+    -------
+    dict[str, Any]
+        The settings that identify the run (``num-rounds`` among them).
+    """
+    from fedul_flwr.methods import METHODS
+
+    method = str(config.get("method", default_config()["method"]))
+    own = {o.key for o in METHODS.get(method).options} if method in METHODS else set()
+    foreign = {o.key for name in METHODS.names() for o in METHODS.get(name).options} - own
+    free = {*OUTPUT_KEYS, *foreign, *(("device",) if config.get("precision") == DEVICE_FREE_PRECISION else ())}
+    return {k: v for k, v in config.items() if k not in free}
 
 
 def registry_choices() -> dict[str, tuple[str, ...]]:
@@ -247,24 +289,20 @@ def resume_conflicts(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     """The settings of ``cfg`` that differ from those a checkpoint was written with, as
     ``"key: <saved> in the checkpoint, <requested> now"``; empty when the run may continue.
 
-    Keys of :data:`RESUME_FREE_KEYS` may differ, and so may the options of methods other
-    than the run's. A key the checkpoint lacks (added to the project after it was written)
-    counts as its default.
+    ``num-rounds`` may differ, and so may every key :func:`run_settings` leaves out (the
+    :data:`OUTPUT_KEYS`, the options of methods other than the run's, ``device`` when both
+    runs compute in float32). A key the checkpoint lacks (added to the project after it was
+    written) counts as its default.
     """
-    from fedul_flwr.methods import METHODS
-
-    own = {o.key for o in METHODS.get(cfg.method).options} if cfg.method in METHODS else set()
-    foreign = {o.key for name in METHODS.names() for o in METHODS.get(name).options} - own
-    defaults = default_config()
-    requested = cfg.as_dict()
-    conflicts = []
-    for key in sorted(requested):
-        if key in RESUME_FREE_KEYS or key in foreign:
-            continue
-        before = saved.get(key, defaults.get(key))
-        if before != requested[key]:
-            conflicts.append(f"{key}: {before!r} in the checkpoint, {requested[key]!r} now")
-    return conflicts
+    before = {**default_config(), **saved}
+    now = cfg.as_dict()
+    requested = run_settings(now)
+    counted = set(requested) | (set(run_settings(before)) & set(now))  # a key either run counts
+    return [
+        f"{key}: {before.get(key)!r} in the checkpoint, {now[key]!r} now"
+        for key in sorted(counted - {"num-rounds"})
+        if before.get(key) != now[key]
+    ]
 
 
 def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
@@ -289,7 +327,8 @@ def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
     conflicts = resume_conflicts(ckpt.config, cfg)
     _check(
         not conflicts,
-        f"resume=true: {run_dir} was run with other settings; only {RESUME_FREE_KEYS} may change on resume: "
+        f"resume=true: {run_dir} was run with other settings; only {RESUME_FREE_KEYS} (and device, "
+        f"with precision={DEVICE_FREE_PRECISION!r}) may change on resume: "
         + "; ".join(conflicts),
     )
     return ckpt

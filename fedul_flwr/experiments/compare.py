@@ -45,7 +45,7 @@ from fedul_flwr.experiments.runner import (
     add_common_arguments,
     parse_overrides,
     parse_seeds,
-    run_grid,
+    run_cells,
 )
 from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.strategies import STRATEGIES
@@ -120,10 +120,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``fedul compare``: run the missing runs, write and print ``strategies.md``."""
+    """``fedul compare``: run the missing runs, write and print ``strategies.md``. Exit status
+    as ``fedul reproduce``'s: 1 with a failed run (one line each at the end), 75 when
+    ``--stop-after`` left runs, else 0 once every run has a record."""
     runs, base, common = compare_runs(args)
     out = Path(args.out).expanduser().resolve()
-    records = run_grid(runs, out / "records", jobs=args.jobs, threads=args.threads, name="compare")
+    result = run_cells(runs, out / "records", jobs=args.jobs, threads=args.threads, name="compare",
+                       stop_after=args.stop_after)  # fmt: skip
+    records = result.records
     header = (
         f"{base['method']}, {args.dataset} {base['partition']}, {args.clients} clients, M = {base['num-sets']}, "
         f"{args.rounds} rounds, seeds {args.seeds or '0'}"
@@ -132,4 +136,6 @@ def run(args: argparse.Namespace) -> int:
     table = render(records, header)
     (out / "strategies.md").write_text(table)
     print(table)
-    return 0 if len(records) == len(runs) else 1
+    for line in result.final_lines():
+        print(line, flush=True)
+    return result.exit_code or (0 if len(records) == len(runs) else 1)

@@ -5,9 +5,13 @@ Each run is (grid, dataset, partition, sets, method, seed, extra overrides). It 
 the real ServerApp logic and the real ClientApp via :class:`fedul_flwr.inprocess.InProcessGrid`
 (no Ray), writes its Flower run folder under ``<out>/<profile>/runs/<run-id>/`` and one JSON
 record ``<out>/<profile>/records/<run-id>.json`` (run config, resolved config, per-round
-metrics, last-round test error, test error at the best-validation round, wall time). A run
-whose record exists is skipped, so an interrupted grid resumes where it stopped. Ctrl-C or
-SIGTERM stops the runner and its ``--jobs`` workers; an unfinished run writes no record.
+metrics, last-round test error, test error at the best-validation round, wall time, device).
+A run whose record exists is skipped, so an interrupted grid resumes where it stopped. Ctrl-C
+or SIGTERM stops the runner and its ``--jobs`` workers; an unfinished run writes no record.
+A run that fails is one failed cell (a failure record in ``records/failed/``, one line at the
+end, exit status 1); the others finish and are rendered. ``--stop-after MINUTES`` ends the
+grid before the limit, every unfinished run checkpointed and continued by the same command
+(exit status 75 while runs are left). See :mod:`fedul_flwr.experiments.runner`.
 
 Two errors are reported, never mixed:
 
@@ -68,7 +72,7 @@ from fedul_flwr.experiments.runner import (
     load_records,
     parse_overrides,
     parse_seeds,
-    run_grid,
+    run_cells,
 )
 from fedul_flwr.experiments.tables import markdown_table
 
@@ -666,6 +670,14 @@ def _section(name: str, title: str, body: str) -> list[str]:
     return [f"### {title}", "", f"<!-- --8<-- [start:{name}] -->", body, f"<!-- --8<-- [end:{name}] -->", ""]
 
 
+def _device(record: Mapping[str, Any]) -> str:
+    """The device a record was trained on, with its card or CPU model where recorded
+    (``cuda (NVIDIA H100 80GB HBM3)``); older records: the configured ``device``."""
+    if "device" not in record:
+        return str(record.get("config", {}).get("device", "-"))
+    return f"{record['device']} ({record['device-name']})" if record.get("device-name") else str(record["device"])
+
+
 def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], out_dir: Path) -> Path:
     """Write ``results-<grid>.md`` (the tables, settings, wall time) and the plots.
 
@@ -722,7 +734,7 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
             shared = f" (= {r['same-run-as']})" if r.get("same-run-as") else ""
             per_round = seconds_per_round(r)
             rows.append([f"{r['run-id']}{shared}", f"{r['wall-time-s']:.0f}", "-" if per_round is None else f"{per_round:.1f}",
-                         r.get("threads", "-"), c.get("device", "-"), loop, r.get("resumed-after-round", "-")])  # fmt: skip
+                         r.get("threads", "-"), _device(r), loop, r.get("resumed-after-round", "-")])  # fmt: skip
         head = ["run", "wall time (s)", "s per round (median)", "threads", "device", "loop", "continued after round"]
         text += _section("wall-time", "Wall time per run", markdown_table(head, rows))
     plots = plot_curves(grid, records, out_dir / "plots") if records else []
@@ -772,7 +784,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``fedul reproduce``: run the grid's missing runs (those ``--runs`` selects), render its
-    tables from every recorded run. Exit 1 while runs (of the selection) are missing."""
+    tables from every recorded run.
+
+    Exit status: 0 when every selected run has a record (``--render-only``: every run of the
+    grid); 1 when a run failed (one line per failed cell at the end; the others finished and
+    are rendered) or runs are missing; 75 when ``--stop-after`` left runs to continue (and
+    none failed)."""
     profile = PROFILES[args.profile]
     seeds = parse_seeds(args.seeds) or profile.seeds
     specs = build_grid(args.grid, args, seeds)
@@ -788,15 +805,22 @@ def run(args: argparse.Namespace) -> int:
             print(spec.run_id, spec.clients, "clients", json.dumps(spec.overrides))
         print(f"{len(selected)} runs")
         return 0
+    result = None
     if not args.render_only:
         runs = [(spec, run_config_of(spec, profile, args.data_dir, out_dir, common)) for spec in selected]
-        done = run_grid(runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=args.grid)
+        result = run_cells(runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=args.grid,
+                           stop_after=args.stop_after)  # fmt: skip
     records = load_records(specs, out_dir / "records")
-    if not records:
+    if records:
+        path = render(args.grid, args.profile, specs, records, out_dir)
+        print(path.read_text())
+        print(f"wrote {path}")
+    else:
         print(f"no records of grid {args.grid!r} in {out_dir / 'records'}: nothing to render", file=sys.stderr)
-        return 1
-    path = render(args.grid, args.profile, specs, records, out_dir)
-    print(path.read_text())
-    print(f"wrote {path}")
-    complete = len(records) == len(specs) if args.render_only else len(done) == len(selected)
-    return 0 if complete else 1
+    if result is None:
+        return 0 if records and len(records) == len(specs) else 1
+    for line in result.final_lines():
+        print(line, flush=True)
+    if result.exit_code:
+        return result.exit_code
+    return 0 if len(result.records) == len(selected) else 1

@@ -8,10 +8,27 @@ configuration's ``output-dir``. Then:
 
 - its record ``<records>/<run-id>.json`` (run config, resolved config, per-round metrics,
   last-round and best test error, test error at the best-validation round, every
-  predictor's errors, wall time) is written atomically, so a run with a record is skipped
-  and an interrupted grid resumes where it stopped: a run without a record continues after
-  the last round of its checkpoint where that is exact (:func:`resumable_round`), else it
-  starts afresh;
+  predictor's errors, wall time, the device and the card or CPU model) is written
+  atomically, so a run with a record is skipped and an interrupted grid resumes where it
+  stopped: a run without a record continues after the last round of its checkpoint where
+  that is exact (:func:`resumable_round`), else it starts afresh -- a run folder holding
+  trained rounds is then renamed aside, never deleted;
+- a run that raises (a NaN loss, too many failed replies, out of memory) is one failed
+  cell: its failure record ``<records>/failed/<run-id>.json`` (error type, message, last
+  finished round, run folder, log) is never read as a record, every other run goes on, the
+  tables are rendered from the records that exist, and the command ends with one line per
+  failed cell and exit status 1 (:class:`GridResult`); the next invocation runs the cell
+  again;
+- settings that change only output (:data:`fedul_flwr.checks.OUTPUT_KEYS`: ``verbose``,
+  ``tensorboard``, the run's name and folder, ...) never make a run another one, and in
+  float32 (``precision=fp32``) neither does ``device``: a record made on ``cuda`` counts
+  for the ``cpu`` cell and a run stopped on one device continues on the other
+  (:func:`fedul_flwr.checks.run_settings`, the rule a resumed checkpoint follows too);
+- ``stop_after`` (``--stop-after MINUTES``) ends the grid before the limit: runs stop
+  between rounds when the next would not end in time (:class:`StoppableGrid`), runs still
+  going near the limit are terminated, none gets a record, each continues on the next
+  invocation from its checkpoint; the last line says what is left and the exit status is
+  75 (:data:`EXIT_STOPPED`);
 - Flower's log of the run goes to ``<run folder>/flower.log`` (not to the terminal); the
   terminal shows a progress bar with the time estimate (on a terminal) and one summary line
   per finished run;
@@ -22,7 +39,8 @@ configuration's ``output-dir``. Then:
 
 ``jobs`` runs go at once in spawned worker processes, each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
-depend on ``jobs``.
+depend on ``jobs``. On one CUDA card each worker takes ``1 / jobs`` of its memory
+(:func:`share_gpu`).
 """
 
 from __future__ import annotations
@@ -33,19 +51,28 @@ import json
 import logging
 import multiprocessing
 import os
-import platform
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import Message, MessageType
+
+from fedul_flwr.checks import run_settings
+from fedul_flwr.inprocess import InProcessGrid
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
-    "RunSpec", "add_common_arguments", "best_val_round", "check_run_configs", "execute", "load_records", "parse_overrides", "parse_seeds",
-    "resumable_round", "run_grid", "run_settings", "threads_per_job",
+    "EXIT_FAILED", "EXIT_STOPPED", "GridResult", "RunOutcome", "RunSpec", "StopRequested", "StoppableGrid",
+    "add_common_arguments", "best_val_round", "check_run_configs", "device_name", "execute", "failure_line",
+    "failure_path", "load_records", "parse_overrides", "parse_seeds", "resumable_round", "run_cells", "run_grid",
+    "run_settings", "share_gpu", "stop_times", "threads_per_job",
 ]  # fmt: skip
 
 LOG_FILE = "flower.log"
@@ -122,7 +149,9 @@ def flower_log_to(path: Path) -> Iterator[None]:
             logger.addHandler(h)
 
 
-def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict[str, Any]:
+def execute(
+    spec: RunSpec, run_config: dict[str, Any], threads: int = 0, *, jobs: int = 1, stop_at: float | None = None
+) -> dict[str, Any]:
     """Run one federation in this process and return its JSON record.
 
     Parameters
@@ -133,6 +162,11 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
         Complete run config (dashed keys, with ``output-dir`` and ``run-name``).
     threads : int
         torch threads (0: leave as is).
+    jobs : int
+        Runs of the grid at once: on a CUDA device this process takes its share of the
+        card's memory (:func:`share_gpu`).
+    stop_at : float or None
+        ``time.time()`` by which no round may still be running (:class:`StoppableGrid`).
 
     Returns
     -------
@@ -144,21 +178,26 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
     ------
     fedul_flwr.config.ConfigError
         If ``run_config`` is invalid.
+    StopRequested
+        If ``stop_at`` comes before the next round could end (the last finished round is in
+        the run's checkpoint).
     """
     import torch
 
     from fedul_flwr.client_app import app
     from fedul_flwr.checks import resolve_config
     from fedul_flwr.data import simulated
-    from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.methods import get_method
+    from fedul_flwr.runtime import pick_device
     from fedul_flwr.server_app import run_federation
 
     if threads:
         torch.set_num_threads(threads)
     start = time.time()
     cfg = resolve_config(run_config)
-    outputs = run_federation(InProcessGrid(app, spec.clients, run_config), cfg)
+    device = pick_device(cfg.device)
+    share_gpu(device, jobs)
+    outputs = run_federation(StoppableGrid(app, spec.clients, run_config, stop_at=stop_at), cfg)
     simulated.load_client.cache_clear()  # a grid visits many configs: free the client tensors
     metrics = [outputs.rows[r] for r in sorted(outputs.rows)]
     tested = [r for r in metrics if "test-error" in r]
@@ -186,52 +225,243 @@ def execute(spec: RunSpec, run_config: dict[str, Any], threads: int = 0) -> dict
         **predictors,
         "wall-time-s": time.time() - start,
         "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
+        "device": device.type,
+        "device-name": device_name(device),
         "run-dir": str(outputs.path),
     }
+
+
+class StopRequested(Exception):
+    """A run stopped at a round boundary because the grid's time limit (``--stop-after``)
+    comes before its next round could end; its checkpoint holds every finished round."""
+
+
+class StoppableGrid(InProcessGrid):
+    """:class:`~fedul_flwr.inprocess.InProcessGrid` that stops its run between rounds when
+    a time limit comes too close.
+
+    Before sending a round's training messages it raises :class:`StopRequested` when
+    ``now + the longest round so far`` would pass ``stop_at``. The ServerApp writes the
+    checkpoint of a round at its end (after the central evaluation), so the stopped run can
+    be continued exactly from its last finished round; the round that would not have fitted
+    is not started. Without a round measured yet (a run's first round here) it stops only
+    when ``stop_at`` has passed.
+
+    Parameters
+    ----------
+    *args
+        Those of :class:`~fedul_flwr.inprocess.InProcessGrid`.
+    stop_at : float or None
+        ``time.time()`` by which no round may still be running; None: no limit.
+    """
+
+    def __init__(self, *args: Any, stop_at: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stop_at = stop_at
+        self.longest_round = 0.0  # seconds, of the rounds run in this process
+        self._round_started: float | None = None
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """Flower's round step; a round's training messages first pass the time check."""
+        messages = list(messages)
+        if self.stop_at is not None and messages and messages[0].metadata.message_type == MessageType.TRAIN:
+            now = time.time()
+            if self._round_started is not None:
+                self.longest_round = max(self.longest_round, now - self._round_started)
+            if now + self.longest_round > self.stop_at:
+                raise StopRequested(f"stopped before its next round: {self.stop_at - now:.0f}s left, rounds take "
+                                    f"up to {self.longest_round:.0f}s")  # fmt: skip
+            self._round_started = now
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def share_gpu(device: torch.device, jobs: int) -> float | None:
+    """Cap this process's share of a CUDA card's memory when ``jobs`` runs share it.
+
+    Each ``--jobs`` worker is a process with its own CUDA caching allocator, which keeps
+    what it once held: without a cap, one run's peak can leave another none. With
+    ``jobs > 1`` on a CUDA ``device``, ``torch.cuda.set_per_process_memory_fraction`` limits
+    this process to :data:`GPU_SHARE` / ``jobs`` of the card (a run that needs more fails
+    alone, as one failed cell, instead of another run).
+
+    Returns
+    -------
+    float or None
+        The fraction set; None on a CPU or with one job.
+    """
+    if device.type != "cuda" or jobs <= 1:
+        return None
+    import torch
+
+    fraction = GPU_SHARE / jobs
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return fraction
+
+
+GPU_SHARE = 0.9
+"""Share of a CUDA card's memory the ``--jobs`` runs on it split among them (each process's
+CUDA context, a few hundred MiB, comes on top of the allocator's cap)."""
+
+
+def device_name(device: torch.device) -> str:
+    """The card's name (``NVIDIA H100 80GB HBM3``) or the CPU's model, for a run's record."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    from fedul_flwr.experiments.benchmark import machine_info
+
+    return str(machine_info()["cpu"])
+
+
+def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
+    """(:func:`resumable_round`, why the stopped run in the run folder cannot go on: ``""``
+    where it can or where the folder holds no checkpoint)."""
+    from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, load_checkpoint
+    from fedul_flwr.checks import resolve_config, resume_conflicts
+
+    try:
+        ckpt = load_checkpoint(Path(run_config["output-dir"]) / run_config["run-name"])
+    except CheckpointError as exc:  # none (the run stopped before its first round) or unreadable
+        return 0, "" if "does not exist" in str(exc) else str(exc)
+    if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
+        return 0, f"strategy={run_config.get('strategy')!r} cannot be resumed"
+    if ckpt.random_state is None:  # written before the sampling state was saved: not exact
+        return 0, "its checkpoint predates the saved sampling state"
+    conflicts = resume_conflicts(ckpt.config, resolve_config(dict(run_config)))  # the ServerApp's own rule
+    if conflicts:
+        return 0, "other settings (" + "; ".join(conflicts) + ")"
+    if ckpt.round >= int(run_config["num-rounds"]):
+        return 0, f"its checkpoint is at round {ckpt.round}, num-rounds={run_config['num-rounds']}"
+    return ckpt.round, ""
 
 
 def resumable_round(run_config: Mapping[str, Any]) -> int:
     """Last round of an unfinished run that can be continued from its checkpoint, else 0.
 
     A run folder without a record holds a stopped run. It is continued (``resume=true``)
-    where its ``checkpoint.pt`` was written with the same resolved settings (those of
-    :data:`~fedul_flwr.checks.RESUME_FREE_KEYS` aside, ``num-rounds`` among them) and the
-    strategy keeps all its state on the server (:data:`~fedul_flwr.checkpoint.RESUMABLE_STRATEGIES`); such a run ends with the weights
-    of an uninterrupted one. Anything else (no or unreadable checkpoint, other settings,
-    SCAFFOLD) is started afresh (0).
+    where its ``checkpoint.pt`` was written with the same resolved settings (``num-rounds``
+    and what :func:`~fedul_flwr.checks.run_settings` leaves out aside: the output-only
+    :data:`~fedul_flwr.checks.OUTPUT_KEYS`, ``device`` in float32) and the strategy keeps
+    all its state on the server (:data:`~fedul_flwr.checkpoint.RESUMABLE_STRATEGIES`); such
+    a run ends with the weights of an uninterrupted one. The checkpoint's tensors are loaded
+    onto the CPU (``map_location``), so a run stopped on a GPU goes on on a CPU and back.
+    Anything else (no or unreadable checkpoint, other settings, SCAFFOLD) is started afresh
+    (0), its old folder kept aside (:func:`_set_aside`).
     """
-    from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, load_checkpoint
-    from fedul_flwr.checks import resolve_config, resume_conflicts
+    return _resume_plan(run_config)[0]
 
-    if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
-        return 0
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What became of one run of a grid.
+
+    Attributes
+    ----------
+    run_id : str
+        The run's id.
+    status : str
+        ``finished`` (``record`` is its record), ``failed`` (``record`` is its failure
+        record), ``stopped`` (by the time limit, at a round boundary) or ``not-started``.
+    record : dict or None
+        See ``status``.
+    round : int
+        The last round in the run's checkpoint (what a rerun continues from).
+    note : str
+        What happened to an old run folder, if anything (``""``).
+    """
+
+    run_id: str
+    status: str
+    record: dict[str, Any] | None = None
+    round: int = 0
+    note: str = ""
+
+
+def failure_path(records_dir: Path, run_id: str) -> Path:
+    """Where a failed run's failure record goes: ``<records>/failed/<run-id>.json``, beside
+    the records and never read as one (it never blocks a rerun and is never a result)."""
+    return records_dir / FAILED_DIR / f"{run_id}.json"
+
+
+FAILED_DIR = "failed"
+"""Sub-folder of a grid's records that holds the failure records of its failed runs."""
+
+
+def _checkpoint_round(run_dir: Path) -> int:
+    """The round of ``run_dir``'s checkpoint (0: none, or unreadable)."""
+    from fedul_flwr.checkpoint import CheckpointError, load_checkpoint
+
     try:
-        ckpt = load_checkpoint(Path(run_config["output-dir"]) / run_config["run-name"])
-    except CheckpointError:  # none (the run stopped before its first round) or unreadable
+        return load_checkpoint(run_dir).round
+    except CheckpointError:
         return 0
-    if ckpt.random_state is None:  # written before the sampling state was saved: not exact
-        return 0
-    same = not resume_conflicts(ckpt.config, resolve_config(dict(run_config)))  # the ServerApp's own rule
-    return ckpt.round if same and ckpt.round < int(run_config["num-rounds"]) else 0
 
 
-def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threads: int) -> dict[str, Any]:
-    """:func:`execute` with Flower's log in the run folder; writes the record atomically.
-    A stopped run is continued from its checkpoint where :func:`resumable_round` allows."""
-    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
-    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder may not exist yet
-    resumed = resumable_round(run_config)
-    if resumed:
-        run_config = {**run_config, "resume": True}
-    else:  # a run without a record never finished (a killed grid): its folder and log start afresh
+def _set_aside(run_dir: Path, log: Path) -> Path | None:
+    """Clear the way for a fresh run in ``run_dir``: a folder with a checkpoint (trained
+    rounds) is renamed ``<name>.set-aside-<UTC time>`` with its log, never deleted; one
+    without (the run never finished a round) is removed. Returns the new name, if any."""
+    from datetime import datetime, timezone
+
+    from fedul_flwr.checkpoint import CHECKPOINT_FILE
+
+    if not (run_dir / CHECKPOINT_FILE).is_file():
         shutil.rmtree(run_dir, ignore_errors=True)
         log.unlink(missing_ok=True)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    if resumed and (run_dir / LOG_FILE).is_file():
-        (run_dir / LOG_FILE).replace(log)  # the log goes on
-    with flower_log_to(log):
-        record = execute(spec, run_config, threads)
+        return None
+    aside = run_dir.with_name(f"{run_dir.name}.set-aside-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}")
+    run_dir.rename(aside)
+    if log.is_file() and not (aside / LOG_FILE).exists():
+        log.replace(aside / LOG_FILE)
+    log.unlink(missing_ok=True)
+    return aside
+
+
+def _execute_to_file(
+    spec: RunSpec, run_config: dict[str, Any], path: str, threads: int, jobs: int = 1, stop_at: float | None = None
+) -> RunOutcome:
+    """:func:`execute` with Flower's log in the run folder; writes the record atomically.
+
+    A stopped run is continued from its checkpoint where :func:`resumable_round` allows. A run
+    that raises writes a failure record (:func:`failure_path`) instead and returns; one that
+    reaches ``stop_at`` (:class:`StoppableGrid`) writes nothing more and keeps its checkpoint.
+    """
+    if stop_at is not None and time.time() >= stop_at:
+        return RunOutcome(spec.run_id, "not-started", round=_checkpoint_round(Path(run_config["output-dir"]) / run_config["run-name"]))
+    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
+    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder may not exist yet
+    start, note = time.time(), ""
+    try:
+        resumed, why = _resume_plan(run_config)
+        if resumed:
+            run_config = {**run_config, "resume": True}
+        else:  # a run without a record never finished (a killed grid): it starts afresh
+            aside = _set_aside(run_dir, log)
+            if aside is not None:
+                note = f"its earlier run folder cannot be continued ({why}): kept as {aside}"
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        if resumed and (run_dir / LOG_FILE).is_file():
+            (run_dir / LOG_FILE).replace(log)  # the log goes on
+        with flower_log_to(log):
+            try:
+                record = execute(spec, run_config, threads, jobs=jobs, stop_at=stop_at)
+            except Exception:
+                logging.getLogger("flwr").exception("fedul-flwr: run %s stopped", spec.run_id)
+                raise
+    except StopRequested:
+        _log_into_folder(log, run_dir)
+        return RunOutcome(spec.run_id, "stopped", round=_checkpoint_round(run_dir), note=note)
+    except Exception as exc:  # noqa: BLE001 -- one failed run is one failed cell, never the grid
+        _log_into_folder(log, run_dir)
+        failure = {
+            "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config, "status": "failed",
+            "error-type": type(exc).__name__, "error": str(exc), "round-reached": _checkpoint_round(run_dir),
+            "run-dir": str(run_dir), "log": str(run_dir / LOG_FILE if run_dir.is_dir() else log),
+            "wall-time-s": time.time() - start,
+        }  # fmt: skip
+        _write_record(failure_path(Path(path).parent, spec.run_id), failure)
+        return RunOutcome(spec.run_id, "failed", failure, failure["round-reached"], note)
     log.replace(run_dir / LOG_FILE)
     if resumed:  # the stopped part's rows (the server kept them): their running time counts too
         from fedul_flwr.outputs import running_time
@@ -240,17 +470,25 @@ def _execute_to_file(spec: RunSpec, run_config: dict[str, Any], path: str, threa
         record["wall-time-s"] += running_time(r for r in record["metrics"] if r["round"] <= resumed)
     record["log"] = str(run_dir / LOG_FILE)
     _write_record(Path(path), record)
-    return record
+    failure_path(Path(path).parent, spec.run_id).unlink(missing_ok=True)  # an earlier failure is history
+    return RunOutcome(spec.run_id, "finished", record, int(record["last-round"]), note)
+
+
+def _log_into_folder(log: Path, run_dir: Path) -> None:
+    """Move a run's log into its folder, where it stays while the run is not running."""
+    if log.is_file() and run_dir.is_dir():
+        log.replace(run_dir / LOG_FILE)
 
 
 def _write_record(path: Path, record: Mapping[str, Any]) -> None:
     """Write a record atomically: a killed run leaves no record, so it is redone on resume."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(path)
 
 
-def _execute_to_file_star(args: tuple[RunSpec, dict[str, Any], str, int]) -> dict[str, Any]:
+def _execute_to_file_star(args: tuple[Any, ...]) -> RunOutcome:
     return _execute_to_file(*args)
 
 
@@ -294,10 +532,86 @@ def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]]) -> None:
             raise ConfigError(f"run {spec.run_id}: {exc} (data-dir is --data-dir, other keys --set KEY=VALUE)") from exc
 
 
+@dataclass
+class GridResult:
+    """What a grid invocation (:func:`run_cells`) leaves.
+
+    Attributes
+    ----------
+    records : list of dict
+        The records of the grid's runs that exist (old and new), in the order of the runs.
+    failed : list of dict
+        The failure records of the runs that failed in this invocation (one per cell).
+    unfinished : list of RunOutcome
+        Runs the time limit (``stop_after``) left without a record: stopped at a round
+        boundary or never started, each with the round its checkpoint holds.
+    stop_after : float or None
+        The time limit in minutes, if one was given.
+    """
+
+    records: list[dict[str, Any]]
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    unfinished: list[RunOutcome] = field(default_factory=list)
+    stop_after: float | None = None
+
+    def final_lines(self) -> list[str]:
+        """One line per failed cell, then (after a time limit) one line saying what is left."""
+        lines = [failure_line(f) for f in self.failed]
+        if self.unfinished:
+            going = [f"{o.run_id} (after round {o.round})" for o in self.unfinished if o.round]
+            fresh = len(self.unfinished) - len(going)
+            lines.append(
+                f"stopped by --stop-after {self.stop_after:g} (minutes): {len(self.unfinished)} run(s) left without a "
+                f"record, {len(going)} to continue from their checkpoint" + (f" [{', '.join(going)}]" if going else "")
+                + (f", {fresh} to start" if fresh else "") + "; run the same command again to go on"
+            )  # fmt: skip
+        return lines
+
+    @property
+    def exit_code(self) -> int:
+        """:data:`EXIT_FAILED` if a run failed, :data:`EXIT_STOPPED` if the time limit left
+        runs, else 0."""
+        return EXIT_FAILED if self.failed else EXIT_STOPPED if self.unfinished else 0
+
+
+EXIT_FAILED = 1
+"""Exit status of a grid command with a failed run (its other runs finished and rendered)."""
+EXIT_STOPPED = 75
+"""Exit status of a grid command that ``--stop-after`` stopped with runs left (none failed):
+``EX_TEMPFAIL`` of sysexits.h, "try again" -- the same command continues them."""
+
+
+def failure_line(failure: Mapping[str, Any]) -> str:
+    """One line for a failed run: its id, error type and message (first 200 characters, on
+    one line), the last round it finished, its log and failure record."""
+    message = " ".join(str(failure["error"]).split())
+    message = message if len(message) <= 200 else message[:199] + "…"
+    return (f"FAILED {failure['run-id']}: {failure['error-type']} after round {failure['round-reached']}: {message} "
+            f"(log {failure['log']})")  # fmt: skip
+
+
 def run_grid(
     runs: Sequence[tuple[RunSpec, dict[str, Any]]], records_dir: Path, jobs: int = 1, threads: int = 0, name: str = "grid"
 ) -> list[dict[str, Any]]:
-    """Run every run whose record is missing and return the records of all ``runs``.
+    """Run every run whose record is missing and return the records of all ``runs``
+    (:func:`run_cells`' records: a failed run has none)."""
+    return run_cells(runs, records_dir, jobs, threads, name).records
+
+
+def run_cells(
+    runs: Sequence[tuple[RunSpec, dict[str, Any]]],
+    records_dir: Path,
+    jobs: int = 1,
+    threads: int = 0,
+    name: str = "grid",
+    stop_after: float | None = None,
+) -> GridResult:
+    """Run every run whose record is missing: the grid runner of ``fedul reproduce`` and
+    ``fedul compare``.
+
+    A run that raises is one failed cell: its failure record goes to
+    ``<records_dir>/failed/<run-id>.json`` (:func:`failure_path`; never read as a record, so
+    the next invocation runs the cell again) and every other run goes on.
 
     Parameters
     ----------
@@ -306,16 +620,23 @@ def run_grid(
     records_dir : Path
         Where the records are (``<run-id>.json``).
     jobs : int
-        Runs at once (spawned worker processes; 1: in this process).
+        Runs at once (spawned worker processes; 1: in this process unless ``stop_after``).
+        On one CUDA card, each takes ``1 / jobs`` of its memory (:func:`share_gpu`).
     threads : int
         torch threads per run (0: cores // jobs).
     name : str
         Shown in the progress bar.
+    stop_after : float or None
+        Minutes after which nothing may still run. A run stops at a round boundary when its
+        next round would end later (:class:`StoppableGrid`), no run starts after
+        :func:`stop_times`' soft limit, and runs still going at its hard limit are
+        terminated (their checkpoint holds their last finished round). Unfinished runs get
+        no record; the next invocation continues them.
 
     Returns
     -------
-    list of dict
-        The records of ``runs`` that exist (old and new), in the order of ``runs``.
+    GridResult
+        The records, this invocation's failures and the runs the limit left.
     """
     from tqdm import tqdm
 
@@ -326,68 +647,74 @@ def run_grid(
         recorded = _recorded_runs(records_dir)
         todo = [(s, rc, path) for s, rc, path in todo if not _share_record(s, rc, Path(path), recorded)]
     per_run = threads_per_job(threads, jobs)
+    soft, hard = stop_times(stop_after) if stop_after is not None else (None, None)
     print(f"[{name}] {len(runs) - len(todo)} of {len(runs)} runs have records; running {len(todo)}, "
-          f"{jobs} at a time, {per_run} torch thread(s) each", flush=True)  # fmt: skip
+          f"{jobs} at a time, {per_run} torch thread(s) each"
+          + (f"; stopping within {stop_after:g} min" if stop_after is not None else ""), flush=True)  # fmt: skip
     start = time.time()
+    outcomes: dict[str, RunOutcome] = {}
     with tqdm(total=len(todo), desc=name, unit="run", disable=None, file=sys.stderr) as bar:
 
-        finished = 0
-
-        def report(record: dict[str, Any]) -> None:
-            nonlocal finished
-            finished += 1
+        def report(outcome: RunOutcome) -> None:
+            outcomes[outcome.run_id] = outcome
             bar.update(1)  # a no-op where the bar is off (not a terminal)
-            done, elapsed = finished, time.time() - start
+            done, elapsed = len(outcomes), time.time() - start
             eta = elapsed / done * (len(todo) - done)
-            bar.write(f"[{done}/{len(todo)} {_clock(elapsed)} elapsed, ~{_clock(eta)} left] {summary_line(record)}")
+            head = f"[{done}/{len(todo)} {_clock(elapsed)} elapsed, ~{_clock(eta)} left]"
+            if outcome.note:
+                bar.write(f"{head} {outcome.run_id}: {outcome.note}")
+            if outcome.status == "finished":
+                bar.write(f"{head} {summary_line(outcome.record or {})}")
+            elif outcome.status == "failed":
+                bar.write(f"{head} {failure_line(outcome.record or {})}")
+            elif outcome.status == "stopped":
+                bar.write(f"{head} {outcome.run_id}: stopped by the time limit after round {outcome.round} (checkpointed)")
 
-        if jobs <= 1:
-            for spec, rc, path in todo:
-                report(_execute_to_file(spec, rc, path, per_run))
+        args = [(spec, rc, path, per_run, jobs, soft) for spec, rc, path in todo]
+        if jobs <= 1 and hard is None:
+            for item in args:
+                report(_execute_to_file(*item))
         else:
             # SIGTERM (kill, a scheduler's time limit) becomes SystemExit here, so leaving the
             # ``with`` block terminates the workers instead of leaving them running orphaned
             previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
             try:
-                with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-                    args = [(spec, rc, path, per_run) for spec, rc, path in todo]
-                    for record in pool.imap_unordered(_execute_to_file_star, args):
-                        report(record)
+                with multiprocessing.get_context("spawn").Pool(max(1, jobs)) as pool:
+                    results = pool.imap_unordered(_execute_to_file_star, args)
+                    for _ in args:
+                        try:
+                            report(results.next(None if hard is None else max(0.0, hard - time.time())))
+                        except multiprocessing.TimeoutError:  # the hard limit: the runs still going are ended
+                            break
             finally:
                 signal.signal(signal.SIGTERM, previous)
-    return load_records([s for s, _ in runs], records_dir)
+    left = [RunOutcome(s.run_id, "not-started", round=_checkpoint_round(Path(rc["output-dir"]) / rc["run-name"]))
+            for s, rc, _ in todo if s.run_id not in outcomes]  # fmt: skip
+    unfinished = [o for o in outcomes.values() if o.status in ("stopped", "not-started")] + left
+    failed = [o.record for o in outcomes.values() if o.status == "failed" and o.record is not None]
+    return GridResult(load_records([s for s, _ in runs], records_dir), failed, unfinished, stop_after)
 
 
-DISPLAY_KEYS = ("verbose",)
-"""Settings that change only what a run prints, never its result (nor its checkpoint's match)."""
-SHARED_FREE = ("run-name", "resume", "output-dir")
-"""Resolved settings that do not change a run's result: two runs equal in all others are one."""
-
-
-def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved settings that can change a run: all but the options of methods other than
-    the run's ``method`` (:attr:`Method.options`) and :data:`DISPLAY_KEYS`. So a checkpoint or a record written before
-    another method gained an option still matches its run.
+def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
+    """The soft and hard limits (``time.time()`` values) of a grid that must end within
+    ``minutes`` from ``now``: a margin of 10% (at most 60 s) before the limit no round may
+    still run (the soft limit), half of it before the limit the runs still going are
+    terminated (the hard limit), which leaves the rest for rendering the tables.
 
     Raises
     ------
-    UnknownChoiceError
-        If ``config["method"]`` names no method.
+    ValueError
+        If ``minutes`` is not positive.
     """
-    from fedul_flwr.methods import METHODS, get_method
-
-    own = {o.key for o in get_method(str(config["method"])).options}
-    foreign = {o.key for name in METHODS.names() for o in get_method(name).options} - own
-    return {k: v for k, v in config.items() if k not in foreign and k not in DISPLAY_KEYS}
-
-
-def _settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`run_settings` without :data:`SHARED_FREE`."""
-    return {k: v for k, v in run_settings(config).items() if k not in SHARED_FREE}
+    if not minutes > 0:
+        raise ValueError(f"--stop-after {minutes!r}: expected a positive number of minutes")
+    limit = (time.time() if now is None else now) + 60 * minutes
+    margin = min(60.0, 6 * minutes)
+    return limit - margin, limit - margin / 2
 
 
 def same_settings(recorded: Mapping[str, Any], requested: Mapping[str, Any]) -> bool:
-    """Whether two runs' settings (:func:`_settings`) are one run's. A key one of them lacks
+    """Whether two runs' settings (:func:`~fedul_flwr.checks.run_settings`) are one run's. A key one of them lacks
     (added to the project after its record was written) counts as its default, the rule a
     resumed checkpoint follows (:func:`fedul_flwr.checks.resume_conflicts`): a new key's
     default keeps the behaviour the older record was trained with."""
@@ -403,7 +730,7 @@ def _recorded_runs(records_dir: Path) -> list[tuple[int, dict[str, Any], dict[st
     for path in sorted(records_dir.glob("*.json")):
         record = json.loads(path.read_text())
         if "config" in record and "spec" in record and not record.get("same-run-as"):
-            runs.append((record["spec"]["clients"], _settings(record["config"]), record))
+            runs.append((record["spec"]["clients"], run_settings(record["config"]), record))
     return runs
 
 
@@ -417,7 +744,7 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     """
     from fedul_flwr.checks import resolve_config
 
-    requested = _settings(resolve_config(dict(run_config)).as_dict())
+    requested = run_settings(resolve_config(dict(run_config)).as_dict())
     record = next((r for clients, settings, r in recorded if clients == spec.clients and same_settings(settings, requested)), None)
     if record is None:
         return False
@@ -442,7 +769,8 @@ def _data_dir(text: str) -> str:
 
 def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str = "comma list of seeds") -> None:
     """The flags every grid command shares: ``--seeds 0,1``, ``--data-dir``, ``--out``,
-    ``--set KEY=VALUE`` (repeatable), ``--jobs``, ``--threads`` (0: cores // jobs)."""
+    ``--set KEY=VALUE`` (repeatable), ``--jobs``, ``--threads`` (0: cores // jobs),
+    ``--stop-after MINUTES`` (:func:`run_cells`' ``stop_after``)."""
     p.add_argument("--seeds", default="", help=seeds_help)
     p.add_argument("--data-dir", default="", type=_data_dir,
                    help="torchvision root of the non-embedded datasets (made absolute)")  # fmt: skip
@@ -451,6 +779,20 @@ def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str =
                    help="run-config value for every run (or only a column's runs, where the command has columns)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="runs at once (worker processes)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run; 0: the machine's cores // jobs")
+    p.add_argument("--stop-after", type=_minutes, default=None, metavar="MINUTES",
+                   help="end within MINUTES: runs stop between rounds (checkpointed, no record) and continue when the "
+                   "same command runs again; exit status 75 while runs are left")  # fmt: skip
+
+
+def _minutes(text: str) -> float:
+    """``--stop-after`` value: a positive number of minutes."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number of minutes")
+    return value
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:

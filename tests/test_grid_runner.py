@@ -1,0 +1,204 @@
+"""The grid runner never loses work: a failed run is one failed cell, settings that change only
+output never make another run, fp32 runs move between devices, ``--stop-after`` ends a grid in
+time and the next invocation finishes it (:mod:`fedul_flwr.experiments.runner`).
+
+The runs are in-process federations on the embedded MNIST sample; the ``fedul reproduce``
+tests go through the command line with spawned workers (their central evaluation uses the
+whole sample test set)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from fedul_flwr import cli
+from fedul_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
+from fedul_flwr.checks import OUTPUT_KEYS, RESUME_FREE_KEYS, check_resume, resolve_config, resume_conflicts
+from fedul_flwr.experiments import reproduce, runner
+
+SMOKE = ["reproduce", "--grid", "smoke", "--threads", "1"]
+TINY = {"dataset": "mnist-sample", "samples-per-client": 150, "num-sets": 10, "batch-size": 32, "val-fraction": 0.0}
+
+
+def _spec(grid: str = "g", column: str = "FedAvg 10%") -> runner.RunSpec:
+    return runner.RunSpec(grid, "MNIST-sample IID", column, "*", 0, 2, "", {})
+
+
+def _config(tmp_path: Path, spec: runner.RunSpec, **overrides: object) -> dict:
+    """The cpu profile's complete run config of a tiny supervised run (fp32 on the CPU)."""
+    over = {**TINY, "method": "supervised", "label-fraction": 0.1, "num-rounds": 2, **overrides}
+    return reproduce.run_config_of(dataclasses.replace(spec, overrides=over), reproduce.PROFILES["cpu"], "", tmp_path, {})
+
+
+def _folder(rc: dict) -> Path:
+    return Path(rc["output-dir"]) / rc["run-name"]
+
+
+def _strip(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "wall-time"} for r in rows]
+
+
+# --------------------------------------------------------------------------- failed cells
+
+
+def test_a_failed_run_is_one_failed_cell_and_never_blocks_its_rerun(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """FedPL with an exploding mix weight turns its loss NaN in round 1 and the run fails;
+    the FedAvg run in the other worker finishes, the table is rendered from it, the command
+    ends with one line for the failed cell and exit status 1. The failure record is no
+    result and does not block the cell: the next invocation runs it again."""
+    out = tmp_path / "out"
+    bad = ["--set", "fedpl-mix-weight=1e39", "--set", "fedpl-threshold=0.1"]
+    assert cli.main([*SMOKE, "--methods", "fedpl,fedavg-10", "--jobs", "2", "--out", str(out), *bad]) == 1
+    stdout = capsys.readouterr().out
+    records = out / "cpu" / "records"
+    fedpl, fedavg = "smoke__MNIST-sample-IID__FedPL__10__s0", "smoke__MNIST-sample-IID__FedAvg-10pct__-__s0"
+    assert (records / f"{fedavg}.json").is_file() and not (records / f"{fedpl}.json").exists()
+    assert "| MNIST-sample IID |" in (out / "cpu" / "results-smoke.md").read_text()  # rendered from what exists
+    failure = json.loads(runner.failure_path(records, fedpl).read_text())
+    assert failure["error-type"] == "NoSuccessfulReplyError" and "nan" in failure["error"]
+    assert failure["round-reached"] == 0 and Path(failure["run-dir"]).name == fedpl
+    assert "Traceback" in Path(failure["log"]).read_text()  # the traceback is in the run's log, not the terminal
+    lines = stdout.strip().splitlines()
+    assert [line for line in lines if line.startswith("FAILED ")] == [lines[-1]]  # one line per failed cell, at the end
+    assert lines[-1].startswith(f"FAILED {fedpl}: NoSuccessfulReplyError after round 0: ")
+    assert lines[-2].startswith("wrote ")
+    # the failure blocks nothing: rerun (without the exploding weight), the cell trains and its failure record goes
+    assert cli.main([*SMOKE, "--methods", "fedpl", "--out", str(out)]) == 0
+    assert (records / f"{fedpl}.json").is_file() and not runner.failure_path(records, fedpl).exists()
+    assert len(list(records.glob("*.json"))) == 2
+
+
+# --------------------------------------------------------------------------- output-only keys
+
+
+def test_output_keys_are_one_list_and_never_make_another_run(tmp_path: Path, small_test_set: None) -> None:
+    """``verbose`` (and every other output-only key) is free on resume and in the runner: a
+    stopped run resumed with ``verbose=true`` is accepted, and a grid with ``--set
+    verbose=true`` continues the checkpointed run instead of starting it afresh."""
+    assert set(OUTPUT_KEYS) | {"num-rounds"} == set(RESUME_FREE_KEYS) and "verbose" in OUTPUT_KEYS
+    spec = _spec()
+    rc = _config(tmp_path, spec)
+    runner.execute(spec, {**rc, "num-rounds": 1})  # stopped after round 1
+    loud = {**rc, "verbose": True}
+    assert check_resume(resolve_config({**loud, "resume": True}), _folder(rc)).round == 1
+    assert runner.resumable_round(loud) == 1
+    [record] = runner.run_grid([(spec, loud)], tmp_path / "records")
+    assert record["resumed-after-round"] == 1 and record["last-round"] == 2
+
+
+def test_a_run_folder_with_trained_rounds_is_set_aside_never_deleted(tmp_path: Path, small_test_set: None) -> None:
+    """A checkpointed run that another setting cannot continue (here another lr) starts
+    afresh; its folder, checkpoint and log are kept under a new name."""
+    spec = _spec()
+    rc = _config(tmp_path, spec)
+    runner.run_grid([(spec, {**rc, "num-rounds": 1, "lr": 2 * rc["lr"]})], tmp_path / "other-records")
+    before = (_folder(rc) / CHECKPOINT_FILE).read_bytes()
+    [record] = runner.run_grid([(spec, rc)], tmp_path / "records")
+    assert "resumed-after-round" not in record
+    [aside] = [p for p in _folder(rc).parent.iterdir() if p.name.startswith(f"{spec.run_id}.set-aside-")]
+    assert (aside / CHECKPOINT_FILE).read_bytes() == before and (aside / "flower.log").is_file()
+
+
+# --------------------------------------------------------------------------- devices
+
+
+@contextlib.contextmanager
+def _saved_as_on_cuda() -> Iterator[None]:
+    """``torch.save`` tags every storage ``cuda:0``, as a process whose tensors are on the
+    GPU writes them (a CPU-only machine cannot hold CUDA tensors)."""
+    registry = torch.serialization._package_registry
+    entry = (0, lambda storage: "cuda:0", lambda obj, location: None)
+    registry.insert(0, entry)
+    try:
+        yield
+    finally:
+        registry.remove(entry)
+
+
+def test_a_run_stopped_on_cuda_goes_on_on_the_cpu_in_fp32(tmp_path: Path, small_test_set: None) -> None:
+    """A checkpoint written on ``cuda`` (its settings say so and its storages are CUDA's)
+    continues on the CPU: loaded with ``map_location``, the device is free in fp32. In
+    bfloat16-capable ``precision=auto`` the device still counts."""
+    spec = _spec()
+    rc = _config(tmp_path, spec)
+    whole = runner.execute(spec, {**rc, "output-dir": str(tmp_path / "whole")})  # uninterrupted, for the numbers
+    runner.execute(spec, {**rc, "num-rounds": 1})
+    path = _folder(rc) / CHECKPOINT_FILE
+    payload = torch.load(path, weights_only=False)
+    payload["config"]["device"] = "cuda"
+    with _saved_as_on_cuda():
+        torch.save(payload, path)
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="CUDA"):
+            torch.load(path, weights_only=True)  # the file really holds CUDA storages
+    ckpt = load_checkpoint(_folder(rc))
+    assert all(t.device.type == "cpu" for t in ckpt.state_dict.values())
+    assert resume_conflicts(ckpt.config, resolve_config({**rc, "precision": "auto"})) == [
+        "device: 'cuda' in the checkpoint, 'cpu' now", "precision: 'fp32' in the checkpoint, 'auto' now"]  # fmt: skip
+    assert runner.resumable_round(rc) == 1
+    [continued] = runner.run_grid([(spec, rc)], tmp_path / "records")
+    assert continued["resumed-after-round"] == 1 and continued["device"] == "cpu" and continued["device-name"]
+    assert _strip(continued["metrics"]) == _strip(whole["metrics"])
+
+
+def test_a_record_made_on_cuda_in_fp32_counts_for_the_cpu_cell(tmp_path: Path) -> None:
+    """A record's device does not make it another run in fp32 (another grid's cpu cell shares
+    it, nothing trained); with ``precision=auto`` it does."""
+    spec = _spec("gpu-grid")
+    rc = _config(tmp_path, spec)
+    made = resolve_config({**rc, "device": "cuda"}).as_dict()
+    records = tmp_path / "records"
+    records.mkdir()
+    record = {"run-id": spec.run_id, "config": made, "spec": dataclasses.asdict(spec), "device": "cuda",
+              "device-name": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+    (records / f"{spec.run_id}.json").write_text(json.dumps(record))
+    cpu = _spec("cpu-grid")
+    assert runner._share_record(cpu, _config(tmp_path, cpu), records / "cpu.json", runner._recorded_runs(records))
+    assert json.loads((records / "cpu.json").read_text())["same-run-as"] == spec.run_id
+    bf16 = {**record, "config": {**made, "precision": "auto"}}
+    (records / f"{spec.run_id}.json").write_text(json.dumps(bf16))
+    auto = _config(tmp_path, cpu, precision="auto")
+    assert not runner._share_record(cpu, auto, records / "auto.json", runner._recorded_runs(records))
+
+
+def test_gpu_share_and_stop_times() -> None:
+    """On the CPU no memory cap is set; the time limits leave a margin of 10% (at most 60 s)."""
+    assert runner.share_gpu(torch.device("cpu"), 4) is None
+    assert runner.stop_times(10, now=0.0) == (540.0, 570.0)
+    assert runner.stop_times(0.5, now=0.0) == (27.0, 28.5)
+    with pytest.raises(ValueError, match="positive"):
+        runner.stop_times(0)
+
+
+# --------------------------------------------------------------------------- --stop-after
+
+
+def test_stop_after_ends_a_grid_in_time_and_the_next_invocation_finishes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that cannot finish in the limit is stopped before it (between rounds, or ended at
+    the hard limit), leaves no record but a checkpoint, and the command says so with exit
+    status 75; the same command without the limit continues it to one record."""
+    out = tmp_path / "out"
+    limit = 0.4  # minutes
+    command = [*SMOKE, "--methods", "fedavg-10", "--out", str(out), "--set", "num-rounds=40"]
+    start = time.monotonic()
+    assert cli.main([*command, "--stop-after", str(limit)]) == runner.EXIT_STOPPED
+    assert time.monotonic() - start < 60 * limit
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"stopped by --stop-after {limit:g} (minutes): 1 run(s) left without a record")
+    records = out / "cpu" / "records"
+    assert not list(records.glob("*.json"))
+    run_dir = out / "cpu" / "runs" / "smoke__MNIST-sample-IID__FedAvg-10pct__-__s0"
+    stopped = load_checkpoint(run_dir).round if (run_dir / CHECKPOINT_FILE).exists() else 0
+    assert stopped < 40 and (stopped == 0 or f"(after round {stopped})" in last)
+    assert cli.main([*command, "--set", f"num-rounds={stopped + 1}"]) == 0  # resume may set num-rounds
+    [record] = [json.loads(p.read_text()) for p in records.glob("*.json")]
+    assert record["last-round"] == stopped + 1 and record.get("resumed-after-round", 0) == stopped
