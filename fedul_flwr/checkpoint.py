@@ -155,7 +155,9 @@ def save_checkpoint(
 
 
 def load_checkpoint(run_dir: str | Path) -> Checkpoint:
-    """Read ``<run_dir>/checkpoint.pt``.
+    """Read ``<run_dir>/checkpoint.pt``, every tensor onto the CPU (``map_location``) whatever
+    device wrote it: the ServerApp moves the weights to its own device, so a run stopped on a
+    GPU continues on a CPU and back (the strategy's state is held as CPU arrays).
 
     Raises
     ------

@@ -19,9 +19,12 @@ Subcommands:
 
 The grid commands share one runner (:mod:`fedul_flwr.experiments.runner`) and its flags:
 ``--seeds 0,1`` (comma list), ``--data-dir``, ``--out``, ``--set [COLUMN:]KEY=VALUE``,
-``--jobs``, ``--threads`` (0: cores // jobs); a run with a record is never run again (delete
-the record to redo it); each run's Flower log goes to ``flower.log`` in its run folder and the
-terminal shows a progress bar and one line per finished run. ``fedul <command> --help`` shows
+``--jobs``, ``--threads`` (0: cores // jobs), ``--stop-after MINUTES``; a run with a record is
+never run again (delete the record to redo it); each run's Flower log goes to ``flower.log``
+in its run folder and the terminal shows a progress bar and one line per finished run. A run
+that fails is one failed cell: the others finish, the tables are rendered, the last lines
+name each failed run and the exit code is 1; ``--stop-after`` stops in time with every
+unfinished run checkpointed (exit code 75 while runs are left, the same command continues). ``fedul <command> --help`` shows
 every option with its default.
 
 An error ends the command with one line, ``fedul: error: ...`` naming the setting and the
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import time
 from collections.abc import Sequence
 
 from fedul_flwr.markup import plain
@@ -80,9 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``fedul``; returns the subcommand's exit code.
 
     Any exception of the subcommand ends it with :func:`error_line` on stderr and exit code 1
-    (``--debug``: raised, with its traceback); Ctrl-C with exit code 130.
+    (``--debug``: raised, with its traceback); Ctrl-C with exit code 130. The subcommand gets
+    ``args.started``, the ``time.time()`` this call began (a grid's ``--stop-after`` counts
+    from it).
     """
+    started = time.time()  # before the subcommands' imports: --stop-after counts from here
     args = build_parser().parse_args(argv)
+    args.started = started
     try:
         return int(args.run(args))
     except KeyboardInterrupt:

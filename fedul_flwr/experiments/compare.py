@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     runs, base, common = compare_runs(args)
     out = Path(args.out).expanduser().resolve()
     result = run_cells(runs, out / "records", jobs=args.jobs, threads=args.threads, name="compare",
-                       stop_after=args.stop_after)  # fmt: skip
+                       stop_after=args.stop_after, started=getattr(args, "started", None))  # fmt: skip
     records = result.records
     header = (
         f"{base['method']}, {args.dataset} {base['partition']}, {args.clients} clients, M = {base['num-sets']}, "

@@ -809,7 +809,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.render_only:
         runs = [(spec, run_config_of(spec, profile, args.data_dir, out_dir, common)) for spec in selected]
         result = run_cells(runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=args.grid,
-                           stop_after=args.stop_after)  # fmt: skip
+                           stop_after=args.stop_after, started=getattr(args, "started", None))  # fmt: skip
     records = load_records(specs, out_dir / "records")
     if records:
         path = render(args.grid, args.profile, specs, records, out_dir)

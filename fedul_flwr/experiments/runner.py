@@ -605,6 +605,7 @@ def run_cells(
     threads: int = 0,
     name: str = "grid",
     stop_after: float | None = None,
+    started: float | None = None,
 ) -> GridResult:
     """Run every run whose record is missing: the grid runner of ``fedul reproduce`` and
     ``fedul compare``.
@@ -632,6 +633,8 @@ def run_cells(
         :func:`stop_times`' soft limit, and runs still going at its hard limit are
         terminated (their checkpoint holds their last finished round). Unfinished runs get
         no record; the next invocation continues them.
+    started : float or None
+        ``time.time()`` from which ``stop_after`` counts (the command's start; None: now).
 
     Returns
     -------
@@ -647,7 +650,7 @@ def run_cells(
         recorded = _recorded_runs(records_dir)
         todo = [(s, rc, path) for s, rc, path in todo if not _share_record(s, rc, Path(path), recorded)]
     per_run = threads_per_job(threads, jobs)
-    soft, hard = stop_times(stop_after) if stop_after is not None else (None, None)
+    soft, hard = stop_times(stop_after, started) if stop_after is not None else (None, None)
     print(f"[{name}] {len(runs) - len(todo)} of {len(runs)} runs have records; running {len(todo)}, "
           f"{jobs} at a time, {per_run} torch thread(s) each"
           + (f"; stopping within {stop_after:g} min" if stop_after is not None else ""), flush=True)  # fmt: skip
@@ -668,9 +671,12 @@ def run_cells(
             elif outcome.status == "failed":
                 bar.write(f"{head} {failure_line(outcome.record or {})}")
             elif outcome.status == "stopped":
-                bar.write(f"{head} {outcome.run_id}: stopped by the time limit after round {outcome.round} (checkpointed)")
+                when = f"after round {outcome.round} (checkpointed)" if outcome.round else "before its first round"
+                bar.write(f"{head} {outcome.run_id}: stopped by the time limit {when}")
 
         args = [(spec, rc, path, per_run, jobs, soft) for spec, rc, path in todo]
+        if soft is not None and time.time() >= soft:
+            args = []  # no time left for a round: start no worker
         if jobs <= 1 and hard is None:
             for item in args:
                 report(_execute_to_file(*item))
@@ -697,9 +703,10 @@ def run_cells(
 
 def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
     """The soft and hard limits (``time.time()`` values) of a grid that must end within
-    ``minutes`` from ``now``: a margin of 10% (at most 60 s) before the limit no round may
-    still run (the soft limit), half of it before the limit the runs still going are
-    terminated (the hard limit), which leaves the rest for rendering the tables.
+    ``minutes`` from ``now``: a margin of 5 s + 10% (at most 60 s) before the limit no round
+    may still run (the soft limit), half of it before the limit the runs still going are
+    terminated (the hard limit), which leaves the rest for rendering the tables and the
+    interpreter's exit.
 
     Raises
     ------
@@ -709,7 +716,7 @@ def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
     if not minutes > 0:
         raise ValueError(f"--stop-after {minutes!r}: expected a positive number of minutes")
     limit = (time.time() if now is None else now) + 60 * minutes
-    margin = min(60.0, 6 * minutes)
+    margin = min(60.0, 5 + 6 * minutes)
     return limit - margin, limit - margin / 2
 
 
