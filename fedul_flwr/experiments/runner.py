@@ -703,10 +703,10 @@ def run_cells(
 
 def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
     """The soft and hard limits (``time.time()`` values) of a grid that must end within
-    ``minutes`` from ``now``: a margin of 5 s + 10% (at most 60 s) before the limit no round
-    may still run (the soft limit), half of it before the limit the runs still going are
-    terminated (the hard limit), which leaves the rest for rendering the tables and the
-    interpreter's exit.
+    ``minutes`` from ``now``: a margin of 15 s + 10% (at most 120 s) before the limit no
+    round may still run (the soft limit), half of it before the limit the runs still going
+    are terminated (the hard limit), which leaves the rest for rendering the tables and the
+    interpreter's exit (seconds on a loaded machine: torch's and Flower's teardown).
 
     Raises
     ------
@@ -716,7 +716,7 @@ def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
     if not minutes > 0:
         raise ValueError(f"--stop-after {minutes!r}: expected a positive number of minutes")
     limit = (time.time() if now is None else now) + 60 * minutes
-    margin = min(60.0, 5 + 6 * minutes)
+    margin = min(120.0, 15 + 6 * minutes)
     return limit - margin, limit - margin / 2
 
 
