@@ -76,3 +76,13 @@ def test_roles_become_plain_text_or_optional_crossrefs() -> None:
     linked = crossrefs(text, lambda name: names.get(name, name))
     assert '<autoref identifier="fedul_flwr.config.RunConfig" optional><code>RunConfig</code></autoref>' in linked
     assert "<code>model_seed()</code>" in linked and not ROLE.search(linked)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon"])
+def test_stop_after_takes_a_positive_number_of_minutes(value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["reproduce", "--grid", "smoke", "--out", str(out), "--stop-after", value])
+    assert exit_info.value.code == 2
+    assert f"--stop-after: {value!r}: expected a positive number of minutes" in capsys.readouterr().err
+    assert not out.exists()

@@ -446,8 +446,11 @@ def _execute_to_file(
         with flower_log_to(log):
             try:
                 record = execute(spec, run_config, threads, jobs=jobs, stop_at=stop_at)
+            except StopRequested as exc:
+                logging.getLogger("flwr").info("fedul-flwr: the grid's time limit: %s", exc)
+                raise
             except Exception:
-                logging.getLogger("flwr").exception("fedul-flwr: run %s stopped", spec.run_id)
+                logging.getLogger("flwr").exception("fedul-flwr: run %s failed", spec.run_id)
                 raise
     except StopRequested:
         _log_into_folder(log, run_dir)
