@@ -427,9 +427,9 @@ def _execute_to_file(
     that raises writes a failure record (:func:`failure_path`) instead and returns; one that
     reaches ``stop_at`` (:class:`StoppableGrid`) writes nothing more and keeps its checkpoint.
     """
-    if stop_at is not None and time.time() >= stop_at:
-        return RunOutcome(spec.run_id, "not-started", round=_checkpoint_round(Path(run_config["output-dir"]) / run_config["run-name"]))
     run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
+    if stop_at is not None and time.time() >= stop_at:
+        return RunOutcome(spec.run_id, "not-started", round=_checkpoint_round(run_dir))
     log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder may not exist yet
     start, note = time.time(), ""
     try:
