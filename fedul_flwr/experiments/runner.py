@@ -197,8 +197,12 @@ def execute(
     cfg = resolve_config(run_config)
     device = pick_device(cfg.device)
     share_gpu(device, jobs)
-    outputs = run_federation(StoppableGrid(app, spec.clients, run_config, stop_at=stop_at), cfg)
-    simulated.load_client.cache_clear()  # a grid visits many configs: free the client tensors
+    try:
+        outputs = run_federation(StoppableGrid(app, spec.clients, run_config, stop_at=stop_at), cfg)
+    finally:  # a grid visits many configs, and a worker goes on after a failed or stopped run
+        simulated.load_client.cache_clear()  # free the client tensors
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # and the card's cached blocks, for the other runs on it
     metrics = [outputs.rows[r] for r in sorted(outputs.rows)]
     tested = [r for r in metrics if "test-error" in r]
     best = best_val_round(metrics)
