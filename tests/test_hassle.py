@@ -106,7 +106,7 @@ def _run(tmp_path: Path, name: str, layout: str, rounds: int = 2, method: str = 
     grid = _ReplyGrid(client_app, 3, rc)
     grid.replies, grid.sent = [], []
     outputs = run_federation(grid, resolve_config(rc))
-    return grid, json.loads((tmp_path / name / "metrics.json").read_text()), outputs.summary(3)
+    return grid, json.loads((tmp_path / name / "metrics.json").read_text()), outputs.summary()
 
 
 def _models_of(reply) -> set[str]:  # type: ignore[no-untyped-def]
