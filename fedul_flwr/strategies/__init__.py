@@ -104,7 +104,7 @@ class RoundReplies:
     server_round : int
         The round (a resumed run's numbering).
     trained : list[int]
-        Node ids that trained and sent a model.
+        Node ids that trained and sent a model (ascending, as the other two).
     idle : list[int]
         Node ids that had nothing to train (:func:`is_idle`).
     failed : list[tuple[int, str]]
@@ -164,8 +164,8 @@ class RequireReplies:
         failed = [m for m in replies if m.has_error()]
         idle = [m for m in replies if is_idle(m)]
         trained = [m for m in replies if not m.has_error() and not is_idle(m)]
-        self.last_replies = RoundReplies(server_round, [node(m) for m in trained], [node(m) for m in idle],
-                                         [(node(m), error_type(m.error)) for m in failed])  # fmt: skip
+        self.last_replies = RoundReplies(server_round, sorted(node(m) for m in trained), sorted(node(m) for m in idle),
+                                         sorted((node(m), error_type(m.error)) for m in failed))  # fmt: skip
         ok = len(replies) - len(failed)
         needed = max(1, int(getattr(self, "min_train_nodes", 1)))
         if ok < needed or len(failed) > self.max_failure_fraction * len(replies):
