@@ -154,7 +154,10 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     """SIGKILL one of three SuperNodes (and its ClientApp) right after round 1 and restart it
     at once: the round it missed gets an error reply for it once the SuperLink sees its
     heartbeat stop, the run goes on with the other two (min-train-nodes=2), and the
-    restarted node trains again in the last round."""
+    restarted node trains again in the last round. The record names the dead node by its own
+    id (not the SuperLink's, the source of the error reply) in the summary and in the round's
+    warning line, and ``clients=`` counts the four nodes that trained (the restarted node
+    registers under a new id)."""
     import time
 
     from fedul_flwr.checks import resolve_config
@@ -192,6 +195,14 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     assert per_round[1][0] >= 2 and per_round[1][1] == 1  # the crashed node's reply is an error
     assert "Node Unavailable" in log
     assert per_round[2] == (3, 0)  # the restarted node is back
+    rows = json.loads((runs / "fault" / "metrics.json").read_text())
+    trained = {r["round"]: set(r["trained-nodes"]) for r in rows if "trained-nodes" in r}
+    (dead,) = trained[1] - trained[3]  # the killed node trained in round 1, its restart is a new node
+    assert dead != 1 and dead not in trained[2]  # 1: the SuperLink's own id
+    summary = (runs / "fault" / "summary.txt").read_text()
+    assert f"failed-replies=1 failed-nodes={dead}(NODE_UNAVAILABLE) " in summary and "clients=4 " in summary, summary
+    assert "status=ok" in summary
+    assert f"fedul-flwr: round 2: 1 of 3 training replies failed: node {dead} (NODE_UNAVAILABLE)" in log, log[-4000:]
 
 
 def test_tls_and_supernode_authentication(tmp_path: Path) -> None:

@@ -63,9 +63,10 @@ def test_hassle_clients_without_a_confident_pseudo_label_sit_out_and_the_run_goe
 @pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fednova", "scaffold", "fedadam", "fedmedian"])
 def test_every_strategy_leaves_idle_replies_out(tmp_path: Path, strategy: str) -> None:
     """The unlabeled client of "L,P,U" has nothing to train under supervised FedAvg; with no
-    method mixin the strategy itself would get its empty reply (Flower's FedAvg and FedMedian
-    reject it, FedNova reads its 0 steps, SCAFFOLD its missing control variate): the screening
-    before every strategy leaves it out, and the run counts it as idle, not failed."""
+    method mixin the strategy itself would get its empty reply (before: Flower's strategies and
+    FedNova stopped the run with InconsistentMessageReplies, "All ArrayRecords must have the
+    same keys", SCAFFOLD likewise): the screening before every strategy leaves it out, and the
+    run counts it as idle, not failed."""
     method = f"{__name__}:PlainSupervised"
     outputs, rows = _run(tmp_path, strategy, method=method, strategy=strategy, **{
         "client-setting": "annotation-heterogeneity", "label-layout": "L,P,U", "labeled-share": 0.5})  # fmt: skip
