@@ -206,16 +206,18 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     val_idx = torch.from_numpy(validation_indices(cfg)) if cfg.val_fraction > 0 else None
     strategy = build_strategy(cfg, method.aggregation())
     initial_arrays, start_round = resume_from(ckpt, models, strategy)
-    outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round)
-    PROGRESS.info("fedul-flwr: run folder %s", outputs.path)
-    log(INFO, "fedul-flwr: the loop runs %s on %s (server side; each client resolves 'auto' on its own hardware)",
-        acceleration.describe(), device)  # fmt: skip
-    if ckpt is not None:
-        log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
     num_nodes = len(list(grid.get_node_ids()))  # the nodes each round samples from (DP accounting)
-    round_end = RoundEnd(cfg, method, data, models, device, acceleration, val_idx, strategy, outputs, num_nodes, start_round)
     settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json()})  # the clients use the server's resolution
+    outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round)
+    round_end: RoundEnd | None = None
     try:
+        PROGRESS.info("fedul-flwr: run folder %s", outputs.path)
+        log(INFO, "fedul-flwr: the loop runs %s on %s (server side; each client resolves 'auto' on its own hardware)",
+            acceleration.describe(), device)  # fmt: skip
+        if ckpt is not None:
+            log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
+        round_end = RoundEnd(cfg, method, data, models, device, acceleration, val_idx, strategy, outputs, num_nodes,
+                             start_round)  # fmt: skip
         strategy.start(
             grid=grid, initial_arrays=initial_arrays, num_rounds=cfg.num_rounds - start_round, train_config=settings,
             evaluate_config=settings, evaluate_fn=round_end,
@@ -224,8 +226,11 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         outputs.save_models({name: {k: v.cpu() for k, v in m.state_dict().items()} for name, m in models.items()})
         outputs.plot()
     except BaseException as exc:
-        round_end.record_replies()  # the replies of the round that stopped the run
-        log(ERROR, "%s", outputs.finish(failure=exc))
+        try:
+            if round_end is not None:
+                round_end.record_replies()  # the replies of the round that stopped the run
+        finally:
+            log(ERROR, "%s", outputs.finish(failure=exc))  # summary.txt, status=failed; the folder released
         raise
     outputs.finish()
     return outputs

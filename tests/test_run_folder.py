@@ -157,7 +157,8 @@ def test_resume_of_a_run_with_a_truncated_metric_table_is_refused_and_changes_no
 def test_a_crash_while_writing_the_tables_leaves_the_previous_ones_whole(tmp_path: Path, monkeypatch) -> None:
     """The tables are replaced atomically: a crash between writing the new metrics.json and
     putting it in place (here the rename fails) leaves the previous table readable, with the
-    rounds it had; no temporary file stays behind."""
+    rounds it had; no temporary file stays behind, and the stopped run still writes its
+    summary and releases the folder."""
     real_replace = os.replace
     calls = {"n": 0}
 
@@ -174,6 +175,8 @@ def test_a_crash_while_writing_the_tables_leaves_the_previous_ones_whole(tmp_pat
     assert calls["n"] >= 1
     assert [r["round"] for r in json.loads((run_dir / "metrics.json").read_text())] == [0]
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
+    assert "status=failed reason=KeyboardInterrupt: killed while writing metrics.json" in (run_dir / "summary.txt").read_text()
+    assert not (run_dir / LOCK_FILE).exists()
 
 
 # --------------------------------------------------------------------------- failures named truly

@@ -6,8 +6,10 @@ are added to every strategy here:
 
 - a round in which no client replied successfully, or more than ``max-failure-fraction`` of
   the replies are errors, stops the run with the clients' errors (Flower's FedAvg would
-  otherwise keep the old model, or train on the few that succeeded, and "complete"); the
-  failed replies of every other round go on record (``last_failures``);
+  otherwise keep the old model, or train on the few that succeeded, and "complete"); every
+  round's replies go on record (``last_replies``: the nodes that trained, that had nothing to
+  train, that failed), and the replies of clients with nothing to train (:func:`is_idle`)
+  reach no aggregation;
 - replies are aggregated in the order of the clients' partition ids (stable node keys),
   so a seeded run repeats itself bit for bit;
 - ``aggregation-weights``: ``num-examples`` (FedAvg, McMahan et al. 2017) weighs clients
