@@ -332,6 +332,8 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
     assert "2 of 3 training replies failed, more than max-failure-fraction=0.5 allows" in stopped_log, stopped_log[-4000:]
     assert stopped_log.count("NodeDataError") >= 2 and "priors.csv" in stopped_log
     assert not (runs / "stops" / "checkpoint.pt").exists()
+    stopped_summary = (runs / "stops" / "summary.txt").read_text()  # the stopped run's record
+    assert "failed-replies=2 " in stopped_summary and "status=failed reason=NoSuccessfulReplyError: round 1: " in stopped_summary
 
     assert went_on == "finished:completed", went_on_log[-4000:]
     per_round = re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", went_on_log)
@@ -340,4 +342,4 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
         assert [(row["round"], row["failed-replies"]) for row in csv.DictReader(fh)] == [("0", ""), ("1", "2"), ("2", "2")]
     summary = (runs / "goes-on" / "summary.txt").read_text()
     failed = re.search(r"failed-replies=4 failed-nodes=(\d+)\(NodeDataError\),(\d+)\(NodeDataError\) ", summary)
-    assert failed and "clients=3" in summary, summary
+    assert failed and "clients=1 " in summary, summary  # the nodes that trained: the good one
