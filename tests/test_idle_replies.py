@@ -60,6 +60,17 @@ def test_hassle_clients_without_a_confident_pseudo_label_sit_out_and_the_run_goe
     assert all(len(r["trained-nodes"]) == 1 for r in metrics[1:])
 
 
+def test_fixmatch_clients_without_a_used_example_are_idle_not_failed(tmp_path: Path) -> None:
+    """FixMatch weighted by the examples used (``fixmatch-weight='used'``) with a threshold no
+    pseudo-label reaches: the two unlabeled clients used no example; each replies with no
+    model and zero examples, counted as idle, and the run trains on the labeled client."""
+    outputs, rows = _run(tmp_path, "fixmatch", method="fixmatch", **{
+        "client-setting": "annotation-heterogeneity", "label-layout": "L,U,U", "labeled-share": 0.5,
+        "fixmatch-threshold": 1.0, "fixmatch-weight": "used"})  # fmt: skip
+    assert [(r["failed-replies"], r["idle-replies"]) for r in rows[1:]] == [("0", "2"), ("0", "2")]
+    assert "clients=1 " in (outputs.path / "summary.txt").read_text()
+
+
 @pytest.mark.parametrize("strategy", ["fedavg", "fedprox", "fednova", "scaffold", "fedadam", "fedmedian"])
 def test_every_strategy_leaves_idle_replies_out(tmp_path: Path, strategy: str) -> None:
     """The unlabeled client of "L,P,U" has nothing to train under supervised FedAvg; with no
