@@ -42,7 +42,6 @@ from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed,
 from fedul_flwr.training import LocalLoop, evaluate
 
 
-
 def error_reply_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
     """Client-side mod: an exception of the ClientApp becomes an error reply naming its type,
     in the form a SuperNode gives (``<class 'pkg.NodeDataError'>:<'message'>``, code

@@ -164,7 +164,10 @@ def resumed_rows(run_dir: Path, last_round: int) -> dict[int, dict[str, Any]]:
         rows = {int(r["round"]): r for r in json.loads(path.read_text())}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         reason = " ".join(str(exc).split())
-        raise CheckpointError(f"resume=true: {path} cannot be read ({type(exc).__name__}: {reason}); nothing was changed") from exc
+        raise CheckpointError(
+            f"resume=true: {path} cannot be read ({type(exc).__name__}: {reason}); nothing was changed (repair the file, "
+            "or move it away to resume without the earlier rounds' rows)"
+        ) from exc
     return {r: row for r, row in rows.items() if r <= last_round}
 
 
