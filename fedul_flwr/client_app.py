@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from logging import INFO
+from logging import ERROR, INFO
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
+from flwr.common.constant import ErrorCode
 from flwr.common.logger import log
 from torch import nn
 
@@ -31,7 +33,7 @@ from fedul_flwr.config import RunConfig, config_from_json
 from fedul_flwr.console import set_verbose
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.data.sources import client_from_node_config, node_key
-from fedul_flwr.methods import Method, RoundContext, get_method
+from fedul_flwr.methods import Method, NothingToTrain, RoundContext, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.privacy import local_dp_mod
 from fedul_flwr.acceleration import Acceleration
@@ -39,7 +41,24 @@ from fedul_flwr.augment import build_augmentation
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.training import LocalLoop, evaluate
 
-app = ClientApp(mods=[local_dp_mod])  # Flower's LocalDpMod where differential-privacy=client-local
+
+def error_reply_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Client-side mod: an exception of the ClientApp becomes an error reply naming its type,
+    in the form a SuperNode gives (``<class 'pkg.NodeDataError'>:<'message'>``, code
+    ``CLIENT_APP_RAISED_EXCEPTION``), on every runtime: Flower's Ray backend would otherwise
+    report every client error as its own ``ClientAppException`` and the type would be lost.
+    The server records the type (:func:`fedul_flwr.strategies.error_type`); the node logs one
+    error line, and the traceback with ``verbose=true``."""
+    try:
+        return call_next(msg, context)
+    except Exception as exc:  # noqa: BLE001 -- every client error becomes the reply's error
+        log(ERROR, "fedul-flwr: node %s, %s message: %s: %s", context.node_id, msg.metadata.message_type,
+            type(exc).__name__, exc)  # fmt: skip
+        log(INFO, "fedul-flwr: the traceback of that error", exc_info=exc)
+        return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(exc)}:<'{exc}'>"), reply_to=msg)
+
+
+app = ClientApp(mods=[error_reply_mod, local_dp_mod])  # LocalDpMod where differential-privacy=client-local
 
 
 @dataclass(frozen=True)
@@ -123,7 +142,7 @@ def train(msg: Message, context: Context) -> Message:
     if method.sits_out(c.data):  # e.g. an unlabeled client under a method that trains on labels
         log(INFO, "%s sits round %d out: method %r needs %s, it holds %s", c.data.node, server_round, cfg.method,
                  list(method.requires), list(c.data.parts()))  # fmt: skip
-        return _reply(msg, c, ArrayRecord(), {wire.TRAIN_LOSS: 0.0, wire.NUM_EXAMPLES: 0, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: 0})
+        return _idle_reply(msg, c)
     models = _models(c, msg, context.state)
     specs = method.model_specs()
     shared = [s.name for s in specs if s.exchanged and s.trained]
@@ -150,12 +169,18 @@ def train(msg: Message, context: Context) -> Message:
         acceleration=c.acceleration,
         augment=build_augmentation(cfg.augment, c.data.image_shape[1], cfg.dataset),
     )
-    result = method.local_update(c.data, models, ctx, loop)
+    try:
+        result = method.local_update(c.data, models, ctx, loop)
+    except NothingToTrain as idle:
+        log(INFO, "%s has nothing to train in round %d: %s", c.data.node, server_round, idle)
+        return _idle_reply(msg, c)
     for spec in specs:
         if spec.kept:
             weights = {k: v.detach().cpu() for k, v in models[spec.name].state_dict().items()}
             context.state[wire.KEPT_MODEL_STATE + spec.name] = ArrayRecord(weights)
     sent = method.sent_models(c.data, ctx)
+    if not sent:  # trained nothing it could send (e.g. FixMatch with no image above the threshold)
+        return _idle_reply(msg, c)
     extra = update.reply_records(result, sent)  # strategy records; fills update.metrics
     metrics = {
         wire.TRAIN_LOSS: result.loss,
@@ -170,6 +195,13 @@ def train(msg: Message, context: Context) -> Message:
         {f"{wire.model_prefix(name)}{k}": v.detach().cpu() for name in in_order for k, v in models[name].state_dict().items()}
     )
     return _reply(msg, c, arrays, metrics, extra)
+
+
+def _idle_reply(msg: Message, c: _Client) -> Message:
+    """The reply of a client with nothing to train this round: no model, zero examples (the
+    server counts it as ``idle-replies``; no aggregation sees it,
+    :func:`fedul_flwr.strategies.is_idle`)."""
+    return _reply(msg, c, ArrayRecord(), {wire.TRAIN_LOSS: 0.0, wire.NUM_EXAMPLES: 0, wire.UNIFORM_WEIGHT: 0, wire.NUM_STEPS: 0})
 
 
 def _reply(

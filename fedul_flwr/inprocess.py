@@ -23,6 +23,7 @@ from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.supercore.run import Run
 from flwr.serverapp import Grid
+from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 from flwr.supercore.task_identity import TaskIdentity
 
 CLIENT_EXCEPTION = 1  # error code of a reply whose ClientApp raised
@@ -64,6 +65,10 @@ class InProcessGrid(Grid):
             for node_id, cfg in enumerate(configs, start=1)
         }
         self.down: set[int] = set()  # nodes that are "disconnected" (tests of faults)
+        self.lost: set[int] = set()
+        """Nodes that died mid-run (tests of faults): still listed, every instruction to them is
+        answered by the SuperLink's own error reply (Flower's ``NODE_UNAVAILABLE``, whose source
+        is the SuperLink, not the node)."""
         self._run = Run.create_empty(run_id=1)
         self._run.override_config = dict(run_config)  # what a user typed, as the SuperLink keeps it
         self._replies: dict[str, Message] = {}
@@ -95,6 +100,9 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # the SuperLink's job
             ids.append(msg.metadata.message_id)
             if msg.metadata.dst_node_id in self.down:
+                continue
+            if msg.metadata.dst_node_id in self.lost:
+                self._replies[msg.metadata.message_id] = create_message_error_unavailable_res_message(msg.metadata, "node")
                 continue
             context = self.contexts[msg.metadata.dst_node_id]
             try:

@@ -7,39 +7,168 @@
                         val-accuracy, val-error on the labeled validation split when
                         val-fraction > 0; for a method with several predictors, the others
                         as test-accuracy-<name> etc.; the train metrics a method records
-                        (``Method.recorded_metrics``, e.g. FedDB's APP-U and DMA weights)
-                        failed-replies: the training replies of the round that were errors
-                        (their nodes and error types are named in summary.txt)
+                        (``Method.recorded_metrics``, e.g. FedDB's APP-U and DMA weights);
+                        the round's training replies: failed-replies (errors), idle-replies
+                        (clients with nothing to train), failed-nodes ("<node id>(<error
+                        type>)", comma-separated) and trained-nodes (the node ids that sent
+                        a model)
         metrics.csv     the same table as CSV
         model.pt        the method's first exchanged model, the classifier f of FedUL and its
                         baselines (``torch.save`` of its state dict; no Q_c)
         model-<name>.pt every other exchanged model of the method (several models in flight)
         accuracy.png    test accuracy per round
-        summary.txt     the one-line summary printed at the end
+        summary.txt     the one-line summary printed at the end: status=ok, or status=failed
+                        and the reason when the run stopped
+        run.lock        while the run is alive: the PID and host of its ServerApp
         tensorboard/    with tensorboard=true: the same metrics as TensorBoard event files
                         (one scalar per metric and round; a vector metric as <name>/<i>)
+
+One writer per folder: :meth:`RunOutputs.create` takes ``run.lock`` (created exclusively)
+before it writes anything and :meth:`RunOutputs.finish` removes it; config.json, the metric
+tables and summary.txt are replaced atomically (a temporary file, then ``os.replace``), so a
+run killed mid-write leaves the previous version, never a truncated one.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
+import io
 import json
 import math
 import os
+import re
+import socket
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from fedul_flwr import wire
+from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
 
+if TYPE_CHECKING:
+    from fedul_flwr.strategies import RoundReplies
+
 COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "val-accuracy", "val-error", "failed-replies",
-           "wall-time")  # fmt: skip
+           "idle-replies", "wall-time")  # fmt: skip
+LOCK_FILE = "run.lock"
+"""The run folder's lock file (:class:`RunLock`)."""
+_FAILED_NODE = re.compile(r"(\d+)\(([^)]*)\)")  # one entry of a row's failed-nodes: "<node id>(<error type>)"
+
+
+class RunFolderInUse(RuntimeError):
+    """Another live process writes the run folder; the message names its PID and host."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` by ``text`` atomically: written to a temporary file in the same
+    folder, then renamed over it (``os.replace``), so a reader or a crash sees the old or the
+    new content, never a part."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(tmp, "w", newline="") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass
+class RunLock:
+    """The exclusive lock of a run folder: ``run.lock``, holding the PID and host of its
+    writer, locked with ``flock`` for as long as the run is alive. The kernel drops the lock
+    when the process dies, so a crashed or killed run's lock (a dead PID) is taken over by the
+    next writer; a live one is refused.
+
+    Attributes
+    ----------
+    path : Path
+        The lock file.
+    fd : int
+        The open, locked file descriptor.
+    """
+
+    path: Path
+    fd: int
+
+    @classmethod
+    def acquire(cls, folder: Path) -> RunLock:
+        """Lock ``folder`` for this process.
+
+        Raises
+        ------
+        RunFolderInUse
+            If another writer (another process, or another ``RunOutputs`` of this one) holds
+            it; names its PID and host.
+        """
+        path = folder / LOCK_FILE
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunFolderInUse(
+                    f"run folder {folder} is in use by {_holder(path)} (lock file {path}): wait for that run to end, "
+                    "or stop it, before you resume it or write into its folder"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:  # its last holder removed it after we opened it: try again
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n").encode())
+        return cls(path, fd)
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (idempotent)."""
+        if self.fd < 0:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = -1
+
+
+def _holder(path: Path) -> str:
+    """``PID <pid> on host <host>`` of a lock file (or why it cannot be read)."""
+    try:
+        holder = json.loads(path.read_text())
+        return f"PID {holder['pid']} on host {holder['host']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that is still starting (its lock file names no PID yet)"
+
+
+def resumed_rows(run_dir: Path, last_round: int) -> dict[int, dict[str, Any]]:
+    """The metric rows of rounds 0..``last_round`` of a stopped run (``metrics.json``; none
+    if the run stopped before writing one). Reads only.
+
+    Raises
+    ------
+    CheckpointError
+        If ``metrics.json`` cannot be read (e.g. truncated), naming the file.
+    """
+    path = run_dir / "metrics.json"
+    if not path.is_file():
+        return {}
+    try:
+        rows = {int(r["round"]): r for r in json.loads(path.read_text())}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        reason = " ".join(str(exc).split())
+        raise CheckpointError(
+            f"resume=true: {path} cannot be read ({type(exc).__name__}: {reason}); nothing was changed (repair the file, "
+            "or move it away to resume without the earlier rounds' rows)"
+        ) from exc
+    return {r: row for r, row in rows.items() if r <= last_round}
 
 
 def resolve_output_dir(output_dir: str) -> Path:
@@ -73,29 +202,62 @@ def run_folder(cfg: RunConfig) -> Path:
 
 @dataclass
 class RunOutputs:
-    """The run folder and the per-round metric table, written as the run goes."""
+    """The run folder's whole life: its exclusive creation (or, with ``resume=true``, its
+    takeover), the per-round metric table written as the run goes, the models, and the
+    summary of a finished or failed run, after which the folder is released.
+
+    Attributes
+    ----------
+    path : Path
+        The run folder.
+    cfg : RunConfig
+        The run's settings.
+    primary : str
+        The model written to ``model.pt``.
+    started : float
+        Unix time the run's wall time counts from (a resumed run's is moved back by the time
+        it had run).
+    rows : dict[int, dict[str, Any]]
+        The metric table by round.
+    writer : Any
+        The TensorBoard ``SummaryWriter`` with ``tensorboard=true``.
+    lock : RunLock | None
+        The folder's lock while the run is alive.
+    status, reason : str
+        ``ok``, or ``failed`` and why, once :meth:`finish` ran.
+    """
 
     path: Path
     cfg: RunConfig
     primary: str = "f"
     started: float = field(default_factory=time.time)
-    rows: dict[int, dict[str, float]] = field(default_factory=dict)
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
     writer: Any = None  # torch.utils.tensorboard.SummaryWriter with tensorboard=true
-    failures: dict[int, set[str]] = field(default_factory=dict)  # node id -> error types of its failed replies
+    lock: RunLock | None = None
+    status: str = "running"
+    reason: str = ""
+    ended: float | None = None
 
     @classmethod
-    def create(cls, cfg: RunConfig, primary: str = "f") -> RunOutputs:
-        """Make the run folder (:func:`run_folder`) and write ``config.json``. The run's
-        settings are all checked before (with ``resume=true`` against the checkpoint,
-        :func:`fedul_flwr.checks.check_resume`): this is the first write of a run.
+    def create(cls, cfg: RunConfig, primary: str = "f", resume_round: int | None = None) -> RunOutputs:
+        """Take the run folder (:func:`run_folder`) and write ``config.json``: the first write of
+        a run, after every check. The run's settings are checked before (with ``resume=true``
+        against the checkpoint, :func:`fedul_flwr.checks.check_resume`); here the folder is
+        checked: a new run's must hold no file, a resumed run's ``metrics.json`` must be
+        readable (its rows up to ``resume_round`` are kept), and no live process may hold
+        its lock (:class:`RunLock`). A refused create changes nothing in the folder.
 
         Raises
         ------
         FileExistsError
-            If ``run-name`` names a folder that holds files and ``resume`` is not set: an
-            earlier run's metrics and checkpoint are never overwritten.
+            If the folder holds files and ``resume`` is not set: an earlier run's metrics and
+            checkpoint are never overwritten.
         FileNotFoundError
             With ``resume=true``, if the run folder does not exist (it is not created).
+        CheckpointError
+            With ``resume=true``, if ``metrics.json`` cannot be read (names the file).
+        RunFolderInUse
+            If a live run holds the folder (names its PID and host).
         ConfigError
             If ``run-name`` is not one folder name (:func:`run_folder`).
         OSError
@@ -104,55 +266,96 @@ class RunOutputs:
             With ``tensorboard=true``, if the ``tensorboard`` package is missing.
         """
         path = run_folder(cfg)
-        if cfg.resume and not path.is_dir():
-            raise FileNotFoundError(f"resume=true: run folder {path} does not exist")
-        if cfg.run_name and not cfg.resume and path.is_dir() and any(path.iterdir()):
-            raise FileExistsError(
-                f"run folder {path} exists (run-name={cfg.run_name!r}): set resume=true to continue that run, "
-                "or choose another run-name (or remove the folder) to start a new one"
-            )
+        writer_class = _tensorboard_writer_class() if cfg.tensorboard else None
+        rows: dict[int, dict[str, Any]] = {}
+        if cfg.resume:
+            if not path.is_dir():
+                raise FileNotFoundError(f"resume=true: run folder {path} does not exist")
+            rows = resumed_rows(path, resume_round if resume_round is not None else -1)
+        else:
+            _check_unused(path, cfg)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise OSError(f"cannot create run folder {path}: {exc}") from exc
+        lock = RunLock.acquire(path)
         try:
-            path.mkdir(parents=True, exist_ok=bool(cfg.run_name))
-        except OSError as exc:
-            raise OSError(f"cannot create run folder {path}: {exc}") from exc
-        (path / "config.json").write_text(json.dumps(cfg.as_dict(), indent=2, sort_keys=True) + "\n")
-        return cls(path=path, cfg=cfg, primary=primary, writer=_tensorboard_writer(path) if cfg.tensorboard else None)
+            if not cfg.resume:
+                _check_unused(path, cfg)  # another run may have started in it before we locked it
+            outputs = cls(path=path, cfg=cfg, primary=primary, rows=rows, lock=lock)
+            outputs.started -= running_time(rows.values())  # wall time goes on from the stopped run's
+            write_atomic(path / "config.json", json.dumps(cfg.as_dict(), indent=2, sort_keys=True) + "\n")
+            if writer_class is not None:
+                outputs.writer = writer_class(log_dir=str(path / "tensorboard"))
+        except BaseException:
+            lock.release()
+            raise
+        return outputs
+
+    def _row(self, server_round: int) -> dict[str, Any]:
+        row = self.rows.setdefault(server_round, {"round": server_round})
+        row.setdefault("wall-time", time.time() - self.started)
+        return row
 
     def record(self, server_round: int, **metrics: float | list[float]) -> None:
         """Merge metrics of ``server_round`` (numbers, or lists of numbers such as a K-vector;
         ints such as a count stay ints, the rest become floats) into the table and rewrite
         metrics.json/.csv."""
-        row = self.rows.setdefault(server_round, {"round": server_round})
-        row.update({k: [float(x) for x in v] if isinstance(v, list) else v if type(v) is int else float(v)
-                    for k, v in metrics.items()})  # fmt: skip
-        row.setdefault("wall-time", time.time() - self.started)
+        self._row(server_round).update(
+            {k: [float(x) for x in v] if isinstance(v, list) else v if type(v) is int else float(v) for k, v in metrics.items()}
+        )
         self._write_tables()
-        if self.writer is not None:
-            for key, value in metrics.items():
-                for tag, x in ([(f"{key}/{i}", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]):
-                    self.writer.add_scalar(tag, float(x), global_step=server_round)
-            self.writer.flush()
+        self._scalars(server_round, metrics)
 
-    def record_failures(self, server_round: int, failures: list[tuple[int, str]]) -> None:
-        """Record the failed training replies of ``server_round`` (node id, error type): their
-        count in the round's ``failed-replies`` column, the nodes and types for the summary."""
-        for node, kind in failures:
-            self.failures.setdefault(node, set()).add(kind)
-        self.record(server_round, **{"failed-replies": len(failures)})
+    def record_replies(self, replies: RoundReplies) -> None:
+        """Record a round's training replies (:class:`fedul_flwr.strategies.RoundReplies`): the
+        counts ``failed-replies`` and ``idle-replies``, ``failed-nodes`` (``<node id>(<error
+        type>)``, comma-separated) and ``trained-nodes`` (node ids). The summary reads them back
+        from the table, so a resumed run's summary counts its earlier rounds too."""
+        counts = {"failed-replies": len(replies.failed), "idle-replies": len(replies.idle)}
+        self._row(replies.server_round).update(
+            counts, **{"failed-nodes": ",".join(f"{node}({kind})" for node, kind in replies.failed),
+                       "trained-nodes": sorted(int(n) for n in replies.trained)}  # fmt: skip
+        )
+        self._write_tables()
+        self._scalars(replies.server_round, counts)
 
-    def close(self) -> None:
-        """Close the TensorBoard writer, if any (the tables are complete after every record)."""
-        if self.writer is not None:
-            self.writer.close()
+    def _scalars(self, server_round: int, metrics: Mapping[str, float | list[float]]) -> None:
+        if self.writer is None:
+            return
+        for key, value in metrics.items():
+            for tag, x in ([(f"{key}/{i}", v) for i, v in enumerate(value)] if isinstance(value, list) else [(key, value)]):
+                self.writer.add_scalar(tag, float(x), global_step=server_round)
+        self.writer.flush()
 
     def _write_tables(self) -> None:
         rows = [self.rows[r] for r in sorted(self.rows)]
-        (self.path / "metrics.json").write_text(json.dumps(rows, indent=1) + "\n")
-        with (self.path / "metrics.csv").open("w", newline="") as fh:
-            extra = sorted({k for row in rows for k in row} - set(COLUMNS))
-            writer = csv.DictWriter(fh, fieldnames=[*COLUMNS, *extra], extrasaction="ignore")
-            writer.writeheader()
-            writer.writerows(rows)
+        write_atomic(self.path / "metrics.json", json.dumps(rows, indent=1) + "\n")
+        table = io.StringIO()
+        extra = sorted({k for row in rows for k in row} - set(COLUMNS))
+        writer = csv.DictWriter(table, fieldnames=[*COLUMNS, *extra], extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        write_atomic(self.path / "metrics.csv", table.getvalue())
+
+    def finish(self, failure: BaseException | None = None) -> str:
+        """End the run's writing: ``summary.txt`` (``status=ok``, or ``status=failed`` and the
+        reason: ``failure``'s type and message on one line), the TensorBoard writer closed,
+        the folder's lock released. Returns the summary line."""
+        if failure is not None:
+            self.status, self.reason = "failed", " ".join(f"{type(failure).__name__}: {failure}".split())
+        else:
+            self.status = "ok"
+        self.ended = time.time()
+        try:
+            line = self.summary()
+            write_atomic(self.path / "summary.txt", line + "\n")
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+            if self.lock is not None:
+                self.lock.release()
+        return line
 
     def save_models(self, state_dicts: dict[str, dict[str, torch.Tensor]]) -> list[Path]:
         """Write the primary model's state dict to ``model.pt`` and every other model's to
@@ -202,37 +405,69 @@ class RunOutputs:
             return ""
         return f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "
 
-    def summary(self, num_clients: int) -> str:
-        """One line: method, dataset, clients, sets, rounds, the failed training replies (their
-        count and, per failed node, its id and error types), final and best test accuracy (and
-        the final accuracy of every other predictor), wall time. Also written to ``summary.txt``."""
+    def summary(self) -> str:
+        """One line: method, dataset, clients (the distinct nodes that trained), sets, rounds,
+        the training replies (failed ones: their count and, per failed node, its id and error
+        types; idle ones: their count), final and best test accuracy (and the final accuracy of
+        every other predictor), wall time, run folder, and ``status=ok``, or ``status=failed
+        reason=...`` (:meth:`finish`; ``status=running`` before). Written to ``summary.txt`` by
+        :meth:`finish`."""
         acc = {r: row["test-accuracy"] for r, row in self.rows.items() if "test-accuracy" in row}
         last = max(acc) if acc else 0
         best = max(acc, key=lambda r: acc[r]) if acc else 0
-        failed = ",".join(f"{node}({'/'.join(sorted(kinds))})" for node, kinds in sorted(self.failures.items()))
+        failures: dict[int, set[str]] = {}
+        for row in self.rows.values():
+            for node, kind in _FAILED_NODE.findall(str(row.get("failed-nodes", ""))):
+                failures.setdefault(int(node), set()).add(kind)
+        failed = ",".join(f"{node}({'/'.join(sorted(kinds))})" for node, kinds in sorted(failures.items()))
+        clients = {int(n) for row in self.rows.values() for n in row.get("trained-nodes", [])}
+        total = {key: sum(int(row.get(key, 0)) for row in self.rows.values()) for key in ("failed-replies", "idle-replies")}
         line = (
             f"fedul-flwr: method={self.cfg.method} preset={self.cfg.preset or 'none'} dataset={self.cfg.dataset} partition={self.cfg.partition} "
-            f"clients={num_clients} sets={','.join(map(str, self.cfg.num_sets))} rounds={last} "
-            f"failed-replies={sum(int(row.get('failed-replies', 0)) for row in self.rows.values())} "
+            f"clients={len(clients)} sets={','.join(map(str, self.cfg.num_sets))} rounds={last} "
+            f"failed-replies={total['failed-replies']} "
             + (f"failed-nodes={failed} " if failed else "")
             + f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
             f"best-test-accuracy={100 * acc.get(best, math.nan):.2f}% (round {best}) "
             + "".join(f"final-{k}={100 * self.rows.get(last, {}).get(k, math.nan):.2f}% " for k in self._accuracy_keys()[1:])
+            + f"idle-replies={total['idle-replies']} "
             + self._privacy(self.rows.get(last, {}))
-            + f"wall-time={time.time() - self.started:.1f}s run-dir={self.path}"
+            + f"wall-time={(self.ended or time.time()) - self.started:.1f}s run-dir={self.path} status={self.status}"
+            + (f" reason={self.reason}" if self.reason else "")
         )
-        (self.path / "summary.txt").write_text(line + "\n")
         return line
 
 
-def _tensorboard_writer(path: Path) -> Any:
+def _check_unused(path: Path, cfg: RunConfig) -> None:
+    """Refuse a new run in a folder that holds files (its lock file aside).
+
+    Raises
+    ------
+    FileExistsError
+        Naming the folder and what to do.
+    """
+    if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()):
+        raise FileExistsError(
+            f"run folder {path} exists (run-name={cfg.run_name!r}): set resume=true to continue that run, "
+            "or choose another run-name (or remove the folder) to start a new one"
+        )
+
+
+def _tensorboard_writer_class() -> type:
+    """``torch.utils.tensorboard.SummaryWriter``.
+
+    Raises
+    ------
+    ImportError
+        If the ``tensorboard`` package is missing.
+    """
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
         raise ImportError(
             f"tensorboard=true needs the tensorboard package on the server ({exc}): pip install 'fedul-flwr[tensorboard]'"
         ) from exc
-    return SummaryWriter(log_dir=str(path / "tensorboard"))
+    return SummaryWriter
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:

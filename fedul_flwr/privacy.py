@@ -173,7 +173,9 @@ def privacy_spent(cfg: RunConfig, rounds: int, num_nodes: int) -> dict[str, floa
 
 
 class ClippableReplies:
-    """Mixin for Flower's server-side DP wrappers: hand them only replies with an update to
+    """Mixin for Flower's server-side DP wrappers: put the round's replies on record and apply
+    the failure limits first (the strict strategy's ``screen``, which also leaves out the
+    clients that had nothing to train), hand the wrappers only replies with an update to
     clip, check each carries exactly the global model's arrays in their order (the ClientApp sends
     them in the order of the method's model specs), and set the wrapper's
     ``num_sampled_clients`` (the noise's divisor) to their number.
@@ -193,7 +195,9 @@ class ClippableReplies:
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         kept = []
         expected = list(self.current_arrays.keys())
-        for reply in replies:
+        inner: Any = self.strategy  # type: ignore[attr-defined]
+        screened = inner.screen(server_round + getattr(inner, "round_offset", 0), replies)  # failures on record first
+        for reply in screened:
             if reply.has_error():
                 log(INFO, "round %d: node %d failed (%s); its reply is left out", server_round,
                     reply.metadata.src_node_id, reply.error.reason)  # fmt: skip
@@ -206,8 +210,6 @@ class ClippableReplies:
                     "clipped with it): use differential-privacy=client-local"
                 )
             sent = list(reply.content[wire.ARRAYS].keys())
-            if not sent:  # sat the round out: nothing to clip
-                continue
             if sent != expected:  # Flower pairs the reply's arrays with the global ones by position
                 missing = sorted({k.split(".", 1)[0] for k in expected} - {k.split(".", 1)[0] for k in sent})
                 detail = f"models missing: {missing}" if missing else "in another order"

@@ -154,7 +154,10 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     """SIGKILL one of three SuperNodes (and its ClientApp) right after round 1 and restart it
     at once: the round it missed gets an error reply for it once the SuperLink sees its
     heartbeat stop, the run goes on with the other two (min-train-nodes=2), and the
-    restarted node trains again in the last round."""
+    restarted node trains again in the last round. The record names the dead node by its own
+    id (not the SuperLink's, the source of the error reply) in the summary and in the round's
+    warning line, and ``clients=`` counts the four nodes that trained (the restarted node
+    registers under a new id)."""
     import time
 
     from fedul_flwr.checks import resolve_config
@@ -192,6 +195,14 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     assert per_round[1][0] >= 2 and per_round[1][1] == 1  # the crashed node's reply is an error
     assert "Node Unavailable" in log
     assert per_round[2] == (3, 0)  # the restarted node is back
+    rows = json.loads((runs / "fault" / "metrics.json").read_text())
+    trained = {r["round"]: set(r["trained-nodes"]) for r in rows if "trained-nodes" in r}
+    (dead,) = trained[1] - trained[3]  # the killed node trained in round 1, its restart is a new node
+    assert dead != 1 and dead not in trained[2]  # 1: the SuperLink's own id
+    summary = (runs / "fault" / "summary.txt").read_text()
+    assert f"failed-replies=1 failed-nodes={dead}(NODE_UNAVAILABLE) " in summary and "clients=4 " in summary, summary
+    assert "status=ok" in summary
+    assert f"fedul-flwr: round 2: 1 of 3 training replies failed: node {dead} (NODE_UNAVAILABLE)" in log, log[-4000:]
 
 
 def test_tls_and_supernode_authentication(tmp_path: Path) -> None:
@@ -321,6 +332,8 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
     assert "2 of 3 training replies failed, more than max-failure-fraction=0.5 allows" in stopped_log, stopped_log[-4000:]
     assert stopped_log.count("NodeDataError") >= 2 and "priors.csv" in stopped_log
     assert not (runs / "stops" / "checkpoint.pt").exists()
+    stopped_summary = (runs / "stops" / "summary.txt").read_text()  # the stopped run's record
+    assert "failed-replies=2 " in stopped_summary and "status=failed reason=NoSuccessfulReplyError: round 1: " in stopped_summary
 
     assert went_on == "finished:completed", went_on_log[-4000:]
     per_round = re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", went_on_log)
@@ -329,4 +342,4 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
         assert [(row["round"], row["failed-replies"]) for row in csv.DictReader(fh)] == [("0", ""), ("1", "2"), ("2", "2")]
     summary = (runs / "goes-on" / "summary.txt").read_text()
     failed = re.search(r"failed-replies=4 failed-nodes=(\d+)\(NodeDataError\),(\d+)\(NodeDataError\) ", summary)
-    assert failed and "clients=3" in summary, summary
+    assert failed and "clients=1 " in summary, summary  # the nodes that trained: the good one

@@ -35,7 +35,7 @@ def test_three_rounds_lower_the_loss_and_write_outputs(tmp_path: Path) -> None:
     assert (outputs.path / "accuracy.png").stat().st_size > 1000
     config = json.loads((outputs.path / "config.json").read_text())
     assert config["num-rounds"] == 3 and config["method"] == "fedul"
-    line = outputs.summary(num_clients=3)
+    line = outputs.summary()
     assert "clients=3" in line and "final-test-accuracy=" in line
 
 
@@ -123,7 +123,7 @@ def test_bad_test_prior_fails_before_round_one(tmp_path: Path) -> None:
 
 def test_summary_names_the_preset(tmp_path: Path) -> None:
     outputs, _ = _run(tmp_path, num_nodes=2, **{"num-rounds": 1, "samples-per-client": 100, "preset": "authors-code"})
-    assert "preset=authors-code" in outputs.summary(num_clients=2)
+    assert "preset=authors-code" in outputs.summary()
 
 
 def test_tensorboard_event_files_hold_every_recorded_metric(tmp_path: Path, small_test_set: None) -> None:

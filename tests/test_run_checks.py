@@ -173,7 +173,7 @@ def test_failed_replies_go_on_record(tmp_path: Path) -> None:
     with (outputs.path / "metrics.csv").open() as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["round"], r["failed-replies"]) for r in rows] == [("0", ""), ("1", "2"), ("2", "2")]
-    line = outputs.summary(num_clients=3)
+    line = outputs.summary()
     assert "failed-replies=4 failed-nodes=2(ValueError),3(ValueError)" in line
     assert (outputs.path / "summary.txt").read_text().strip() == line
 
@@ -182,7 +182,7 @@ def test_a_run_without_failures_records_zero(tmp_path: Path) -> None:
     outputs = _run(tmp_path, **{"num-rounds": 1, "run-name": "clean"})
     with (outputs.path / "metrics.csv").open() as fh:
         assert [r["failed-replies"] for r in csv.DictReader(fh)] == ["", "0"]
-    assert "failed-replies=0 " in outputs.summary(num_clients=2) and "failed-nodes" not in outputs.summary(2)
+    assert "failed-replies=0 " in outputs.summary() and "failed-nodes" not in outputs.summary()
 
 
 def test_max_failure_fraction_is_a_fraction() -> None:

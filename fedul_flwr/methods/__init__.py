@@ -15,6 +15,7 @@ from fedul_flwr.methods.base import (
     LocalTask,
     Method,
     ModelSpec,
+    NothingToTrain,
     RoundContext,
     Stream,
     method_class,
@@ -38,4 +39,4 @@ def get_method(name: str) -> type[Method]:
     return method_class(name)
 
 
-__all__ = ["METHODS", "LocalTask", "Method", "ModelSpec", "RoundContext", "Stream", "get_method", "register_method"]
+__all__ = ["METHODS", "LocalTask", "Method", "ModelSpec", "NothingToTrain", "RoundContext", "Stream", "get_method", "register_method"]

@@ -161,6 +161,14 @@ class Stream:
         return int(next(iter(self.tensors.values())).shape[0]) if self.tensors else 0
 
 
+class NothingToTrain(Exception):
+    """Raised by :meth:`Method.local_update` when the client has nothing to train this round
+    (e.g. HASSLE without a labeled image and without a confident pseudo-label). Not an
+    error: the ClientApp replies with no model and zero examples, the server counts the reply
+    as idle and leaves it out of the aggregation; only real errors count toward
+    ``max-failure-fraction``. The message says why (it goes to the node's log)."""
+
+
 @dataclass
 class LocalTask:
     """The training problem of one client in one round.
@@ -306,7 +314,14 @@ class Method(ABC):
         self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop
     ) -> TrainResult:
         """One local round: by default the shared loop on :meth:`local_task`, optimising
-        every trained model. A method with several phases calls ``loop.run`` several times."""
+        every trained model. A method with several phases calls ``loop.run`` several times.
+
+        Raises
+        ------
+        NothingToTrain
+            If the client has nothing to train this round (a method may also train and send
+            no model, :meth:`sent_models`: both make the client's reply idle).
+        """
         trained = [spec.name for spec in self.model_specs() if spec.trained]
         return loop.run(models, self.local_task(client, models, ctx), trained=trained)
 

@@ -6,8 +6,10 @@ are added to every strategy here:
 
 - a round in which no client replied successfully, or more than ``max-failure-fraction`` of
   the replies are errors, stops the run with the clients' errors (Flower's FedAvg would
-  otherwise keep the old model, or train on the few that succeeded, and "complete"); the
-  failed replies of every other round go on record (``last_failures``);
+  otherwise keep the old model, or train on the few that succeeded, and "complete"); every
+  round's replies go on record (``last_replies``: the nodes that trained, that had nothing to
+  train, that failed), and the replies of clients with nothing to train (:func:`is_idle`)
+  reach no aggregation;
 - replies are aggregated in the order of the clients' partition ids (stable node keys),
   so a seeded run repeats itself bit for bit;
 - ``aggregation-weights``: ``num-examples`` (FedAvg, McMahan et al. 2017) weighs clients
@@ -34,7 +36,8 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable
-from logging import WARNING
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, Error, Message, MetricRecord
@@ -61,7 +64,10 @@ from fedul_flwr.registry import Registry
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.scaffold import Scaffold
 
-__all__ = ["STRATEGIES", "NoSuccessfulReplyError", "build_strategy", "error_type", "inner_strategy", "reply_order", "strict"]
+__all__ = [
+    "STRATEGIES", "NoSuccessfulReplyError", "RoundReplies", "build_strategy", "error_type", "inner_strategy", "is_idle",
+    "reply_order", "strict",
+]  # fmt: skip
 
 
 class NoSuccessfulReplyError(RuntimeError):
@@ -75,41 +81,97 @@ _ERROR_CODES = {v: k for k, v in vars(ErrorCode).items() if k.isupper() and isin
 
 def error_type(error: Error) -> str:
     """The kind of a failed reply, for the record: the exception class the node's ClientApp
-    raised when Flower names it (``<class 'pkg.NodeDataError'>:<'...'>`` from a SuperNode,
-    ``NodeDataError: ...`` from :class:`~fedul_flwr.inprocess.InProcessGrid`), else Flower's
-    error code (``NODE_UNAVAILABLE``, ...)."""
+    raised when Flower names it (``<class 'pkg.NodeDataError'>:<'...'>`` from a SuperNode or
+    from the ClientApp's own error reply under Ray, ``NodeDataError: ...`` from
+    :class:`~fedul_flwr.inprocess.InProcessGrid`), else Flower's error code
+    (``NODE_UNAVAILABLE``, ...)."""
     reason = str(error.reason or "")
     found = re.search(r"<class '(?:[\w]+\.)*(\w+)'>", reason) or re.match(r"(\w+(?:Error|Exception)): ", reason)
     return found.group(1) if found else _ERROR_CODES.get(int(error.code), f"error code {error.code}")
 
 
+def is_idle(reply: Message) -> bool:
+    """Whether a training reply is a client's "nothing to train" answer: a successful reply
+    that carries no model (an empty ``arrays`` record; the ClientApp also reports zero
+    examples). It is no failure, and no aggregation sees it."""
+    return not reply.has_error() and wire.ARRAYS in reply.content.array_records and not len(reply.content[wire.ARRAYS])
+
+
+@dataclass
+class RoundReplies:
+    """What the training replies of one round were, for the run's record.
+
+    Attributes
+    ----------
+    server_round : int
+        The round (a resumed run's numbering).
+    trained : list[int]
+        Node ids that trained and sent a model (ascending, as the other two).
+    idle : list[int]
+        Node ids that had nothing to train (:func:`is_idle`).
+    failed : list[tuple[int, str]]
+        (node id, error type) of each failed reply: the node the instruction was sent to,
+        not the error reply's source (the SuperLink answers for a node it lost), and the type
+        of :func:`error_type`.
+    """
+
+    server_round: int
+    trained: list[int] = field(default_factory=list)
+    idle: list[int] = field(default_factory=list)
+    failed: list[tuple[int, str]] = field(default_factory=list)
+
+
 class RequireReplies:
-    """Mixin for Flower strategies: raise :class:`NoSuccessfulReplyError` when a training
-    round yields fewer successful replies than the strategy's ``min_train_nodes`` (at least
-    one), or when more than ``max_failure_fraction`` of its replies are errors, instead of
-    silently aggregating too few clients or keeping the old model. Otherwise the round goes
-    on with the nodes that succeeded, and ``last_failures`` names the others (node id, error
-    type, :func:`error_type`) for the run's record."""
+    """Mixin for Flower strategies: sort a training round's replies into trained, idle
+    (:func:`is_idle`) and failed ones, record them (``last_replies``), and raise
+    :class:`NoSuccessfulReplyError` when the round yields fewer successful replies than the
+    strategy's ``min_train_nodes`` (at least one), or when more than ``max_failure_fraction``
+    of its replies are errors, instead of silently aggregating too few clients or keeping the
+    old model. Otherwise the round's trained replies (and the errors, which Flower's strategies
+    log and skip) are aggregated; idle replies never reach the aggregation, and a round in
+    which every successful reply is idle keeps the global model. A failed reply is attributed
+    to the node its instruction was sent to (:meth:`screen`)."""
 
     max_failure_fraction: float = 1.0
     """The largest share of a round's replies that may fail (the run setting
-    ``max-failure-fraction``; 1: only ``min_train_nodes`` counts)."""
-    last_failures: list[tuple[int, str]] | None = None
-    """The failed replies of the latest training round, for the server to record."""
+    ``max-failure-fraction``; 1: only ``min_train_nodes`` counts). Idle replies are no failures."""
+    last_replies: RoundReplies | None = None
+    """The latest training round's replies, for the server to record (kept when the round
+    stops the run)."""
+    _screened: int | None = None  # the round whose replies screen() has seen already (a DP wrapper's call)
 
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        messages = list(super().configure_train(server_round, *args, **kwargs))  # type: ignore[misc]
+        self._instructions = messages  # their message ids are set when the grid pushes them
+        return messages
+
+    def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """Sort and record the round's replies (``last_replies``) and apply
+        ``min_train_nodes`` and ``max_failure_fraction``; returns the replies to aggregate
+        (the trained ones and the errors, in their order). A DP wrapper in front of the
+        strategy calls it first, then hands on only what it can clip
+        (:class:`~fedul_flwr.privacy.ClippableReplies`).
+
+        Raises
+        ------
+        NoSuccessfulReplyError
+            Naming the round, the counts and every failed node's error.
+        """
         replies = list(replies)
+        sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in getattr(self, "_instructions", [])}
+
+        def node(reply: Message) -> int:
+            return sent_to.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
+
         failed = [m for m in replies if m.has_error()]
-        self.last_failures = [(m.metadata.src_node_id, error_type(m.error)) for m in failed]
+        idle = [m for m in replies if is_idle(m)]
+        trained = [m for m in replies if not m.has_error() and not is_idle(m)]
+        self.last_replies = RoundReplies(server_round, sorted(node(m) for m in trained), sorted(node(m) for m in idle),
+                                         sorted((node(m), error_type(m.error)) for m in failed))  # fmt: skip
         ok = len(replies) - len(failed)
         needed = max(1, int(getattr(self, "min_train_nodes", 1)))
-        too_many = len(failed) > self.max_failure_fraction * len(replies)
-        enough = ok >= needed and not too_many
-        arrays, metrics = super().aggregate_train(server_round, replies) if enough else (None, None)  # type: ignore[misc]
-        if arrays is None:
-            errors = [f"node {m.metadata.src_node_id}: {m.error.reason}" for m in failed]
+        if ok < needed or len(failed) > self.max_failure_fraction * len(replies):
+            errors = [f"node {node(m)}: {m.error.reason}" for m in failed]
             why = (f"{ok} successful training repl{'y' if ok == 1 else 'ies'} out of {len(replies)}, {needed} needed "
                    "(min-train-nodes)" if ok < needed else
                    f"{len(failed)} of {len(replies)} training replies failed, more than "
@@ -117,6 +179,20 @@ class RequireReplies:
             raise NoSuccessfulReplyError(
                 f"round {server_round}: {why}; " + ("; ".join(errors) if errors else "(no node replied in time)")
             )
+        self._screened = server_round
+        return [m for m in replies if not is_idle(m)]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies) if self._screened == server_round else self.screen(server_round, replies)
+        self._screened = None
+        if not any(not m.has_error() for m in replies):  # every successful reply idle: the model stays
+            log(INFO, "round %d: no client had anything to train; the global model stays", server_round)
+            return None, None
+        arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
+        if arrays is None:
+            raise NoSuccessfulReplyError(f"round {server_round}: the strategy aggregated none of the trained replies")
         return arrays, metrics
 
 

@@ -42,8 +42,10 @@ Choices:
       the examples that trained the model this round: the labeled rows of every step plus
       the unlabeled rows whose pseudo-label passed tau, over all the round's steps (a row
       drawn twice counts twice). A client with none (an unlabeled client whose
-      pseudo-labels all fall below tau) sends no model, so it does not pull the average
-      back to the model it received; a round where no client has one keeps the global model.
+      pseudo-labels all fall below tau) has had nothing to train: it replies with no model
+      and zero examples (an idle reply, counted in ``idle-replies``, no failure), so it does
+      not pull the average back to the model it received; a round where no client has one
+      keeps the global model.
 
   Under ``feddb`` the DMA weights beta replace these (a client with no used example is left
   out of DMA under ``used``). The train metrics of a round are averaged with the same weights.

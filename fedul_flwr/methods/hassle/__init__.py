@@ -95,7 +95,7 @@ from torch import nn
 from fedul_flwr import wire
 from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, Predictor, RoundContext, Stream, register_method
+from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, NothingToTrain, Predictor, RoundContext, Stream, register_method
 from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
 from fedul_flwr.strategies.per_model import PerModelAggregation
 from fedul_flwr.training import LocalLoop, TrainResult
@@ -323,10 +323,9 @@ class Hassle(Method):
                 results += self._side(models, frozen, loop, client.unlabeled, targets, mask, "w_U", "w_S", "r_SU")
                 self._sent += ("w_U", "r_SU") if self.residual else ("w_U",)
         n = sum(len(p) for p in (client.labeled, client.unlabeled) if p is not None)
-        if not results and warm:  # an unlabeled client during the warm-up: nothing to train yet
-            return TrainResult(loss=0.0, num_examples=n, num_steps=0)
-        if not results:
-            raise ValueError(f"{client.node} has no labeled image and no confident pseudo-label: nothing to train")
+        if not results:  # an unlabeled client in the warm-up or without a confident pseudo-label
+            why = "in the warm-up (no pseudo-labels yet)" if warm else "no labeled image and no confident pseudo-label"
+            raise NothingToTrain(f"{client.node}: {why}")
         steps = sum(r.num_steps for r in results)
         loss = sum(r.loss * r.num_steps for r in results) / steps
         return TrainResult(loss=loss, num_examples=n, num_steps=steps)
