@@ -404,3 +404,20 @@ def _session(sid: int) -> list[int]:
         if int(fields[3]) == sid and fields[0] != "Z":
             found.append(int(stat.parent.name))
     return found
+
+
+def test_a_refused_deployment_run_is_one_line_without_traceback(tmp_path: Path) -> None:
+    """A setting refused by the ServerApp in a deployment (``flwr-serverapp`` next to a real
+    SuperLink): the run ends ``finished:failed``, its log has the project's one line naming
+    the key and value and Flower's "ServerApp raised an exception" without the traceback."""
+    fed = _Federation(tmp_path, [])
+    try:
+        status, log = fed.wait(fed.submit(f'num-rounds=-1 output-dir="{tmp_path / "runs"}"'), timeout=180)
+    finally:
+        fed.close()
+    print(log)  # shown with pytest -s: what `flwr log` shows
+    assert status == "finished:failed", log
+    refused = [line for line in log.splitlines() if "run refused before round 1, nothing written:" in line]
+    assert len(refused) == 1 and "num-rounds=-1 must be >= 1" in refused[0], log
+    assert "ServerApp raised an exception" in log and "Traceback" not in log, log
+    assert not (tmp_path / "runs").exists()

@@ -112,6 +112,7 @@ def test_flwr_run_reaches_this_projects_superlink_and_a_refused_run_is_one_line(
         assert seen == [], f"the run went to the other SuperLink on {FLOWER_DEFAULT_PORT}: {seen}"
     for setting, (message, _) in refused.items():
         out = outputs[setting]
+        print(f"--- flwr run with {setting}\n{out}")  # shown with pytest -s: what a user sees
         lines = [line for line in out.splitlines() if "fedul-flwr: run refused before round 1, nothing written:" in line]
         assert len(lines) == 1 and message in lines[0], out
         assert "Traceback" not in out and "FutureWarning" not in out, out
@@ -120,8 +121,8 @@ def test_flwr_run_reaches_this_projects_superlink_and_a_refused_run_is_one_line(
     statuses = [run["status"] for run in json.loads(listed)["runs"]]
     assert statuses == ["finished:failed"] * len(refused), listed
     assert stopped.returncode == 0 and re.search(r"stopped SuperLink \d+ ", stopped.stdout), stopped.stdout + stopped.stderr
-    with socket.socket() as sock:  # our SuperLink is gone: its port is free again
-        sock.bind(("127.0.0.1", port))
+    with pytest.raises(ConnectionRefusedError):  # our SuperLink is gone: nothing listens on its port
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
 def test_a_value_the_user_exported_wins_and_one_this_file_set_is_replaced(tmp_path: Path) -> None:
