@@ -14,20 +14,24 @@ above both and adds what needs the registries:
 - in simulation (:func:`check_simulation`), where ``client-setting`` builds the clients'
   data: the method is defined for that setting (:func:`method_settings`), every client gets
   ``num-sets`` >= K U sets (Lu et al., ICLR 2022, Theorem 1), a given ``class-prior`` is
-  finite and not all zero.
+  finite and not all zero, and a client layout that names one entry per client (HASSLE's
+  ``label-layout``, FedPU's ``positive-classes`` per client) has one per node of the
+  federation (:func:`check_federation_size`).
 
 The ServerApp runs :func:`check_before_round_one` first thing, so a refused run ends
 ``failed`` with one line naming the key and value, and leaves no run folder behind (a rerun
 under the same name is not blocked). A deployment's nodes check their own folders
 (:mod:`fedul_flwr.data.node_dir`). ``fedul check --run-config "..."`` runs the same checks
 on the command line, before ``flwr run``: Flower's own error for an unknown key does not name
-it, this one names it and the closest valid key.
+it, this one names it and the closest valid key; given ``--federation-config
+"num-supernodes=N"`` (as ``flwr run`` takes it) it also checks the layouts against N.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,10 +54,13 @@ __all__ = [
     "OUTPUT_KEYS",
     "RESUME_FREE_KEYS",
     "check_before_round_one",
+    "check_federation_size",
     "check_resume",
     "check_setting",
     "check_simulation",
+    "federation_nodes",
     "is_simulation",
+    "laid_out_clients",
     "method_settings",
     "registry_choices",
     "resolve_config",
@@ -272,6 +279,78 @@ def check_setting(cfg: RunConfig) -> None:
                f"class-prior={cfg.class_prior!r}: a class prior must be finite and not all zero")  # fmt: skip
 
 
+def laid_out_clients(cfg: RunConfig) -> tuple[str, int] | None:
+    """The key whose value lays out the simulated clients one by one, and how many clients it
+    lays out: HASSLE's ``label-layout`` (a named layout of the paper: 20; a list: its length)
+    with ``client-setting=annotation-heterogeneity``. ``None`` when the settings fit any
+    number of clients.
+
+    Raises
+    ------
+    ConfigError
+        If the layout cannot be read (an unknown name or kind, a named layout without a
+        version for ``labeled-share``).
+    """
+    if cfg.client_setting != "annotation-heterogeneity":
+        return None
+    from fedul_flwr.data.annotation import parse_layout
+
+    try:
+        return "label-layout", len(parse_layout(cfg.label_layout, None, cfg.labeled_share))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_federation_size(cfg: RunConfig, num_nodes: int) -> None:
+    """A simulation's settings against its number of nodes (``num-supernodes``): a client
+    layout (:func:`laid_out_clients`) lays out exactly ``num_nodes`` clients, and with
+    ``client-setting=pu`` a ``positive-classes`` given per client has one entry per node.
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the key, its value, the count it needs and the federation's.
+    """
+    laid_out = laid_out_clients(cfg)
+    if laid_out is not None and laid_out[1] != num_nodes:
+        key, needed = laid_out
+        preset = f" (preset={cfg.preset!r})" if cfg.preset else ""
+        raise ConfigError(
+            f"{key}={cfg.as_dict()[key]!r}{preset} lays out {needed} clients, the federation has {num_nodes} nodes: "
+            f'run it with --federation-config "num-supernodes={needed}", or give {key} for {num_nodes} clients'
+        )
+    if cfg.client_setting == "pu":
+        from fedul_flwr.data.datasets import dataset_info
+        from fedul_flwr.data.pu import parse_positive_classes
+
+        try:
+            parse_positive_classes(cfg.positive_classes, num_nodes, len(dataset_info(cfg.dataset).class_names))
+        except ValueError as exc:
+            raise ConfigError(f"{exc} (the federation has {num_nodes} nodes)") from None
+
+
+def federation_nodes(grid: object, settle: float = 1.0, timeout: float = 60.0) -> int:
+    """The number of nodes of a simulated federation (``num-supernodes``). Flower's
+    simulation engine registers its nodes while the ServerApp starts: the count is read
+    until it has not changed for ``settle`` seconds (at most ``timeout`` seconds); any other
+    grid's count is read once."""
+    from flwr.superlink.grid import InMemoryGrid
+
+    count = len(list(grid.get_node_ids()))  # type: ignore[attr-defined]
+    if not isinstance(grid, InMemoryGrid):
+        return count
+    deadline = time.monotonic() + timeout
+    since = time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = len(list(grid.get_node_ids()))
+        if now != count or now == 0:
+            count, since = now, time.monotonic()
+        elif time.monotonic() - since >= settle:
+            break
+    return count
+
+
 def is_simulation(grid: object) -> bool:
     """Whether ``grid`` runs simulated clients built by ``client-setting``: Flower's simulation
     engine (its in-memory grid) or an in-process federation of simulated partitions
@@ -336,9 +415,10 @@ def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
 
 def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     """The checks of the settings that need no node's data, run by the ServerApp before
-    anything is written: :func:`validate_config`, and :func:`check_simulation` when ``grid``
-    simulates its clients (:func:`is_simulation`). (With ``resume=true`` the ServerApp then
-    runs :func:`check_resume` on the run folder.)
+    anything is written: :func:`validate_config`, and when ``grid`` simulates its clients
+    (:func:`is_simulation`) :func:`check_simulation` and, for settings that lay out their
+    clients one by one, :func:`check_federation_size` against the grid's nodes. (With
+    ``resume=true`` the ServerApp then runs :func:`check_resume` on the run folder.)
 
     Raises
     ------
@@ -348,6 +428,8 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     validate_config(cfg)
     if is_simulation(grid):
         check_simulation(cfg)
+        if laid_out_clients(cfg) is not None or cfg.client_setting == "pu":
+            check_federation_size(cfg, federation_nodes(grid))
 
 
 # --------------------------------------------------------------------------- command line
@@ -363,6 +445,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--simulation", action=argparse.BooleanOptionalAction, default=True,
         help="also check what a simulation's client-setting builds (--no-simulation for a deployment)",
     )  # fmt: skip
+    parser.add_argument(
+        "--federation-config", default="", metavar="'num-supernodes=N'",
+        help="the simulation's --federation-config as `flwr run` takes it: its num-supernodes is checked "
+             "against a layout of the clients (label-layout, positive-classes per client)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -374,8 +461,14 @@ def run(args: argparse.Namespace) -> int:
         values = parse_config_args(args.run_config) if args.run_config else {}
         composed, sources = compose_config(values)
         cfg = validate_config(config_from_values(composed))
+        note = ""
         if args.simulation:
             check_simulation(cfg)
+            num_nodes = _num_supernodes(args.federation_config)
+            if num_nodes is not None:
+                check_federation_size(cfg, num_nodes)
+            elif (laid_out := laid_out_clients(cfg)) is not None:
+                note = f" (needs a federation of {laid_out[1]} nodes: {laid_out[0]}={cfg.as_dict()[laid_out[0]]!r})"
         if cfg.resume:
             from fedul_flwr.outputs import run_folder
 
@@ -383,8 +476,31 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"ok: {describe_sources(composed, sources)}")
+    print(f"ok: {describe_sources(composed, sources)}{note}")
     return 0
+
+
+def _num_supernodes(federation_config: str) -> int | None:
+    """``num-supernodes`` of a ``--federation-config`` string (``None`` if not given).
+
+    Raises
+    ------
+    ConfigError
+        If it is not an integer >= 1.
+    """
+    from flwr.common.config import parse_config_args
+
+    if not federation_config.strip():
+        return None
+    try:
+        value = parse_config_args([federation_config]).get("num-supernodes")
+    except ValueError as exc:
+        raise ConfigError(f"--federation-config {federation_config!r}: {exc}") from None
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"--federation-config: num-supernodes={value!r} must be an integer >= 1")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

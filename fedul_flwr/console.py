@@ -9,6 +9,11 @@ filter sits on that handler and not on the logger, so every other handler of Flo
 everything. Two warnings the project's own settings cause are dropped unless verbose: Flower's
 "fraction_evaluate is set to 0.0" (the server evaluates centrally: no client evaluation is
 intended) and Ray's tip about accelerator variables for actors with ``num_gpus=0``.
+
+A run the project refuses (a configuration error, :func:`print_in_one_line`) is told in one
+line by the ServerApp; Flower then logs the same exception with its traceback ("Simulation
+raised an exception" / "ServerApp raised an exception"): the console handler drops that
+traceback (the line stays).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import warnings
 
 from flwr.common.logger import FLOWER_LOGGER, console_handler
 
-__all__ = ["PROGRESS", "RoundClock", "set_verbose"]
+__all__ = ["PROGRESS", "RoundClock", "print_in_one_line", "set_verbose"]
 
 PROGRESS = logging.getLogger(f"{FLOWER_LOGGER.name}.fedul-flwr")
 """The progress lines of a run (one per round); shown whether or not ``verbose``."""
@@ -53,6 +58,34 @@ def set_verbose(verbose: bool) -> None:
         return
     console_handler.addFilter(_QUIET)
     warnings.filterwarnings("ignore", message=_RAY_TIP, category=FutureWarning)
+
+
+class OneLineErrors(logging.Filter):
+    """Removes the traceback from records whose exception is one of ``types`` (the record,
+    its message and level, stay)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.types: tuple[type[BaseException], ...] = ()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], self.types):
+            record.exc_info, record.exc_text, record.stack_info = None, None, None
+        return True
+
+
+_ONE_LINE = OneLineErrors()
+
+
+def print_in_one_line(*types: type[BaseException]) -> None:
+    """Show exceptions of ``types`` without a traceback on Flower's console (what ``flwr run
+    --stream`` and ``flwr log`` show), whether or not verbose: for errors whose message is the
+    whole story and that the app has already logged in one line (a refused setting names its
+    key and value). Other handlers of Flower's logger that come before the console handler
+    still get the traceback. Replaces the types of an earlier call; idempotent."""
+    _ONE_LINE.types = tuple(types)
+    console_handler.removeFilter(_ONE_LINE)
+    console_handler.addFilter(_ONE_LINE)
 
 
 def _clock(seconds: float) -> str:

@@ -23,7 +23,7 @@ from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
 from fedul_flwr.checks import check_before_round_one, check_resume
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
-from fedul_flwr.console import PROGRESS, RoundClock, set_verbose
+from fedul_flwr.console import PROGRESS, RoundClock, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.data.datasets import ImageDataset, normalize
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
@@ -240,9 +240,11 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
 def main(grid: Grid, context: Context) -> None:
     """Flower entry point: resolve the settings (what the user typed wins over the preset),
     run the federation, print the summary. A run refused by a check before round 1 logs one
-    line naming the key and value, then fails."""
+    line naming the key and value, then fails (Flower's console shows no traceback of it)."""
     start = time.time()
     typed = grid.run.override_config.keys()  # the --run-config values, as the SuperLink keeps them
+    print_in_one_line(ConfigError, CheckpointError)
+    set_verbose(context.run_config.get("verbose") is True)  # quiet also when the settings are refused
     try:
         values, sources = compose_config(context.run_config, given=typed)
         cfg = config_from_values(values)

@@ -37,7 +37,7 @@ for proc in /proc/[0-9]*; do
   pid="${proc#/proc/}"
   [[ "$pid" == "$$" ]] && continue
   args=()
-  mapfile -d '' args < "$proc/cmdline" 2>/dev/null || continue
+  mapfile -d '' args 2>/dev/null < "$proc/cmdline" || continue  # (2> first: the process may be gone)
   is_link=0
   for ((i = 0; i < ${#args[@]}; i++)); do
     [[ "$(basename -- "${args[i]}")" == flower-superlink ]] && is_link=1

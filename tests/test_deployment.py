@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -343,3 +344,93 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
     summary = (runs / "goes-on" / "summary.txt").read_text()
     failed = re.search(r"failed-replies=4 failed-nodes=(\d+)\(NodeDataError\),(\d+)\(NodeDataError\) ", summary)
     assert failed and "clients=1 " in summary, summary  # the nodes that trained: the good one
+
+
+# --------------------------------------------------------------------------- the docs' one-host recipe
+
+
+def _documented_block(page: Path, heading: str) -> str:
+    """The first ```bash block under ``## <heading>`` of ``page``."""
+    section = page.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
+def test_every_documented_supernode_has_its_own_port() -> None:
+    """docs/deployment.md and the README start every SuperNode with ``--port`` (Flower's
+    default 9094 would make a second SuperNode on the same host fail), and the one-host
+    block gives its three SuperNodes three different ports."""
+    pages = [REPO / "README.md", REPO / "docs" / "deployment.md"]
+    for page in pages:
+        commands = re.findall(r"^flower-supernode (?:.*\\\n)*.*", page.read_text(), re.M)
+        assert commands, page
+        assert all(" --port " in c for c in commands), (page, [c for c in commands if " --port " not in c])
+    block = _documented_block(REPO / "docs" / "deployment.md", "Three SuperNodes on one host")
+    ports = re.findall(r"^flower-supernode .* --port (\d+)", block, re.M)
+    assert len(ports) == 3 and len(set(ports)) == 3, block
+
+
+def test_three_supernodes_on_one_host_as_documented(tmp_path: Path) -> None:
+    """docs/deployment.md's block "Three SuperNodes on one host", run by bash as printed but
+    for its ports (free ones instead) and folders (temporary ones): a real SuperLink and three
+    SuperNodes on loopback, the run finishes as completed with all three nodes in every round,
+    and the block's own ``kill`` stops them."""
+    from tests.flower_harness import app_dir, flower_env, free_port
+
+    block = _documented_block(REPO / "docs" / "deployment.md", "Three SuperNodes on one host")
+    for port in sorted(set(re.findall(r"\b(909\d)\b", block))):
+        block = block.replace(port, str(free_port()))
+    block = block.replace("/tmp/fedul-", f"{tmp_path}/fedul-").replace("flwr run . ", f"flwr run {app_dir()} ")
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    script = tmp_path / "one-host.sh"
+    script.write_text(f"cd {REPO}\n{block}")
+    env = {**flower_env(home), "COLUMNS": "250"}  # `flwr ls` prints a table as wide as the terminal
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=600)
+        deadline = time.monotonic() + 30  # the block's `kill` (SIGTERM): give the processes time to exit
+        while _session(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = _session(proc.pid)
+    finally:
+        for pid in _session(proc.pid):
+            os.kill(pid, 9)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(tmp_path.glob("*.log")))
+    assert proc.returncode == 0, f"{out[-4000:]}\n{logs}"
+    assert "finished:completed" in out, f"{out[-4000:]}\n{logs}"
+    (run_dir,) = list((tmp_path / "fedul-runs").iterdir())
+    summary = (run_dir / "summary.txt").read_text()
+    assert "clients=3 " in summary and "failed-replies=0 " in summary and "rounds=2 " in summary, summary
+    assert [row["round"] for row in json.loads((run_dir / "metrics.json").read_text())] == [0, 1, 2]
+    assert left == [], "processes left running after the block's kill"
+
+
+def _session(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def test_a_refused_deployment_run_is_one_line_without_traceback(tmp_path: Path) -> None:
+    """A setting refused by the ServerApp in a deployment (``flwr-serverapp`` next to a real
+    SuperLink): the run ends ``finished:failed``, its log has the project's one line naming
+    the key and value and Flower's "ServerApp raised an exception" without the traceback."""
+    fed = _Federation(tmp_path, [])
+    try:
+        status, log = fed.wait(fed.submit(f'num-rounds=-1 output-dir="{tmp_path / "runs"}"'), timeout=180)
+    finally:
+        fed.close()
+    print(log)  # shown with pytest -s: what `flwr log` shows
+    assert status == "finished:failed", log
+    refused = [line for line in log.splitlines() if "run refused before round 1, nothing written:" in line]
+    assert len(refused) == 1 and "num-rounds=-1 must be >= 1" in refused[0], log
+    assert "ServerApp raised an exception" in log and "Traceback" not in log, log
+    assert not (tmp_path / "runs").exists()

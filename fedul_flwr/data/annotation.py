@@ -53,14 +53,15 @@ def _expand(text: str) -> list[str]:
     return out
 
 
-def parse_layout(text: str, num_clients: int, share: float, key: str = "label-layout") -> list[str | float]:
-    """Per client: a kind (``"L"``, ``"P"``, ``"U"``) or a label fraction in [0, 1].
+def parse_layout(text: str, num_clients: int | None, share: float, key: str = "label-layout") -> list[str | float]:
+    """Per client: a kind (``"L"``, ``"P"``, ``"U"``) or a label fraction in [0, 1]; its
+    length is the number of clients the layout needs (``num_clients=None``: not checked).
 
     Raises
     ------
     ValueError
-        On an unknown name or kind, a fraction outside [0, 1], a count that is not the number
-        of clients, or a named layout without a version for ``share`` (names ``key``).
+        On an unknown name or kind, a fraction outside [0, 1], a count that is not
+        ``num_clients``, or a named layout without a version for ``share`` (names ``key``).
     """
     text = str(text).strip()
     try:
@@ -79,7 +80,7 @@ def parse_layout(text: str, num_clients: int, share: float, key: str = "label-la
                 bad = [v for v in values if not 0.0 <= v <= 1.0]
                 if bad:
                     raise ValueError(f"fractions {bad} outside [0, 1]")
-        if len(values) != num_clients:
+        if num_clients is not None and len(values) != num_clients:
             raise ValueError(f"{len(values)} clients in the layout for {num_clients} clients")
         return values
     except ValueError as exc:
