@@ -485,3 +485,36 @@ def test_dataset_info_matches_torchvision_and_is_complete():
     for name in DATASETS:
         info = D.dataset_info(name)
         assert info.name == name and len(info.mean) == len(info.std) == info.channels
+
+
+@pytest.fixture
+def fixture_roots(monkeypatch, tmp_path) -> dict[str, Path]:
+    """Generated CIFAR-100 (1000 training images, 10 per class) and SVHN roots, their md5s registered."""
+    roots = {"cifar100": tmp_path / "c100", "svhn": tmp_path / "svhn"}
+    for root in roots.values():
+        root.mkdir()
+    _, staging = _write_fake_cifar100_tar(roots["cifar100"], n_train=1000, n_test=100)
+    _register_checksums(monkeypatch, "CIFAR100", roots["cifar100"], staging)
+    _write_fake_svhn(roots["svhn"], n_train=200, n_test=50)
+    _register_checksums(monkeypatch, "SVHN", roots["svhn"])
+    return roots
+
+
+@pytest.mark.parametrize("dataset", ["cifar100", "svhn"])
+@pytest.mark.parametrize("method", ["fedul", "feddb"])
+def test_one_round_trains_on_each_dataset(fixture_roots, tmp_path, dataset, method):
+    """FedUL (every client 100 or 10 U sets: M >= K) and FedDB (labels at the clients) through the
+    in-process runner: the model has K outputs and one aggregated round changes the test loss."""
+    from fedul_flwr.experiments import runner
+
+    k = len(D.dataset_info(dataset).class_names)
+    setting = {"fedul": {"num-sets": k}, "feddb": {"client-setting": "labels-at-clients", "num-labeled": k, "batch-size": 8}}
+    rc = {"dataset": dataset, "data-dir": str(fixture_roots[dataset]), "method": method, "model": "small-cnn",
+          "num-rounds": 1, "local-epochs": 1, "device": "cpu", "precision": "fp32", "seed": 0,
+          "output-dir": str(tmp_path / "runs"), "run-name": f"{dataset}-{method}", **setting[method]}  # fmt: skip
+    spec = runner.RunSpec("datasets", dataset, method, "*", 0, 2, "", rc)
+    record = runner.execute(spec, rc)
+    rows = record["metrics"]
+    assert [r["round"] for r in rows] == [0, 1] and record["config"]["dataset"] == dataset
+    assert rows[1]["test-loss"] != rows[0]["test-loss"]  # trained and aggregated
+    assert 0.0 <= record["last-test-error"] <= 1.0
