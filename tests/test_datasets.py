@@ -300,7 +300,7 @@ def test_gz_extracted_in_place_when_writable(monkeypatch, tmp_path):
     assert torch.equal(ds.train_y, torch.from_numpy(arrays["train-labels-idx1-ubyte"]).long())
     for f in MNIST_FILES:
         assert (tmp_path / "MNIST" / "raw" / f).is_file()
-    assert not (tmp_path / "fedul-cache" / "MNIST").exists()  # extracted in place, not in the cache
+    assert not D.cache_for(tmp_path).exists()  # extracted in place, not in the cache
     assert not [p for p in (tmp_path / "MNIST" / "raw").iterdir() if p.name.startswith(".")]
 
 
@@ -316,7 +316,7 @@ def test_gz_from_read_only_root_goes_to_cache(monkeypatch, tmp_path):
         ds = load_dataset("mnist", data_dir=str(root))
         assert sorted(p.name for p in raw.iterdir()) == before  # root untouched
         for f in MNIST_FILES:
-            assert (tmp_path / "fedul-cache" / "MNIST" / "raw" / f).is_file()
+            assert (D.cache_for(root) / "MNIST" / "raw" / f).is_file()
         assert torch.equal(ds.train_x[:, 0], torch.from_numpy(arrays["train-images-idx3-ubyte"]))
         # a second process-level load reuses the cache
         D._load_cached.cache_clear()
@@ -435,7 +435,8 @@ def test_cifar100_read_only_root_goes_to_cache(monkeypatch, tmp_path):
     try:
         ds = load_dataset("cifar100", data_dir=str(root))
         assert sorted(p.name for p in root.iterdir()) == before
-        assert (tmp_path / "fedul-cache" / "cifar-100-python" / "train").is_file()
+        assert (D.cache_for(root) / "cifar-100-python" / "train").is_file()
+        assert D.cache_for(root).parent.parent == tmp_path / "fedul-cache"
         assert torch.equal(ds.test_x, torch.from_numpy(written["test"][0]))
     finally:
         root.chmod(0o755)

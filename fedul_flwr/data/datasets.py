@@ -58,6 +58,7 @@ __all__ = [
     "DatasetSource",
     "ImageDataset",
     "TorchvisionSpec",
+    "cache_for",
     "dataset_info",
     "embedded_sample_path",
     "load_dataset",
@@ -401,10 +402,17 @@ def _root_lock(root: Path) -> Iterator[None]:
         yield
 
 
+def cache_for(root: Path) -> Path:
+    """The torchvision root that stands in for the read-only ``root``: a folder of its own in
+    the cache folder (``$FEDUL_CACHE_DIR``, default ``~/.cache/fedul-flwr``), named by a hash
+    of ``root``'s path."""
+    return _cache_root() / "roots" / hashlib.sha256(str(root).encode()).hexdigest()[:16]
+
+
 def _linked_cache(root: Path, members: Sequence[_Member]) -> Path:
-    """The cache root for a read-only ``root``: a symbolic link to each of its original files
-    (and to the files already read from one), so torchvision extracts there, not in ``root``."""
-    cache = _cache_root()
+    """The cache root for a read-only ``root`` (:func:`cache_for`): a symbolic link to each of its
+    original files (and to the files already read from one), so torchvision extracts there."""
+    cache = cache_for(root)
     for m in members:
         for rel in m.files if not _missing([m], root) else (m.archive,):
             link = cache / rel
@@ -455,7 +463,7 @@ def _prepare(spec: TorchvisionSpec, root: Path, download: bool) -> Path:
         except OSError as exc:
             raise DatasetError(
                 f"Dataset {spec.name!r}: {root} is read-only and preparing the cache folder "
-                f"{_cache_root()} failed ({exc}). Set ${_CACHE_ENV} to a writable folder."
+                f"{cache_for(root)} failed ({exc}). Set ${_CACHE_ENV} to a writable folder."
             ) from exc
     try:
         _torchvision_prepare(spec, target)
