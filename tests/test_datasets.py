@@ -246,6 +246,18 @@ def test_missing_only_some_files(tmp_path):
     assert "train-images" not in msg
 
 
+def test_partly_extracted_root_names_the_original_files_torchvision_needs(tmp_path):
+    """The training files extracted (their .gz gone), the test files only as .gz: torchvision
+    extracts only with all four .gz files, and the message says which to add."""
+    _write_fake_mnist(tmp_path)
+    raw = tmp_path / "MNIST" / "raw"
+    for f in MNIST_FILES[:2]:
+        (raw / f).write_bytes(gzip.decompress((raw / f"{f}.gz").read_bytes()))
+        (raw / f"{f}.gz").unlink()
+    with pytest.raises(DatasetError, match="also put MNIST/raw/train-images-idx3-ubyte.gz, MNIST/raw/train-labels"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
 def test_cifar_missing_files_names_archive(tmp_path):
     with pytest.raises(DatasetError) as e:
         load_dataset("cifar10", data_dir=str(tmp_path))

@@ -315,14 +315,14 @@ class TorchvisionSpec:
         cls = self.tv_class()
         if hasattr(cls, "resources"):  # MNIST-like: <Class>/raw/<file>.gz, each extracted beside it
             raw = f"{cls.__name__}/raw"
-            return tuple(_Member(f"{raw}/{os.path.basename(url)}", md5, (f"{raw}/{os.path.splitext(os.path.basename(url))[0]}",))
-                         for url, md5 in cls.resources)  # fmt: skip
+            names = [(os.path.basename(url), md5) for url, md5 in cls.resources]
+            return tuple(_Member(f"{raw}/{gz}", md5, (f"{raw}/{os.path.splitext(gz)[0]}",)) for gz, md5 in names)
         if hasattr(cls, "tgz_md5"):  # CIFAR: one .tar.gz holding <base_folder>/<batches and meta>
             names = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
             return (_Member(cls.filename, cls.tgz_md5, tuple(f"{cls.base_folder}/{f}" for f in names)),)
         # SVHN: one .mat per split, read as it is
-        return tuple(_Member(cls.split_list[s["split"]][1], cls.split_list[s["split"]][2], (cls.split_list[s["split"]][1],))
-                     for s in self.splits)  # fmt: skip
+        files = [cls.split_list[s["split"]][1:3] for s in self.splits]
+        return tuple(_Member(name, md5, (name,)) for name, md5 in files)
 
 
 def _verify_archive(path: Path, md5: str) -> bool:
@@ -439,9 +439,12 @@ def _prepare(spec: TorchvisionSpec, root: Path, download: bool) -> Path:
     offline = all((root / m.archive).is_file() for m in members)  # every original file is here
     if missing and not offline and not download:
         absent = [m for m in missing if not (root / m.archive).is_file()]  # in neither form
+        why = "" if absent else (  # torchvision extracts from the whole set of original files only
+            f" (torchvision extracts {', '.join(m.archive for m in missing)} only with every original file "
+            f"present: also put {', '.join(m.archive for m in members if not (root / m.archive).is_file())} there)")
         raise DatasetError(
             f"Dataset {spec.name!r} not found in data-dir {root}. Missing: "
-            f"{_describe_expected(root, absent or missing)}. Put the original files there "
+            f"{_describe_expected(root, absent or missing)}{why}. Put the original files there "
             "(torchvision layout), or set download=true on a machine with internet access."
         )
     # the archives about to be extracted, and the files torchvision reads as they are (SVHN)
@@ -502,7 +505,8 @@ def _read_torchvision(spec: TorchvisionSpec, root: Path) -> ImageDataset:
         ) from exc
 
     def labels(split: Any) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(getattr(split, "targets", getattr(split, "labels", None))), dtype=torch.int64).clone()
+        targets = split.labels if hasattr(split, "labels") else split.targets  # SVHN: labels
+        return torch.as_tensor(np.asarray(targets), dtype=torch.int64).clone()
 
     c = spec.info.channels
     return ImageDataset(
@@ -644,7 +648,7 @@ per-channel pixel mean and standard deviation of the training split on the [0, 1
 DATASETS.add("mnist-sample", DatasetSource(lambda root, download: _load_sample(embedded_sample_path()),
                                            lambda: dataclasses.replace(TORCHVISION["mnist"].info, name="mnist-sample")))  # fmt: skip
 for _name, _spec in TORCHVISION.items():
-    DATASETS.add(_name, DatasetSource(functools.partial(load_torchvision, _spec), functools.partial(lambda s: s.info, _spec)))
+    DATASETS.add(_name, DatasetSource(functools.partial(load_torchvision, _spec), lambda s=_spec: s.info))
 
 
 def _source(name: str) -> DatasetSource:
