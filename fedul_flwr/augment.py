@@ -72,7 +72,7 @@ from fedul_flwr.registry import Registry
 
 __all__ = ["AUGMENTATIONS", "MIRRORED", "RANDAUGMENT_OPS", "Augmentation", "RandAugment", "ReflectCrop", "build_augmentation"]
 
-MIRRORED = frozenset({"fashion-mnist", "cifar10"})
+MIRRORED = frozenset({"fashion-mnist", "cifar10", "cifar100"})
 """Datasets whose classes are invariant under horizontal mirroring (weak views may flip)."""
 
 Stage = Callable[[torch.Tensor, torch.Generator], torch.Tensor]

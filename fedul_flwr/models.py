@@ -15,6 +15,9 @@ images ``[B, C, H, W]`` (float32, normalised) to class logits ``[B, K]``.
   16/32/64 channels, ~78k parameters), HASSLE's CIFAR model; takes a width factor.
 - ``wrn-28-2``: Wide ResNet 28-2 (Zagoruyko and Komodakis, BMVC 2016), the model of FixMatch's
   and FedDB's CIFAR experiments (~1.47M parameters); torchvision has no CIFAR-style WRN.
+
+Every model has K outputs, K the run's dataset's number of classes (100 on CIFAR-100:
+FedDB's and HASSLE's CIFAR-100 columns train WRN-28-2 and ResNet-8 with 100 outputs).
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     },
     "Data": {
         "dataset": "`mnist-sample` (embedded: 12k training + the 10k test images of MNIST, shipped in the package), "
-        "`mnist`, `fashion-mnist`, `cifar10` (read through torchvision from `data-dir`)",
+        "`mnist`, `fashion-mnist`, `cifar10`, `cifar100`, `svhn` (read through torchvision from `data-dir`; "
+        "[datasets](datasets.md))",
         "data-dir": "absolute torchvision root for the non-embedded datasets (Flower runs the app from its own copy, "
         "so relative paths are refused)",
         "download": "let torchvision download missing files (online machines); offline, the error lists the "

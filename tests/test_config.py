@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from fedul_flwr.checks import resolve_config
-from fedul_flwr.config import CONF_DIR, CORE_KEYS, PYPROJECT, ConfigError, compose_config, default_config
+from fedul_flwr.config import CONF_DIR, CORE_KEYS, PYPROJECT, ConfigError, compose_config, default_config, load_preset
 from fedul_flwr.methods import METHODS
 
 
@@ -17,12 +17,17 @@ def test_defaults_come_from_pyproject_only() -> None:
     cfg = resolve_config({})
     assert cfg.as_dict()["lr"] == table["lr"] and cfg.num_sets == (table["num-sets"],)
     assert cfg.as_dict() == {**table, "num-sets": str(table["num-sets"])}  # every default survives parsing
-    # presets must not repeat a default: every value they set differs from pyproject's
+    # presets must not repeat a default: every value they set differs from pyproject's, or from
+    # that of the preset they extend (Hydra's defaults list, e.g. feddb-svhn's 1000 labels over feddb's 4000)
     for preset in sorted(CONF_DIR.glob("experiment/*.yaml")):
-        for line in preset.read_text().splitlines():
+        text = preset.read_text()
+        parents = [name for name in re.findall(r"^  - ([a-z0-9-]+)$", text, flags=re.M) if name != "_self_"]
+        inherited = {k: v for parent in parents for k, v in load_preset(parent).items()}
+        for line in text.splitlines():
             m = re.match(r"^([a-z0-9-]+):\s*(.+)$", line)
             if m and m.group(1) in table:
-                assert str(table[m.group(1)]).lower() != m.group(2).strip("'\" ").lower(), (preset.name, line)
+                before = inherited.get(m.group(1), table[m.group(1)])
+                assert str(before).lower() != m.group(2).strip("'\" ").lower(), (preset.name, line)
 
 
 def test_preset_then_user_override() -> None:

@@ -1,20 +1,23 @@
 """Tests for fedul_flwr.data.datasets.
 
-They need no dataset files and no network: the embedded sample ships with the repo, and
-the torchvision paths run on tiny fake datasets written into ``tmp_path`` (real IDX ``.gz``
-files for MNIST, pickled batches in a ``.tar.gz`` for CIFAR-10). The fakes cannot match
-torchvision's md5s, so the archive check ``_verify_archive`` is monkeypatched where the
-extraction path itself is under test.
+They need no dataset files and no network (``urllib.request.urlopen`` refuses every call):
+the embedded sample ships with the repo, and the torchvision paths run on tiny files written
+into ``tmp_path`` in each real format (IDX ``.gz`` for MNIST, pickled batches in a ``.tar.gz``
+for CIFAR-10 and CIFAR-100, ``.mat`` for SVHN). The generated files cannot have torchvision's
+published md5s, so where the loading path itself is under test their own md5s are written into
+torchvision's checksum attributes (:func:`_register_checksums`), the table that both this
+project and torchvision check files against; without that, the files are refused.
 """
 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
-import os
 import pickle
 import stat
 import tarfile
+import urllib.request
 from pathlib import Path
 from urllib.error import URLError
 
@@ -42,9 +45,14 @@ MNIST_FILES = (
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
-    """Fresh in-process cache and a private extraction cache for every test."""
+    """Fresh in-process cache, a private extraction cache and no network for every test."""
     D._load_cached.cache_clear()
     monkeypatch.setenv("FEDUL_CACHE_DIR", str(tmp_path / "fedul-cache"))
+
+    def offline(*args, **kwargs):
+        raise URLError("no network in the tests")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
     yield
     D._load_cached.cache_clear()
 
@@ -75,8 +83,34 @@ def _write_fake_mnist(root: Path, folder: str = "MNIST", n_train: int = 20, n_te
     return arrays
 
 
-def _all_verified(monkeypatch):
-    monkeypatch.setattr(D, "_verify_archive", lambda path, md5: Path(path).is_file())
+def _md5(path: Path) -> str:
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def _register_checksums(monkeypatch, cls_name: str, root: Path, staging: Path | None = None) -> None:
+    """Write the md5s of the files generated under ``root`` (and of the batches staged in
+    ``staging`` before they were archived) into torchvision's checksum attributes of
+    ``cls_name``, as if they were the published files."""
+    import torchvision.datasets as tvd
+
+    cls = getattr(tvd, cls_name)
+    if hasattr(cls, "resources"):
+        raw = root / cls.__name__ / "raw"
+        monkeypatch.setattr(cls, "resources", [(url, _md5(raw / url) if (raw / url).is_file() else md5)
+                                               for url, md5 in cls.resources])  # fmt: skip
+    elif hasattr(cls, "tgz_md5"):
+        assert staging is not None
+        monkeypatch.setattr(cls, "tgz_md5", _md5(root / cls.filename))
+        for attr in ("train_list", "test_list"):
+            monkeypatch.setattr(cls, attr, [[f, _md5(staging / f)] for f, _ in getattr(cls, attr)])
+        monkeypatch.setattr(cls, "meta", {**cls.meta, "md5": _md5(staging / cls.meta["filename"])})
+    else:
+        monkeypatch.setattr(cls, "split_list", {k: [url, f, _md5(root / f) if (root / f).is_file() else md5]
+                                                for k, (url, f, md5) in cls.split_list.items()})  # fmt: skip
+
+
+def _all_verified(monkeypatch, root: Path, cls_name: str = "MNIST"):
+    _register_checksums(monkeypatch, cls_name, root)
 
 
 # ----------------------------------------------------------------------------- sample
@@ -171,14 +205,14 @@ def test_embedded_sample_missing_says_how_to_rebuild(monkeypatch, tmp_path):
 
 def test_unknown_name_lists_valid_names():
     with pytest.raises(DatasetError) as e:
-        load_dataset("svhn")
+        load_dataset("imagenet")
     msg = str(e.value)
-    assert "'svhn'" in msg
+    assert "'imagenet'" in msg
     for name in DATASETS:
         assert name in msg
 
 
-@pytest.mark.parametrize("name", ["mnist", "fashion-mnist", "cifar10"])
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist", "cifar10", "cifar100", "svhn"])
 def test_empty_data_dir(name):
     with pytest.raises(DatasetError, match="data-dir") as e:
         load_dataset(name, data_dir="")
@@ -212,6 +246,18 @@ def test_missing_only_some_files(tmp_path):
     assert "train-images" not in msg
 
 
+def test_partly_extracted_root_names_the_original_files_torchvision_needs(tmp_path):
+    """The training files extracted (their .gz gone), the test files only as .gz: torchvision
+    extracts only with all four .gz files, and the message says which to add."""
+    _write_fake_mnist(tmp_path)
+    raw = tmp_path / "MNIST" / "raw"
+    for f in MNIST_FILES[:2]:
+        (raw / f).write_bytes(gzip.decompress((raw / f"{f}.gz").read_bytes()))
+        (raw / f"{f}.gz").unlink()
+    with pytest.raises(DatasetError, match="also put MNIST/raw/train-images-idx3-ubyte.gz, MNIST/raw/train-labels"):
+        load_dataset("mnist", data_dir=str(tmp_path))
+
+
 def test_cifar_missing_files_names_archive(tmp_path):
     with pytest.raises(DatasetError) as e:
         load_dataset("cifar10", data_dir=str(tmp_path))
@@ -228,11 +274,8 @@ def test_unverified_archives_are_rejected(tmp_path):
     assert not (tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
 
 
-def test_download_failure_says_offline(monkeypatch, tmp_path):
-    def offline(spec, root):
-        raise RuntimeError("Error downloading train-images-idx3-ubyte.gz", URLError("no network"))
-
-    monkeypatch.setattr(D, "_torchvision_download", offline)
+def test_download_failure_says_offline(tmp_path):
+    """torchvision's own download, offline (urlopen refuses): one message naming the files."""
     with pytest.raises(DatasetError, match="offline") as e:
         load_dataset("mnist", data_dir=str(tmp_path / "new"), download=True)
     msg = str(e.value)
@@ -241,8 +284,8 @@ def test_download_failure_says_offline(monkeypatch, tmp_path):
 
 def test_download_not_called_when_archives_present(monkeypatch, tmp_path):
     _write_fake_mnist(tmp_path)
-    _all_verified(monkeypatch)
-    monkeypatch.setattr(D, "_torchvision_download", lambda spec, root: pytest.fail("network used"))
+    _all_verified(monkeypatch, tmp_path)
+    monkeypatch.setattr(urllib.request, "urlopen", lambda *a, **k: pytest.fail("network used"))
     ds = load_dataset("mnist", data_dir=str(tmp_path), download=True)
     assert ds.train_x.shape == (20, 1, 28, 28)
 
@@ -263,20 +306,20 @@ def test_extracted_files_load(tmp_path, name, folder):
 
 def test_gz_extracted_in_place_when_writable(monkeypatch, tmp_path):
     arrays = _write_fake_mnist(tmp_path)
-    _all_verified(monkeypatch)
+    _all_verified(monkeypatch, tmp_path)
     ds = load_dataset("mnist", data_dir=str(tmp_path))
     assert torch.equal(ds.test_x[:, 0], torch.from_numpy(arrays["t10k-images-idx3-ubyte"]))
     assert torch.equal(ds.train_y, torch.from_numpy(arrays["train-labels-idx1-ubyte"]).long())
     for f in MNIST_FILES:
         assert (tmp_path / "MNIST" / "raw" / f).is_file()
-    assert not (tmp_path / "fedul-cache").exists()
+    assert not D.cache_for(tmp_path).exists()  # extracted in place, not in the cache
     assert not [p for p in (tmp_path / "MNIST" / "raw").iterdir() if p.name.startswith(".")]
 
 
 def test_gz_from_read_only_root_goes_to_cache(monkeypatch, tmp_path):
     root = tmp_path / "ro"
     arrays = _write_fake_mnist(root)
-    _all_verified(monkeypatch)
+    _all_verified(monkeypatch, root)
     raw = root / "MNIST" / "raw"
     for p in [raw, raw.parent, root]:
         p.chmod(0o555)
@@ -285,7 +328,7 @@ def test_gz_from_read_only_root_goes_to_cache(monkeypatch, tmp_path):
         ds = load_dataset("mnist", data_dir=str(root))
         assert sorted(p.name for p in raw.iterdir()) == before  # root untouched
         for f in MNIST_FILES:
-            assert (tmp_path / "fedul-cache" / "MNIST" / "raw" / f).is_file()
+            assert (D.cache_for(root) / "MNIST" / "raw" / f).is_file()
         assert torch.equal(ds.train_x[:, 0], torch.from_numpy(arrays["train-images-idx3-ubyte"]))
         # a second process-level load reuses the cache
         D._load_cached.cache_clear()
@@ -317,11 +360,8 @@ def _write_fake_cifar_tar(root: Path, n_per_batch: int = 4):
 
 
 def test_cifar10_from_tar_gz_is_chw(monkeypatch, tmp_path):
-    import torchvision.datasets.cifar as tv_cifar
-
     chw, names = _write_fake_cifar_tar(tmp_path)
-    _all_verified(monkeypatch)
-    monkeypatch.setattr(tv_cifar, "check_integrity", lambda path, md5=None: os.path.isfile(path))
+    _register_checksums(monkeypatch, "CIFAR10", tmp_path, tmp_path / "staging" / "cifar-10-batches-py")
     ds = load_dataset("cifar10", data_dir=str(tmp_path))
     assert ds.train_x.shape == (20, 3, 32, 32) and ds.train_x.dtype == torch.uint8
     assert ds.test_x.shape == (4, 3, 32, 32) and ds.test_y.dtype == torch.int64
@@ -331,3 +371,163 @@ def test_cifar10_from_tar_gz_is_chw(monkeypatch, tmp_path):
     assert ds.in_channels == 3 and ds.image_size == 32 and len(ds.mean) == 3
     assert ds.train_x.is_contiguous()
     assert stat.S_ISDIR((tmp_path / "cifar-10-batches-py").stat().st_mode)
+
+
+# ----------------------------------------------------------------------------- CIFAR-100 and SVHN
+
+
+def _write_fake_cifar100_tar(root: Path, n_train: int = 200, n_test: int = 100) -> tuple[dict, Path]:
+    """CIFAR-100's layout: ``cifar-100-python.tar.gz`` holding ``cifar-100-python/{train,test,meta}``
+    (pickled dicts with ``data`` [N, 3072], ``fine_labels``, ``coarse_labels``; ``fine_label_names``)."""
+    import torchvision.datasets as tvd
+
+    rng = np.random.default_rng(2)
+    staging = root / "staging" / tvd.CIFAR100.base_folder
+    staging.mkdir(parents=True)
+    written = {}
+    for fname, n in (("train", n_train), ("test", n_test)):
+        data = rng.integers(0, 256, (n, 3 * 32 * 32), dtype=np.uint8)
+        fine = (np.arange(n) % 100).tolist()
+        written[fname] = (data.reshape(-1, 3, 32, 32), fine)
+        with open(staging / fname, "wb") as f:
+            pickle.dump({"data": data, "fine_labels": fine, "coarse_labels": [c // 5 for c in fine]}, f)
+    with open(staging / "meta", "wb") as f:
+        pickle.dump({"fine_label_names": list(D.dataset_info("cifar100").class_names),
+                     "coarse_label_names": [f"super{i}" for i in range(20)]}, f)  # fmt: skip
+    with tarfile.open(root / tvd.CIFAR100.filename, "w:gz") as tar:
+        tar.add(staging, arcname=tvd.CIFAR100.base_folder)
+    return written, staging
+
+
+def _write_fake_svhn(root: Path, n_train: int = 60, n_test: int = 30) -> dict:
+    """SVHN's layout: ``train_32x32.mat`` / ``test_32x32.mat`` with ``X`` [32, 32, 3, N] uint8 and
+    ``y`` [N, 1] in 1..10 (10 is the digit 0)."""
+    import scipy.io
+
+    rng = np.random.default_rng(3)
+    written = {}
+    for split, n in (("train", n_train), ("test", n_test)):
+        x = rng.integers(0, 256, (32, 32, 3, n), dtype=np.uint8)
+        digits = np.arange(n) % 10
+        scipy.io.savemat(root / f"{split}_32x32.mat", {"X": x, "y": np.where(digits == 0, 10, digits).reshape(-1, 1)})
+        written[split] = (x.transpose(3, 2, 0, 1), digits)  # torchvision's [N, C, H, W]: X[h, w, c, n] -> [n, c, h, w]
+    return written
+
+
+def test_cifar100_from_tar_gz(monkeypatch, tmp_path):
+    written, staging = _write_fake_cifar100_tar(tmp_path)
+    _register_checksums(monkeypatch, "CIFAR100", tmp_path, staging)
+    ds = load_dataset("cifar100", data_dir=str(tmp_path))
+    assert ds.train_x.shape == (200, 3, 32, 32) and ds.train_x.dtype == torch.uint8 and ds.train_x.is_contiguous()
+    assert ds.test_x.shape == (100, 3, 32, 32) and ds.test_y.dtype == torch.int64
+    assert torch.equal(ds.train_x, torch.from_numpy(written["train"][0]))
+    assert ds.train_y.tolist() == written["train"][1] and ds.test_y.tolist() == written["test"][1]  # fine labels
+    assert ds.num_classes == 100 and ds.class_names == D.dataset_info("cifar100").class_names
+    assert ds.class_names[:3] == ("apple", "aquarium_fish", "baby") and ds.class_names[-1] == "worm"
+    assert ds.mean == (0.5071, 0.4865, 0.4409) and len(ds.std) == 3
+    assert (tmp_path / "cifar-100-python" / "train").is_file()  # torchvision extracted it in place
+
+
+def test_cifar100_unverified_archive_is_refused(tmp_path):
+    """Generated files do not have the published md5: one line naming the archive, nothing extracted."""
+    _write_fake_cifar100_tar(tmp_path, n_train=4, n_test=4)
+    with pytest.raises(DatasetError, match="md5") as e:
+        load_dataset("cifar100", data_dir=str(tmp_path))
+    assert "cifar-100-python.tar.gz" in str(e.value)
+    assert not (tmp_path / "cifar-100-python").exists()
+
+
+def test_cifar100_read_only_root_goes_to_cache(monkeypatch, tmp_path):
+    root = tmp_path / "ro"
+    root.mkdir()
+    written, staging = _write_fake_cifar100_tar(root, n_train=8, n_test=4)
+    _register_checksums(monkeypatch, "CIFAR100", root, staging)
+    before = sorted(p.name for p in root.iterdir())
+    root.chmod(0o555)
+    try:
+        ds = load_dataset("cifar100", data_dir=str(root))
+        assert sorted(p.name for p in root.iterdir()) == before
+        assert (D.cache_for(root) / "cifar-100-python" / "train").is_file()
+        assert D.cache_for(root).parent.parent == tmp_path / "fedul-cache"
+        assert torch.equal(ds.test_x, torch.from_numpy(written["test"][0]))
+    finally:
+        root.chmod(0o755)
+
+
+def test_svhn_from_mat(monkeypatch, tmp_path):
+    written = _write_fake_svhn(tmp_path)
+    _register_checksums(monkeypatch, "SVHN", tmp_path)
+    ds = load_dataset("svhn", data_dir=str(tmp_path))
+    assert ds.train_x.shape == (60, 3, 32, 32) and ds.train_x.dtype == torch.uint8 and ds.train_x.is_contiguous()
+    assert ds.test_x.shape == (30, 3, 32, 32) and ds.test_y.dtype == torch.int64
+    assert torch.equal(ds.train_x, torch.from_numpy(np.ascontiguousarray(written["train"][0])))
+    assert ds.train_y.tolist() == written["train"][1].tolist()  # the .mat's 10 is the digit 0
+    assert ds.test_y.tolist() == written["test"][1].tolist() and set(ds.train_y.tolist()) == set(range(10))
+    assert ds.class_names == D.dataset_info("svhn").class_names and ds.class_names[0] == "0 - zero"
+    assert ds.in_channels == 3 and ds.image_size == 32 and ds.mean == (0.4377, 0.4438, 0.4728)
+
+
+def test_svhn_checked_against_published_md5(tmp_path):
+    _write_fake_svhn(tmp_path, n_train=4, n_test=4)
+    with pytest.raises(DatasetError, match="md5") as e:
+        load_dataset("svhn", data_dir=str(tmp_path))
+    assert "train_32x32.mat (expected md5 e26dedcc434d2e4c54c9b2d4a06d8373)" in str(e.value)
+
+
+def test_svhn_missing_files_name_both_mats(tmp_path):
+    (tmp_path / "train_32x32.mat").write_bytes(b"")
+    with pytest.raises(DatasetError, match="not found") as e:
+        load_dataset("svhn", data_dir=str(tmp_path))
+    assert f"{tmp_path}/test_32x32.mat" in str(e.value) and "train_32x32" not in str(e.value)
+
+
+def test_flips_only_where_classes_survive_mirroring():
+    """FedDB's authors flip CIFAR's images, never SVHN's digits."""
+    from fedul_flwr.augment import MIRRORED
+
+    assert {"cifar10", "cifar100"} <= MIRRORED and not {"svhn", "mnist", "mnist-sample"} & MIRRORED
+
+
+def test_dataset_info_matches_torchvision_and_is_complete():
+    import torchvision.datasets as tvd
+
+    assert D.dataset_info("fashion-mnist").class_names == tuple(tvd.FashionMNIST.classes)
+    assert D.dataset_info("mnist").class_names == tuple(tvd.MNIST.classes)
+    names = D.dataset_info("cifar100").class_names
+    assert len(names) == len(set(names)) == 100 and list(names) == sorted(names)
+    for name in DATASETS:
+        info = D.dataset_info(name)
+        assert info.name == name and len(info.mean) == len(info.std) == info.channels
+
+
+@pytest.fixture
+def fixture_roots(monkeypatch, tmp_path) -> dict[str, Path]:
+    """Generated CIFAR-100 (1000 training images, 10 per class) and SVHN roots, their md5s registered."""
+    roots = {"cifar100": tmp_path / "c100", "svhn": tmp_path / "svhn"}
+    for root in roots.values():
+        root.mkdir()
+    _, staging = _write_fake_cifar100_tar(roots["cifar100"], n_train=1000, n_test=100)
+    _register_checksums(monkeypatch, "CIFAR100", roots["cifar100"], staging)
+    _write_fake_svhn(roots["svhn"], n_train=200, n_test=50)
+    _register_checksums(monkeypatch, "SVHN", roots["svhn"])
+    return roots
+
+
+@pytest.mark.parametrize("dataset", ["cifar100", "svhn"])
+@pytest.mark.parametrize("method", ["fedul", "feddb"])
+def test_one_round_trains_on_each_dataset(fixture_roots, tmp_path, dataset, method):
+    """FedUL (every client 100 or 10 U sets: M >= K) and FedDB (labels at the clients) through the
+    in-process runner: the model has K outputs and one aggregated round changes the test loss."""
+    from fedul_flwr.experiments import runner
+
+    k = len(D.dataset_info(dataset).class_names)
+    setting = {"fedul": {"num-sets": k}, "feddb": {"client-setting": "labels-at-clients", "num-labeled": k, "batch-size": 8}}
+    rc = {"dataset": dataset, "data-dir": str(fixture_roots[dataset]), "method": method, "model": "small-cnn",
+          "num-rounds": 1, "local-epochs": 1, "device": "cpu", "precision": "fp32", "seed": 0,
+          "output-dir": str(tmp_path / "runs"), "run-name": f"{dataset}-{method}", **setting[method]}  # fmt: skip
+    spec = runner.RunSpec("datasets", dataset, method, "*", 0, 2, "", rc)
+    record = runner.execute(spec, rc)
+    rows = record["metrics"]
+    assert [r["round"] for r in rows] == [0, 1] and record["config"]["dataset"] == dataset
+    assert rows[1]["test-loss"] != rows[0]["test-loss"]  # trained and aggregated
+    assert 0.0 <= record["last-test-error"] <= 1.0

@@ -38,3 +38,16 @@ def test_resnet8_and_width_factors() -> None:
         ModelSpec("r", initial="r")
     with pytest.raises(ValueError, match="initial='f' needs an exchanged model"):
         ModelSpec("k", exchanged=False, kept=True, initial="f")
+
+
+def test_the_papers_models_on_the_100_classes_of_cifar100() -> None:
+    """FedDB's WRN-28-2 and HASSLE's ResNet-8 with one output per class of CIFAR-100: only the
+    last layer grows (90 more rows of 128 (WRN) or 64 (ResNet-8) weights and a bias each)."""
+    from fedul_flwr.data.datasets import dataset_info
+
+    info = dataset_info("cifar100")
+    k = len(info.class_names)
+    wrn = build_model("wrn-28-2", info.channels, k, info.image_size, seed=0)
+    resnet8 = build_model("resnet8", info.channels, k, info.image_size, seed=0)
+    assert wrn(torch.zeros(2, 3, 32, 32)).shape == (2, 100) and _size(wrn) == 1_467_610 + 128 * 90 + 90
+    assert resnet8(torch.zeros(2, 3, 32, 32)).shape == (2, 100) and _size(resnet8) == 78_042 + 64 * 90 + 90

@@ -6,21 +6,22 @@ tensors of shape ``[N]``, together with class names and per-channel normalisatio
 constants. Partitioning into clients and unlabeled sets happens elsewhere
 (:mod:`fedul_flwr.data.partition`); this module only loads.
 
-Names (see :data:`DATASETS`):
+Names (see :data:`DATASETS`; docs/datasets.md describes each):
 
 ``"mnist-sample"``
     A class-stratified 12k/10k subset of MNIST shipped with the project in
     ``fedul_flwr/assets/mnist_sample.npz`` (built by ``scripts/build_mnist_sample.py``).
     Needs no ``data_dir`` and no network.
-``"mnist"``, ``"fashion-mnist"``, ``"cifar10"``
-    Loaded through ``torchvision.datasets`` (``MNIST``, ``FashionMNIST``, ``CIFAR10``)
-    from the torchvision root folder ``data_dir``.
+``"mnist"``, ``"fashion-mnist"``, ``"cifar10"``, ``"cifar100"``, ``"svhn"``
+    Read by ``torchvision.datasets`` (``MNIST``, ``FashionMNIST``, ``CIFAR10``, ``CIFAR100``,
+    ``SVHN``; :data:`TORCHVISION`) from the torchvision root folder ``data_dir``.
 
-Offline and read-only roots: when a root holds only the original, md5-verified
-archives (``<root>/MNIST/raw/*.gz``, ``<root>/cifar-10-python.tar.gz``), they are
-extracted without touching the network: in place when the folder is writable,
-otherwise into a cache folder (``$FEDUL_CACHE_DIR``, default
-``~/.cache/fedul-flwr``) that is then used as the torchvision root.
+Files and checksums are torchvision's: where the files torchvision reads are missing but the
+original files (archives, SVHN's ``.mat``) are in ``data_dir``, this module checks them against
+torchvision's checksums (a clear error names a corrupt file) and lets torchvision's own
+``download=True`` extract them, which uses no network when every original file is present and
+verified. A read-only root gets a cache root instead (``$FEDUL_CACHE_DIR``, default
+``~/.cache/fedul-flwr``) holding links to its files, where torchvision extracts.
 
 Loaded datasets are cached per process (keyed by name, resolved ``data_dir`` and
 ``download``), because Flower/Ray client actors call :func:`load_dataset` every
@@ -29,16 +30,18 @@ round. The returned tensors are shared between callers: do not modify them in pl
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
+import hashlib
 import json
 import os
-import shutil
 import stat
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 from urllib.request import url2pathname
 
@@ -49,18 +52,19 @@ from fedul_flwr.registry import Registry
 
 __all__ = [
     "DATASETS",
+    "TORCHVISION",
     "DatasetError",
     "DatasetInfo",
-    "dataset_info",
+    "DatasetSource",
     "ImageDataset",
+    "TorchvisionSpec",
+    "cache_for",
+    "dataset_info",
     "embedded_sample_path",
     "load_dataset",
+    "load_torchvision",
     "normalize",
 ]
-
-DATASETS: Registry[Callable[[str, bool], "ImageDataset"]] = Registry("dataset")
-"""Dataset loaders ``(torchvision root, download) -> ImageDataset`` by name (registered at the
-end of this module)."""
 
 _DIST_NAME = "fedul-flwr"
 _SAMPLE_RELPATH = "fedul_flwr/assets/mnist_sample.npz"
@@ -266,61 +270,59 @@ def _load_sample(path: Path) -> ImageDataset:
 
 @dataclass(frozen=True)
 class _Member:
-    """One original archive and the files it extracts to."""
+    """One original file of a torchvision root and the files torchvision reads from it.
 
-    archive: str  # file name, in <root>/<archive_dir>
+    Paths are relative to the torchvision root; ``files == (archive,)`` for a file that is
+    read as it is (SVHN's ``.mat``)."""
+
+    archive: str
     md5: str
-    prefix: str  # folder inside the extraction output holding the files ("" for a .gz)
-    files: tuple[str, ...]  # extracted file names, in <root>/<extract_dir>
+    files: tuple[str, ...]
 
 
 @dataclass(frozen=True)
-class _Spec:
+class TorchvisionSpec:
+    """A dataset read by a ``torchvision.datasets`` class from a torchvision root.
+
+    Attributes
+    ----------
+    name : str
+        The ``dataset`` value.
+    cls_name : str
+        The ``torchvision.datasets`` class (``"CIFAR100"``); its own checksum attributes
+        (``resources``, ``tgz_md5`` / ``train_list`` / ``test_list`` / ``meta``,
+        ``split_list``) are the only checksum table: the files are checked against them.
+    splits : tuple of dict
+        The class's keyword arguments of the train and the test split.
+    info : DatasetInfo
+        Class names, image shape and normalisation constants.
+    """
+
     name: str
-    cls_name: str  # torchvision.datasets class
-    archive_dir: str  # relative to the torchvision root
-    extract_dir: str  # relative to the torchvision root
-    members: tuple[_Member, ...]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
+    cls_name: str
+    splits: tuple[dict[str, Any], dict[str, Any]]
+    info: "DatasetInfo"
 
     def tv_class(self) -> type:
+        """The ``torchvision.datasets`` class."""
         import torchvision.datasets as tvd
 
         return getattr(tvd, self.cls_name)
 
-
-def _mnist_like_spec(name: str, cls_name: str, mean: tuple[float, ...], std: tuple[float, ...]) -> _Spec:
-    import torchvision.datasets as tvd
-
-    cls = getattr(tvd, cls_name)
-    members = []
-    for res, md5 in cls.resources:
-        archive = os.path.basename(res)
-        members.append(_Member(archive, md5, "", (archive[: -len(".gz")],)))
-    raw = f"{cls_name}/raw"
-    return _Spec(name, cls_name, raw, raw, tuple(members), mean, std)
-
-
-def _cifar10_spec() -> _Spec:
-    import torchvision.datasets as tvd
-
-    cls = tvd.CIFAR10
-    files = tuple(f for f, _ in cls.train_list + cls.test_list) + (cls.meta["filename"],)
-    member = _Member(cls.filename, cls.tgz_md5, cls.base_folder, files)
-    return _Spec(
-        "cifar10", "CIFAR10", "", cls.base_folder, (member,), (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
-    )
-
-
-def _spec(name: str) -> _Spec:
-    if name == "mnist":
-        return _mnist_like_spec("mnist", "MNIST", _MNIST_MEAN, _MNIST_STD)
-    if name == "fashion-mnist":
-        return _mnist_like_spec("fashion-mnist", "FashionMNIST", (0.2860,), (0.3530,))
-    if name == "cifar10":
-        return _cifar10_spec()
-    raise DatasetError(f"Unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    def members(self) -> tuple[_Member, ...]:
+        """The original files and what torchvision reads from them, from the class's attributes
+        (read at call time, so a test may register the checksums of generated files there)."""
+        cls = self.tv_class()
+        if hasattr(cls, "resources"):  # MNIST-like: <Class>/raw/<file>.gz, each extracted beside it
+            raw = f"{cls.__name__}/raw"
+            names = [(os.path.basename(url), md5) for url, md5 in cls.resources]
+            return tuple(_Member(f"{raw}/{gz}", md5, (f"{raw}/{os.path.splitext(gz)[0]}",)) for gz, md5 in names)
+        if hasattr(cls, "tgz_md5"):  # CIFAR: one .tar.gz holding <base_folder>/<batches and meta>
+            names = [f for f, _ in cls.train_list + cls.test_list] + [cls.meta["filename"]]
+            return (_Member(cls.filename, cls.tgz_md5, tuple(f"{cls.base_folder}/{f}" for f in names)),)
+        # SVHN: one .mat per split, read as it is
+        files = [cls.split_list[s["split"]][1:3] for s in self.splits]
+        return tuple(_Member(name, md5, (name,)) for name, md5 in files)
 
 
 def _verify_archive(path: Path, md5: str) -> bool:
@@ -354,233 +356,211 @@ def _is_writable_dir(path: Path) -> bool:
     return stat.S_ISDIR(mode) and bool(mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH)) and os.access(p, os.W_OK)
 
 
-def _missing_files(spec: _Spec, root: Path) -> list[_Member]:
-    """Members whose extracted files are not all present under ``root``."""
-    ext = root / spec.extract_dir
-    return [m for m in spec.members if not all((ext / f).is_file() for f in m.files)]
+def _missing(members: Sequence[_Member], root: Path) -> list[_Member]:
+    """Members whose files are not all present under ``root``."""
+    return [m for m in members if not all((root / f).is_file() for f in m.files)]
 
 
-def _describe_expected(spec: _Spec, root: Path, members: Sequence[_Member]) -> str:
+def _describe_expected(root: Path, members: Sequence[_Member]) -> str:
     """Human-readable list of the files that must exist under ``root``."""
-    ext, arc = root / spec.extract_dir, root / spec.archive_dir
     lines = []
     for m in members:
-        if len(m.files) == 1 and m.archive == m.files[0] + ".gz" and ext == arc:
-            lines.append(f"{ext / m.files[0]}(.gz)")
+        if m.files == (m.archive,):
+            lines.append(f"{root / m.archive}")
+        elif len(m.files) == 1 and m.archive == m.files[0] + ".gz":
+            lines.append(f"{root / m.files[0]}(.gz)")
         else:
-            lines.append(f"{arc / m.archive} (or its extracted files {', '.join(m.files)} in {ext}/)")
+            folder = os.path.dirname(m.files[0])
+            names = ", ".join(os.path.basename(f) for f in m.files)
+            lines.append(f"{root / m.archive} (or its extracted files {names} in {root / folder}/)")
     return "; ".join(lines)
 
 
-def _extract_member(spec: _Spec, member: _Member, src_root: Path, dst_root: Path) -> None:
-    """Extract ``member``'s archive from ``src_root`` into ``dst_root``'s extract folder.
+def _torchvision_prepare(spec: TorchvisionSpec, root: Path) -> None:
+    """torchvision's own ``download=True``: it verifies the original files in ``root`` by their
+    checksums, downloads those that are absent or corrupt, and extracts the archives. With
+    every archive present and verified it never touches the network."""
+    cls = spec.tv_class()
+    for split in spec.splits:
+        cls(root=str(root), download=True, **split)
 
-    Extraction goes to a temporary folder next to the destination and the files are
-    moved in with ``os.replace``, so concurrent processes never see half-written files.
+
+@contextlib.contextmanager
+def _root_lock(root: Path) -> Iterator[None]:
+    """A lock on preparing ``root`` across processes (Flower's client actors load at the same
+    time), held in the cache folder so that nothing is written into the data folder; without
+    a writable cache folder, no lock."""
+    from filelock import FileLock
+
+    locks = _cache_root() / "locks"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield
+        return
+    with FileLock(str(locks / (hashlib.sha256(str(root).encode()).hexdigest()[:16] + ".lock"))):
+        yield
+
+
+def cache_for(root: Path) -> Path:
+    """The torchvision root that stands in for the read-only ``root``: a folder of its own in
+    the cache folder (``$FEDUL_CACHE_DIR``, default ``~/.cache/fedul-flwr``), named by a hash
+    of ``root``'s path."""
+    return _cache_root() / "roots" / hashlib.sha256(str(root).encode()).hexdigest()[:16]
+
+
+def _linked_cache(root: Path, members: Sequence[_Member]) -> Path:
+    """The cache root for a read-only ``root`` (:func:`cache_for`): a symbolic link to each of its
+    original files (and to the files already read from one), so torchvision extracts there."""
+    cache = cache_for(root)
+    for m in members:
+        for rel in m.files if not _missing([m], root) else (m.archive,):
+            link = cache / rel
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists():
+                link.unlink(missing_ok=True)  # a dangling link
+                link.symlink_to(root / rel)
+    return cache
+
+
+def _prepare(spec: TorchvisionSpec, root: Path, download: bool) -> Path:
+    """The torchvision root to read ``spec`` from: ``root`` when it holds the files torchvision
+    reads; else ``root`` or, when ``root`` is read-only, the cache root, after torchvision
+    verified and extracted the original archives (offline) or downloaded them (``download``).
+
+    Raises
+    ------
+    DatasetError
+        An archive fails its checksum, files are missing and ``download`` is false, the
+        download fails, or a read-only root's cache cannot be written.
     """
-    from torchvision.datasets.utils import extract_archive
-
-    dst = dst_root / spec.extract_dir
-    dst.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dst, prefix=".extract-") as tmp:
-        extract_archive(str(src_root / spec.archive_dir / member.archive), tmp)
-        base = Path(tmp) / member.prefix
-        for f in member.files:
-            src = base / f
-            if not src.is_file():
-                raise DatasetError(
-                    f"Archive {src_root / spec.archive_dir / member.archive} for dataset "
-                    f"{spec.name!r} does not contain {member.prefix + '/' if member.prefix else ''}{f}"
-                )
-            os.replace(src, dst / f)
-
-
-def _prepare_from_archives(spec: _Spec, root: Path, members: Sequence[_Member]) -> Path | None:
-    """Make the extracted files of ``members`` available without the network.
-
-    Returns the torchvision root to load from (``root`` itself or the cache root), or
-    ``None`` if some archive is absent (nothing is extracted then). Raises
-    :class:`DatasetError` if an archive is present but fails md5 verification.
-    """
-    arc_dir = root / spec.archive_dir
-    if not all((arc_dir / m.archive).is_file() for m in members):
-        return None
-    bad = [m for m in members if not _verify_archive(arc_dir / m.archive, m.md5)]
+    members = spec.members()
+    missing = _missing(members, root)
+    offline = all((root / m.archive).is_file() for m in members)  # every original file is here
+    if missing and not offline and not download:
+        absent = [m for m in missing if not (root / m.archive).is_file()]  # in neither form
+        why = "" if absent else (  # torchvision extracts from the whole set of original files only
+            f" (torchvision extracts {', '.join(m.archive for m in missing)} only with every original file "
+            f"present: also put {', '.join(m.archive for m in members if not (root / m.archive).is_file())} there)")
+        raise DatasetError(
+            f"Dataset {spec.name!r} not found in data-dir {root}. Missing: "
+            f"{_describe_expected(root, absent or missing)}{why}. Put the original files there "
+            "(torchvision layout), or set download=true on a machine with internet access."
+        )
+    # the archives about to be extracted, and the files torchvision reads as they are (SVHN)
+    checked = [m for m in members if (missing and offline) or (m.files == (m.archive,) and m not in missing)]
+    bad = [m for m in checked if not _verify_archive(root / m.archive, m.md5)]
     if bad:
         raise DatasetError(
-            f"Dataset {spec.name!r}: archive(s) in {arc_dir} failed md5 verification: "
+            f"Dataset {spec.name!r}: file(s) in {root} failed md5 verification: "
             + ", ".join(f"{m.archive} (expected md5 {m.md5})" for m in bad)
             + ". Replace them with the original files (torchvision's checksums), or remove them "
             "and use download=true on a machine with internet access."
         )
-    # In place when the root is writable, as torchvision itself would; else the cache.
-    if _is_writable_dir(root / spec.extract_dir):
+    if not missing:
+        return root
+    target = root
+    if offline and not all(_is_writable_dir((root / f).parent) for m in missing for f in m.files):
         try:
-            for m in members:
-                _extract_member(spec, m, root, root)
-            return root
-        except PermissionError:
-            pass
-    # Read-only root: the cache root must hold every member. Members extracted in `root`
-    # are copied; the others come from their (verified) archives.
-    cache = _cache_root()
+            target = _linked_cache(root, members)
+        except OSError as exc:
+            raise DatasetError(
+                f"Dataset {spec.name!r}: {root} is read-only and preparing the cache folder "
+                f"{cache_for(root)} failed ({exc}). Set ${_CACHE_ENV} to a writable folder."
+            ) from exc
     try:
-        for m in _missing_files(spec, cache):
-            src_files = [root / spec.extract_dir / f for f in m.files]
-            if m not in members and all(p.is_file() for p in src_files):
-                dst = cache / spec.extract_dir
-                dst.mkdir(parents=True, exist_ok=True)
-                for p in src_files:
-                    tmp = dst / f".{p.name}.tmp{os.getpid()}"
-                    shutil.copyfile(p, tmp)
-                    os.replace(tmp, dst / p.name)
-            else:
-                _extract_member(spec, m, root, cache)
-    except OSError as exc:
+        _torchvision_prepare(spec, target)
+    except Exception as exc:  # noqa: BLE001 - torchvision raises RuntimeError, URLError, OSError...
+        if offline:
+            raise DatasetError(f"torchvision could not extract dataset {spec.name!r} in {target}: {exc}") from exc
         raise DatasetError(
-            f"Dataset {spec.name!r}: {root} is read-only and extracting its archives into the "
-            f"cache folder {cache} failed ({exc}). Set ${_CACHE_ENV} to a writable folder."
+            f"Downloading dataset {spec.name!r} into {root} failed ({type(exc).__name__}: {exc}). "
+            "This machine seems to be offline or cannot reach the dataset host. Place these files "
+            f"manually and retry with download=false: {_describe_expected(root, members)}"
         ) from exc
-    return cache
+    return target
 
 
-def _torchvision_download(spec: _Spec, root: Path) -> None:
-    """Let torchvision download (and extract) ``spec`` into ``root``. Tests replace this."""
-    spec.tv_class()(root=str(root), train=True, download=True)
+def _images(data: torch.Tensor | np.ndarray, channels: int) -> torch.Tensor:
+    """torchvision's ``data`` as ``uint8 [N, C, H, W]``: MNIST's ``[N, H, W]`` gains a channel,
+    CIFAR's ``[N, H, W, C]`` is permuted, SVHN's ``[N, C, H, W]`` is kept."""
+    t = torch.as_tensor(data)
+    if t.dim() == 3:
+        t = t.unsqueeze(1)
+    elif t.shape[1] != channels:
+        t = t.permute(0, 3, 1, 2)
+    return t.to(torch.uint8).contiguous()
 
 
-def _load_torchvision(spec: _Spec, root: Path) -> ImageDataset:
-    """Read both splits with torchvision from a root that holds the extracted files."""
+def _read_torchvision(spec: TorchvisionSpec, root: Path) -> ImageDataset:
+    """Both splits of ``spec`` read by torchvision (``download=False``: it checks the files it
+    reads against its checksums, CIFAR's batches and SVHN's ``.mat``)."""
     cls = spec.tv_class()
     try:
-        train = cls(root=str(root), train=True, download=False)
-        test = cls(root=str(root), train=False, download=False)
+        train, test = (cls(root=str(root), download=False, **split) for split in spec.splits)
     except (RuntimeError, OSError, ValueError) as exc:
         raise DatasetError(
             f"torchvision could not read dataset {spec.name!r} from {root}: {exc}. Expected files: "
-            f"{_describe_expected(spec, root, spec.members)}"
+            f"{_describe_expected(root, spec.members())}"
         ) from exc
 
-    def images(data: torch.Tensor | np.ndarray) -> torch.Tensor:
-        t = torch.as_tensor(data)
-        if t.dim() == 3:  # MNIST-like: [N, H, W] -> [N, 1, H, W]
-            return t.unsqueeze(1).contiguous()
-        return t.permute(0, 3, 1, 2).contiguous()  # CIFAR: [N, H, W, C] -> [N, C, H, W]
+    def labels(split: Any) -> torch.Tensor:
+        targets = split.labels if hasattr(split, "labels") else split.targets  # SVHN: labels
+        return torch.as_tensor(np.asarray(targets), dtype=torch.int64).clone()
 
-    def labels(targets: torch.Tensor | list[int]) -> torch.Tensor:
-        return torch.as_tensor(targets, dtype=torch.int64).clone()
-
+    c = spec.info.channels
     return ImageDataset(
         name=spec.name,
-        train_x=images(train.data).to(torch.uint8),
-        train_y=labels(train.targets),
-        test_x=images(test.data).to(torch.uint8),
-        test_y=labels(test.targets),
-        class_names=tuple(str(c) for c in train.classes),
-        mean=spec.mean,
-        std=spec.std,
+        train_x=_images(train.data, c),
+        train_y=labels(train),
+        test_x=_images(test.data, c),
+        test_y=labels(test),
+        class_names=tuple(str(n) for n in getattr(train, "classes", spec.info.class_names)),
+        mean=spec.info.mean,
+        std=spec.info.std,
     )
 
 
-def _resolve_root(spec: _Spec, data_dir: str, download: bool) -> Path:
-    """Validate ``data_dir`` and return the torchvision root holding extracted files."""
+def _resolve_root(spec: TorchvisionSpec, data_dir: str, download: bool) -> Path:
+    """Validate ``data_dir`` and return it as a resolved folder (created only for a download)."""
     if not str(data_dir).strip():
         raise DatasetError(
-            f"Dataset {spec.name!r} needs data-dir: the torchvision root folder that holds "
-            f"{spec.extract_dir}/ (or the original archives), e.g. data-dir=\"/data\" with "
-            f"{_describe_expected(spec, Path('/data'), spec.members)}. data-dir is empty; use "
-            "dataset 'mnist-sample' for the embedded sample that needs no files."
+            f"Dataset {spec.name!r} needs data-dir: the torchvision root folder that holds its original "
+            f"files, e.g. data-dir=\"/data\" with {_describe_expected(Path('/data'), spec.members())}. "
+            "data-dir is empty; use dataset 'mnist-sample' for the embedded sample that needs no files."
         )
     root = Path(data_dir).expanduser().resolve()
     if not root.exists():
         if not download:
             raise DatasetError(
                 f"data-dir {root} for dataset {spec.name!r} does not exist. Create it and put the "
-                f"files there: {_describe_expected(spec, root, spec.members)}; or set download=true "
+                f"files there: {_describe_expected(root, spec.members())}; or set download=true "
                 "on a machine with internet access."
             )
         root.mkdir(parents=True, exist_ok=True)
     if not root.is_dir():
         raise DatasetError(f"data-dir {root} for dataset {spec.name!r} is not a folder")
-
-    missing = _missing_files(spec, root)
-    if not missing:
-        return root
-    prepared = _prepare_from_archives(spec, root, missing)
-    if prepared is not None:
-        return prepared
-    if not download:
-        # Only name what is absent in both forms (extracted and archived).
-        absent = [m for m in missing if not (root / spec.archive_dir / m.archive).is_file()]
-        raise DatasetError(
-            f"Dataset {spec.name!r} not found in data-dir {root}. Missing: "
-            f"{_describe_expected(spec, root, absent or missing)}. Put the original files there "
-            "(torchvision layout), or set download=true on a machine with internet access."
-        )
-    try:
-        _torchvision_download(spec, root)
-    except Exception as exc:  # noqa: BLE001 - torchvision raises RuntimeError, URLError, OSError...
-        raise DatasetError(
-            f"Downloading dataset {spec.name!r} into {root} failed ({type(exc).__name__}: {exc}). "
-            "This machine seems to be offline or cannot reach the dataset host. Place these files "
-            f"manually and retry with download=false: {_describe_expected(spec, root, spec.members)}"
-        ) from exc
     return root
 
 
-@functools.lru_cache(maxsize=8)
-def _load_cached(name: str, root: str, download: bool) -> ImageDataset:
-    return DATASETS.get(name)(root, download)
-
-
-def _load_named_torchvision(name: str, root: str, download: bool) -> ImageDataset:
-    spec = _spec(name)
-    return _load_torchvision(spec, _resolve_root(spec, root, download))
-
-
-DATASETS.add("mnist-sample", lambda root, download: _load_sample(embedded_sample_path()))
-for _name in ("mnist", "fashion-mnist", "cifar10"):
-    DATASETS.add(_name, functools.partial(_load_named_torchvision, _name))
-
-
-def load_dataset(name: str, data_dir: str = "", download: bool = False) -> ImageDataset:
-    """Load a dataset's full train and test splits into memory.
-
-    Parameters
-    ----------
-    name : str
-        One of :data:`DATASETS`.
-    data_dir : str, optional
-        torchvision root folder (``<data_dir>/MNIST/raw/...``,
-        ``<data_dir>/FashionMNIST/raw/...``, ``<data_dir>/cifar-10-batches-py/...``).
-        Ignored for ``"mnist-sample"``; required otherwise. ``~`` is expanded and
-        relative paths are resolved against the current working directory.
-    download : bool, optional
-        Let torchvision download missing files into ``data_dir``. Not needed when the
-        original archives are already there (they are extracted without the network).
-
-    Returns
-    -------
-    ImageDataset
-        ``train_x`` ``uint8 [N, C, H, W]``, ``train_y`` ``int64 [N]``, ``test_x``
-        ``uint8 [N_test, C, H, W]``, ``test_y`` ``int64 [N_test]``. Cached per process;
-        treat the tensors as read-only.
+def load_torchvision(spec: TorchvisionSpec, data_dir: str, download: bool) -> ImageDataset:
+    """Load ``spec`` from the torchvision root ``data_dir`` (see :func:`load_dataset`).
 
     Raises
     ------
     DatasetError
-        Unknown name, empty or missing ``data_dir``, missing or corrupt files, or a
-        failed download; the message says which files are needed and where.
+        On an empty, missing or non-folder ``data_dir``, missing or corrupt files, or a
+        failed download; the message names the files and where they belong.
     """
-    if name not in DATASETS:
-        raise DatasetError(f"Unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
-    if name == "mnist-sample":
-        return _load_cached(name, "", False)
-    root = str(Path(data_dir).expanduser().resolve()) if str(data_dir).strip() else ""
-    return _load_cached(name, root, bool(download))
+    root = _resolve_root(spec, data_dir, download)
+    with _root_lock(root):
+        source = _prepare(spec, root, download)
+    return _read_torchvision(spec, source)
 
 
-_CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# --------------------------------------------------------------------------------------
+# The registry
+# --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -613,6 +593,113 @@ class DatasetInfo:
     std: tuple[float, ...]
 
 
+@dataclass(frozen=True)
+class DatasetSource:
+    """One entry of :data:`DATASETS`: how to load a dataset and what it is.
+
+    Attributes
+    ----------
+    load : callable
+        ``load(data_dir, download) -> ImageDataset`` (``data_dir`` resolved, or ``""``).
+    info : callable
+        ``info() -> DatasetInfo``, without reading any image.
+    """
+
+    load: Callable[[str, bool], ImageDataset]
+    info: Callable[[], DatasetInfo]
+
+
+DATASETS: Registry[DatasetSource] = Registry("dataset")
+"""Every ``dataset`` value and its :class:`DatasetSource`. A new dataset registers one
+(``DATASETS.add(name, DatasetSource(load, info))``); :func:`load_dataset` caches what ``load``
+returns per process and :func:`dataset_info` answers from ``info``."""
+
+_CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+# the fine label names of CIFAR-100's meta file, in label order
+_CIFAR100_CLASSES = tuple("""
+apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus butterfly camel can castle
+caterpillar cattle chair chimpanzee clock cloud cockroach couch crab crocodile cup dinosaur dolphin elephant flatfish
+forest fox girl hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle
+mountain mouse mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy porcupine
+possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper snail snake spider squirrel streetcar
+sunflower sweet_pepper table tank telephone television tiger tractor train trout tulip turtle wardrobe whale willow_tree
+wolf woman worm""".split())  # fmt: skip
+_FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+
+_TRAIN_TEST = ({"train": True}, {"train": False})
+TORCHVISION: dict[str, TorchvisionSpec] = {
+    spec.name: spec
+    for spec in (
+        TorchvisionSpec("mnist", "MNIST", _TRAIN_TEST, DatasetInfo("mnist", _MNIST_CLASSES, 1, 28, _MNIST_MEAN, _MNIST_STD)),
+        TorchvisionSpec("fashion-mnist", "FashionMNIST", _TRAIN_TEST,
+                        DatasetInfo("fashion-mnist", _FASHION_CLASSES, 1, 28, (0.2860,), (0.3530,))),
+        TorchvisionSpec("cifar10", "CIFAR10", _TRAIN_TEST,
+                        DatasetInfo("cifar10", _CIFAR10_CLASSES, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))),
+        TorchvisionSpec("cifar100", "CIFAR100", _TRAIN_TEST,
+                        DatasetInfo("cifar100", _CIFAR100_CLASSES, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))),
+        # SVHN's train and test splits (not "extra"); labels 0-9, the digit (torchvision maps its 10 to 0)
+        TorchvisionSpec("svhn", "SVHN", ({"split": "train"}, {"split": "test"}),
+                        DatasetInfo("svhn", _MNIST_CLASSES, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970))),
+    )
+}  # fmt: skip
+"""The datasets read by ``torchvision.datasets`` classes: normalisation constants are the
+per-channel pixel mean and standard deviation of the training split on the [0, 1] scale."""
+
+DATASETS.add("mnist-sample", DatasetSource(lambda root, download: _load_sample(embedded_sample_path()),
+                                           lambda: dataclasses.replace(TORCHVISION["mnist"].info, name="mnist-sample")))  # fmt: skip
+for _name, _spec in TORCHVISION.items():
+    DATASETS.add(_name, DatasetSource(functools.partial(load_torchvision, _spec), lambda s=_spec: s.info))
+
+
+def _source(name: str) -> DatasetSource:
+    if name not in DATASETS:
+        raise DatasetError(f"Unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    return DATASETS.get(name)
+
+
+@functools.lru_cache(maxsize=8)
+def _load_cached(name: str, root: str, download: bool) -> ImageDataset:
+    return _source(name).load(root, download)
+
+
+def load_dataset(name: str, data_dir: str = "", download: bool = False) -> ImageDataset:
+    """Load a dataset's full train and test splits into memory.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`DATASETS`.
+    data_dir : str, optional
+        torchvision root folder (``<data_dir>/MNIST/raw/...``, ``<data_dir>/FashionMNIST/raw/...``,
+        ``<data_dir>/cifar-10-python.tar.gz`` or ``<data_dir>/cifar-10-batches-py/...``,
+        ``<data_dir>/cifar-100-python.tar.gz`` or ``<data_dir>/cifar-100-python/...``,
+        ``<data_dir>/train_32x32.mat`` and ``test_32x32.mat``). Ignored for
+        ``"mnist-sample"``; required otherwise. ``~`` is expanded and relative paths are
+        resolved against the current working directory.
+    download : bool, optional
+        Let torchvision download missing files into ``data_dir``. Not needed when the
+        original files are already there (torchvision verifies and extracts them offline).
+
+    Returns
+    -------
+    ImageDataset
+        ``train_x`` ``uint8 [N, C, H, W]``, ``train_y`` ``int64 [N]``, ``test_x``
+        ``uint8 [N_test, C, H, W]``, ``test_y`` ``int64 [N_test]``. Cached per process;
+        treat the tensors as read-only.
+
+    Raises
+    ------
+    DatasetError
+        Unknown name, empty or missing ``data_dir``, missing or corrupt files, or a
+        failed download; the message says which files are needed and where.
+    """
+    _source(name)
+    if name == "mnist-sample":
+        return _load_cached(name, "", False)
+    root = str(Path(data_dir).expanduser().resolve()) if str(data_dir).strip() else ""
+    return _load_cached(name, root, bool(download))
+
+
 def dataset_info(name: str) -> DatasetInfo:
     """The :class:`DatasetInfo` of dataset ``name``, without reading any data file.
 
@@ -621,14 +708,4 @@ def dataset_info(name: str) -> DatasetInfo:
     DatasetError
         On an unknown name.
     """
-    if name in ("mnist-sample", "mnist"):
-        return DatasetInfo(name, _MNIST_CLASSES, 1, 28, _MNIST_MEAN, _MNIST_STD)
-    if name == "fashion-mnist":
-        import torchvision.datasets as tvd
-
-        spec = _spec(name)
-        return DatasetInfo(name, tuple(tvd.FashionMNIST.classes), 1, 28, spec.mean, spec.std)
-    if name == "cifar10":
-        spec = _spec(name)
-        return DatasetInfo(name, _CIFAR10_CLASSES, 3, 32, spec.mean, spec.std)
-    raise DatasetError(f"Unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
+    return _source(name).info()

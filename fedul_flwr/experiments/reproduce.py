@@ -183,7 +183,7 @@ BRACKET_NOTES = {  # what the [paper] numbers are where they are not the same ex
                     "`hassle` preset's lr 0.01.",
 }
 ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation",
-                  *HASSLE_ROWS, "hassle-sweep")  # fmt: skip
+                  *HASSLE_ROWS, "hassle-sweep", "feddb-svhn", "feddb-cifar100", "hassle-cifar100")  # fmt: skip
 """Grids rendered in % test accuracy (the FedPU paper's unit); the others in % test error."""
 
 # --------------------------------------------------------------------------- paper numbers
@@ -416,6 +416,121 @@ def hassle_sweep_specs(seeds: Sequence[int]) -> list[RunSpec]:
                     for column, over in HASSLE_SWEEP_BASELINES.items() for s in seeds]  # fmt: skip
 
 
+# --------------------------------------------------------------------------- the GPU grids
+
+
+@dataclass(frozen=True)
+class GpuGrid:
+    """A grid of a paper's protocol that needs a GPU (``--profile paper`` only): its runs and the
+    GPU time one run is estimated to take, shown on its results page until it has run.
+
+    Attributes
+    ----------
+    preset : str
+        The preset of the protocol; its values beat the profile's (``l1-weight`` stays 0).
+    clients : int
+        SuperNodes of every run.
+    rows, columns : list and dict
+        Row label -> overrides, and column label -> overrides (rows x columns x seeds runs).
+    round_s : float
+        Estimated seconds per round on one H100 GPU.
+    basis : str
+        How ``round_s`` was estimated (a sentence).
+    """
+
+    preset: str
+    clients: int
+    rows: list[tuple[str, dict[str, Any]]]
+    columns: dict[str, dict[str, Any]]
+    round_s: float
+    basis: str
+
+
+_FEDDB_PAPER_COLUMNS = {k: v for k, v in FEDDB_COLUMNS.items() if k != "FixMatch (used weights)"}
+_FEDDB_ROUND = ("one FedDB paper-protocol round of WRN-28-2 on CIFAR-10 (`fedul benchmark --only augment "
+                "--augment-device cuda --feddb-round`: 10 clients of 40 labels, 5 local epochs of one step of 64 "
+                "labeled + 448 unlabeled images) took 2.16 s on an H100")  # fmt: skip
+GPU_GRIDS: dict[str, GpuGrid] = {
+    # FedDB's SVHN column (Tables 1-3): 1000 labels IID, 4000 at delta = 0.3 and 0.1
+    "feddb-svhn": GpuGrid("feddb-svhn", 100, [(label, {**over, "num-labeled": n}) for (label, over), n
+                                              in zip(FEDDB_ROWS, (1000, 4000, 4000), strict=True)],
+                          _FEDDB_PAPER_COLUMNS, 2.2,
+                          _FEDDB_ROUND + "; SVHN has the same image shape and 10 to 40 labels per client, one "
+                          "step per local epoch, and 733 rather than 500 unlabeled images for APP-U"),  # fmt: skip
+    # FedDB's CIFAR-100 column: 10000 labels in every row
+    "feddb-cifar100": GpuGrid("feddb-cifar100", 100, [(label, {**over, "num-labeled": 10_000}) for label, over in FEDDB_ROWS],
+                              _FEDDB_PAPER_COLUMNS, 4.3,
+                              _FEDDB_ROUND + "; CIFAR-100's 100 labels per client take two steps per local epoch, "
+                              "about twice the round"),  # fmt: skip
+    # HASSLE's CIFAR-100 columns of Table 1 (5 / 10 / 20% labels) and Table 7 (alpha 0.01 and 1 at 10%)
+    "hassle-cifar100": GpuGrid("hassle-cifar100", 20,
+                               [(f"CIFAR-100 {k}", v) for k, v in HASSLE_SHARES.items()]
+                               + [(f"CIFAR-100 10%, alpha={a}", {**HASSLE_SHARES["10%"], "dirichlet-alpha": a}) for a in (0.01, 1.0)],
+                               HASSLE_COLUMNS, 8.0,
+                               "not measured: 8 clients per round, each one local epoch over ~2500 images in "
+                               "~20 steps of 128 per phase; HASSLE's phases train and query four ResNet-8 "
+                               "models, ~80 steps per client at an assumed 10 ms each (small models on a GPU "
+                               "are bound by kernel launches), plus the test set for three predictors"),  # fmt: skip
+}
+"""The grids of the papers' columns this machine cannot run (no GPU, no copies of SVHN and
+CIFAR-100): ``fedul reproduce --grid <name> --profile paper --data-dir <torchvision root>``."""
+HASSLE_ROWS["hassle-cifar100"] = GPU_GRIDS["hassle-cifar100"].rows  # HASSLE's tables: windows and predictors
+# the papers' accuracies (%): FedDB's Tables 1-3 (mean of 4 runs, best test accuracy during training)
+PAPER.update({grid: {(row, column, "*"): value for column, values in table.items()
+                     for (row, _), value in zip(GPU_GRIDS[grid].rows, values, strict=True)}
+              for grid, table in (
+                  ("feddb-svhn", {"FedAvg (labeled only)": (25.10, 69.44, 32.21), "FixMatch": (87.44, 86.61, 74.31),
+                                  "FixMatch-DPL": (88.00, 85.87, 76.29), "FedDB": (86.75, 85.99, 76.20)}),
+                  ("feddb-cifar100", {"FedAvg (labeled only)": (32.00, 31.34, 28.78), "FixMatch": (24.72, 25.47, 25.90),
+                                      "FixMatch-DPL": (26.44, 28.47, 27.76), "FedDB": (26.71, 29.28, 27.99)}),
+              )})  # fmt: skip
+# HASSLE's Tables 1 and 7, CIFAR-100 (Top-1 %): 5%, 10%, 20% (alpha 0.1), then alpha 0.01 and 1 at 10%
+_HASSLE_CIFAR100 = {"FedAvg (labeled only)": (17.36, 28.43, 39.52, 22.87, 29.45),
+                    "FedProx (labeled only)": (17.51, 28.76, 39.89, 23.28, 30.94),
+                    "FedAvg+FixMatch": (17.96, 29.56, 41.94, 27.54, 33.16),
+                    "HASSLE SM": (25.52, 34.11, 43.05, 31.84, 35.09), "HASSLE UM": (26.15, 34.25, 43.95, 32.17, 35.74),
+                    "HASSLE EM": (26.58, 34.33, 44.24, 32.56, 35.95)}  # fmt: skip
+_HASSLE_CIFAR100["HASSLE"] = _HASSLE_CIFAR100["HASSLE EM"]  # the headline, until runs name the predictors
+PAPER["hassle-cifar100"] = {(row, column, "*"): value for column, values in _HASSLE_CIFAR100.items()
+                            for (row, _), value in zip(GPU_GRIDS["hassle-cifar100"].rows, values, strict=True)}  # fmt: skip
+BRACKET_NOTES["feddb-svhn"] = BRACKET_NOTES["feddb-cifar100"] = (
+    "[paper]: FedDB's Tables 1-3, mean of 4 runs of the best test accuracy during training.")
+BRACKET_NOTES["hassle-cifar100"] = "[paper]: HASSLE's Tables 1 and 7; before any run, HASSLE's [paper] is its EM predictor."
+
+
+def gpu_specs(grid: str, args: argparse.Namespace, seeds: Sequence[int]) -> list[RunSpec]:
+    """Runs of a :data:`GPU_GRIDS` grid: rows x columns x seeds, each from the grid's preset
+    (its values given as the run's overrides, so they beat the profile's).
+
+    Raises
+    ------
+    SystemExit
+        Unless ``--profile paper``: the grid is the paper's GPU protocol.
+    """
+    if args.profile != "paper":
+        raise SystemExit(f"grid {grid!r} is the paper's protocol for a GPU: use --profile paper")
+    g = GPU_GRIDS[grid]
+    protocol = {**load_preset(g.preset), "l1-weight": 0.0}
+    return [RunSpec(grid, row, column, "*", s, g.clients, g.preset, {**protocol, **row_over, **col_over})
+            for row, row_over in g.rows for column, col_over in g.columns.items() for s in seeds]  # fmt: skip
+
+
+def gpu_plan(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]]) -> str:
+    """The results page's note on a :data:`GPU_GRIDS` grid's missing runs: the command and the
+    estimated GPU time per run and for those missing."""
+    g = GPU_GRIDS[grid]
+    rounds = int(load_preset(g.preset)["num-rounds"])
+    hours = g.round_s * rounds / 3600
+    missing = len(specs) - len(records)
+    seeds = ",".join(str(s) for s in dict.fromkeys(spec.seed for spec in specs))
+    return (f"{missing} of {len(specs)} runs not run here yet. "
+            f"Each run: preset `{g.preset}`, {g.clients} SuperNodes, {rounds} rounds; GPU time about "
+            f"{g.round_s:g} s per round, {hours:.2f} h per run, {missing * hours:.1f} h for the missing runs on one "
+            f"H100 (estimate: {g.basis}). Run them (seeds {seeds}) with:\n\n"
+            f"```bash\nfedul reproduce --grid {grid} --profile paper --data-dir /path/to/torchvision-root "
+            f"--out docs/reproduce\n```")  # fmt: skip
+
+
 def fedpu_specs(grid: str, seeds: Sequence[int]) -> list[RunSpec]:
     """Runs of a FedPU table: rows x FedPU's columns x sub-columns x seeds (the supervised
     Baseline-2 once per row: it does not depend on the PU sub-setting; both baselines once per
@@ -471,6 +586,8 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
     if name == "table-e10":
         values = [(str(c), {}, c) for c in (10, 20, 30, 40, 50)]
         return sweep_specs(name, "table-e10", "MNIST non-IID", "FedUL", values, seeds)
+    if name in GPU_GRIDS:
+        return gpu_specs(name, args, seeds)
     if name in FEDPU_ROWS:
         return fedpu_specs(name, seeds)
     if name in HASSLE_ROWS:
@@ -698,13 +815,15 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         "are several seeds." + (f" {BRACKET_NOTES[grid]}" if grid in BRACKET_NOTES else ""),
         "",
     ]
+    if grid in GPU_GRIDS and len(records) < len(specs):
+        text += _section("plan", "Not run here: the command and the GPU time", gpu_plan(grid, specs, records))
     text += _section("last", f"Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
                      render_table(grid, specs, records, "last-test-error"))  # fmt: skip
-    windowed = grid in ("feddb-ablation", "hassle-sweep") or grid in HASSLE_ROWS  # single rounds swing by points on non-IID splits
+    windowed = grid in ("feddb-ablation", "hassle-sweep", "feddb-svhn", "feddb-cifar100") or grid in HASSLE_ROWS  # single rounds swing by points on non-IID splits
     if windowed:
         text += _section("tail", f"Mean test {unit} over the last {TAIL_ROUNDS} rounds (single rounds swing by points "
                          "on non-IID splits)", render_table(grid, specs, records, "tail-test-error"))  # fmt: skip
-        why = "the paper's measure" if grid == "feddb-ablation" else "the round with the highest accuracy"
+        why = "the paper's measure" if grid.startswith("feddb") else "the round with the highest accuracy"
         text += _section("best", f"Best test {unit} during training ({why}; selects by test labels)",
                          render_table(grid, specs, records, "best-test-error"))  # fmt: skip
     if any(r.get("best-val-test-error") is not None for r in records) or grid not in ACCURACY_GRIDS:
@@ -740,6 +859,7 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
     plots = plot_curves(grid, records, out_dir / "plots") if records else []
     text += [f"![{p.stem}](plots/{p.name})" for p in plots]
     path = out_dir / f"results-{grid}.md"
+    out_dir.mkdir(parents=True, exist_ok=True)  # a GPU grid's page is rendered before any run
     path.write_text("\n".join(text) + "\n")
     return path
 
@@ -811,7 +931,7 @@ def run(args: argparse.Namespace) -> int:
         result = run_cells(runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=args.grid,
                            stop_after=args.stop_after, started=getattr(args, "started", None))  # fmt: skip
     records = load_records(specs, out_dir / "records")
-    if records:
+    if records or args.grid in GPU_GRIDS:  # a GPU grid's page shows the paper's numbers and the plan
         path = render(args.grid, args.profile, specs, records, out_dir)
         print(path.read_text())
         print(f"wrote {path}")
