@@ -45,6 +45,7 @@ from fedul_flwr.config import ConfigError, RunConfig, check_keys, default_config
 from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
 from fedul_flwr.data.sources import dataset_facts, run_dataset_info
+from fedul_flwr.data.user_datasets import UserDatasetOptions
 
 __all__ = ["main", "write_nodes"]
 
@@ -290,7 +291,7 @@ def _validate_settings(text: list[str] | None, dataset: str | None) -> DatasetIn
     values = parse_run_config(text)
     check_keys(values)  # a typo such as 'datset' must not pass as a check against the default dataset
     name = dataset or str(values.get("dataset", default_config()["dataset"]))
-    return dataset_facts(name, str(values.get("class-names", "")))
+    return dataset_facts(name, str(values.get("class-names", "")), UserDatasetOptions.from_values(values))
 
 
 def _facts(info: DatasetInfo) -> tuple[tuple[str, ...], int, int]:

@@ -41,6 +41,7 @@ from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
 from fedul_flwr.data.partition import holdout_split, partition_pool
 from fedul_flwr.data.prior_noise import noisy_priors
 from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
+from fedul_flwr.data.user_datasets import UserDatasetOptions
 from fedul_flwr.data.usets import USets, build_usets, condition_number
 from fedul_flwr.registry import Registry
 
@@ -68,13 +69,13 @@ _LABELED_POOL_STREAMS = (3, 4, 5)  # labels-at-clients: the labeled pool, its pa
 
 
 @functools.lru_cache(maxsize=4)
-def _dataset(name: str, data_dir: str, download: bool) -> ImageDataset:
-    return load_dataset(name, data_dir, download)
+def _dataset(name: str, data_dir: str, download: bool, options: UserDatasetOptions) -> ImageDataset:
+    return load_dataset(name, data_dir, download, options)
 
 
 def load_run_dataset(cfg: RunConfig) -> ImageDataset:
     """The run's dataset (cached per process)."""
-    return _dataset(cfg.dataset, cfg.data_dir, cfg.download)
+    return _dataset(cfg.dataset, cfg.data_dir, cfg.download, UserDatasetOptions.from_values(cfg.as_dict()))
 
 
 def _partition(cfg: RunConfig, labels: np.ndarray, num_partitions: int, seed: int) -> list[np.ndarray]:
