@@ -211,10 +211,9 @@ def check_setting(cfg: RunConfig) -> None:
     ConfigError
         Naming the key and value.
     """
-    from fedul_flwr.data.datasets import dataset_info
-    from fedul_flwr.data.user_datasets import UserDatasetOptions
+    from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
 
-    num_classes = len(dataset_info(cfg.dataset, UserDatasetOptions.from_values(cfg.as_dict())).class_names)
+    num_classes = len(any_dataset_info(cfg.dataset, UserDatasetOptions.from_values(cfg.as_dict())).class_names)
     if cfg.client_setting == "usets":
         short = sorted({m for m in cfg.num_sets if m < num_classes})
         _check(

@@ -349,12 +349,11 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
 
 
 def _parse_test_prior(value: Any, dataset: str, values: Mapping[str, Any]) -> tuple[float, ...]:
-    from fedul_flwr.data.datasets import dataset_info
-    from fedul_flwr.data.user_datasets import UserDatasetOptions
+    from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
     from fedul_flwr.transition import parse_test_prior
 
     try:
-        num_classes = len(dataset_info(dataset, UserDatasetOptions.from_values(values)).class_names)
+        num_classes = len(any_dataset_info(dataset, UserDatasetOptions.from_values(values)).class_names)
     except ValueError as exc:  # an unknown dataset: the registry's message names the valid ones
         raise ConfigError(str(exc)) from exc
     try:

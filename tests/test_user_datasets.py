@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from fedul_flwr.checks import resolve_config
-from fedul_flwr.data.datasets import DatasetError, load_dataset
+from fedul_flwr.data.datasets import DatasetError
 from fedul_flwr.data.node_dir import NodeDataError, load_node_dir, validate_node_dir
-from fedul_flwr.data.user_datasets import UserDatasetOptions, load_user_dataset
+from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset, load_user_dataset
 
 SIDE = 16
 PETS = ("cat", "dog", "emu")  # the image folder's class folders
@@ -75,7 +75,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, di
 @pytest.mark.parametrize("fmt", ["imagefolder", "save_to_disk", "parquet"])
 def test_each_format_loads_with_shapes_labels_and_class_names(sources, fmt: str) -> None:  # type: ignore[no-untyped-def]
     name, extra, classes, channels = sources[fmt]
-    ds = load_dataset(name, options=UserDatasetOptions.from_values(extra))
+    ds = any_dataset(name, options=UserDatasetOptions.from_values(extra))
     k = len(classes)
     assert ds.class_names == classes and ds.num_classes == k
     assert ds.train_x.dtype == torch.uint8 and ds.train_y.dtype == torch.int64
@@ -104,7 +104,7 @@ def test_image_folder_pixels_are_the_files(sources) -> None:  # type: ignore[no-
     from PIL import Image
 
     name, _, _, _ = sources["imagefolder"]
-    ds = load_dataset(name)
+    ds = any_dataset(name)
     folder = Path(name[3:])
     files = {np.asarray(Image.open(p)).tobytes() for p in folder.rglob("*.png")}
     assert len(files) == len(PETS) * PER_CLASS
@@ -160,7 +160,7 @@ def test_one_round_in_process_on_each_format(sources, tmp_path: Path, method: st
 def _one_line_error(name: str, match: str, **options: object) -> str:
     load_user_dataset.cache_clear()
     with pytest.raises(DatasetError, match=match) as info:
-        load_dataset(name, options=UserDatasetOptions(**options))  # type: ignore[arg-type]
+        any_dataset(name, options=UserDatasetOptions(**options))  # type: ignore[arg-type]
     message = str(info.value)
     assert "\n" not in message, message
     return message
@@ -185,7 +185,7 @@ def test_wrong_size_is_named_and_image_size_resizes(tmp_path: Path) -> None:
     message = _one_line_error(f"hf:{root}", re.escape(str(bad)))
     assert "20x20 pixels" in message and "16x16" in message and "image-size" in message
     load_user_dataset.cache_clear()
-    ds = load_dataset(f"hf:{root}", options=UserDatasetOptions(image_size=12))
+    ds = any_dataset(f"hf:{root}", options=UserDatasetOptions(image_size=12))
     assert tuple(ds.train_x.shape[1:]) == (3, 12, 12) and tuple(ds.test_x.shape[1:]) == (3, 12, 12)
 
 
@@ -196,7 +196,7 @@ def test_non_square_images_need_image_size(tmp_path: Path) -> None:
             _save_png(root / name / f"{i}.png", _image(k, i, 3)[:, :12])
     _one_line_error(f"hf:{root}", "16x12|12x16", image_size=0)
     load_user_dataset.cache_clear()
-    assert tuple(load_dataset(f"hf:{root}", options=UserDatasetOptions(image_size=8)).train_x.shape[1:]) == (3, 8, 8)
+    assert tuple(any_dataset(f"hf:{root}", options=UserDatasetOptions(image_size=8)).train_x.shape[1:]) == (3, 8, 8)
 
 
 def test_missing_column_names_the_key(sources) -> None:  # type: ignore[no-untyped-def]
@@ -205,7 +205,7 @@ def test_missing_column_names_the_key(sources) -> None:  # type: ignore[no-untyp
                     label_column="fine")  # fmt: skip
     _one_line_error(name, re.escape("label-column='class'") + ".*no such column", image_column="img", label_column="class")
     load_user_dataset.cache_clear()  # without the keys: the one Image and the one ClassLabel column
-    assert load_dataset(name).class_names == ("w", "x", "y", "z")
+    assert any_dataset(name).class_names == ("w", "x", "y", "z")
 
 
 def test_missing_path_and_relative_path_and_bad_keys(tmp_path: Path) -> None:
@@ -306,7 +306,7 @@ def test_flwr_run_trains_a_round_on_an_image_folder(tmp_path: Path) -> None:
 def test_deployed_nodes_train_on_their_own_image_folders(tmp_path: Path) -> None:
     """A real SuperLink and two SuperNodes: one node's ``data-dir`` is the organisation's own
     image folder (two of the three classes), the other a node folder of ``labeled/<class>/``
-    and ``unlabeled/`` images; FedDB trains two rounds with both nodes in every round, the
+    and ``unlabeled/`` images; FixMatch trains two rounds with both nodes in every round, the
     server evaluating on the run's image-folder dataset."""
     from tests.test_deployment import _Federation
 
@@ -319,7 +319,7 @@ def test_deployed_nodes_train_on_their_own_image_folders(tmp_path: Path) -> None
     fed = _Federation(tmp_path, [own, other])
     runs = tmp_path / "runs"
     try:
-        run_id = fed.submit(f'dataset="hf:{dataset}" method="feddb" client-setting="labels-at-clients" batch-size=4 '
+        run_id = fed.submit(f'dataset="hf:{dataset}" method="fixmatch" client-setting="labels-at-clients" batch-size=4 '
                             f'fixmatch-mu=2 num-rounds=2 min-available-nodes=2 min-train-nodes=2 device="cpu" '
                             f'verbose=true output-dir="{runs}" run-name="own"')  # fmt: skip
         status, log = fed.wait(run_id)

@@ -543,7 +543,7 @@ for _name in ("mnist", "fashion-mnist", "cifar10"):
     DATASETS.add(_name, functools.partial(_load_named_torchvision, _name))
 
 
-def load_dataset(name: str, data_dir: str = "", download: bool = False, options: object = None) -> ImageDataset:
+def load_dataset(name: str, data_dir: str = "", download: bool = False) -> ImageDataset:
     """Load a dataset's full train and test splits into memory.
 
     Parameters
@@ -558,9 +558,6 @@ def load_dataset(name: str, data_dir: str = "", download: bool = False, options:
     download : bool, optional
         Let torchvision download missing files into ``data_dir``. Not needed when the
         original archives are already there (they are extracted without the network).
-    options : UserDatasetOptions or None
-        For a user dataset ``hf:<Hub name or /path>`` (:mod:`fedul_flwr.data.user_datasets`):
-        its columns, image size and cache folder (default: ``data_dir`` as the cache).
 
     Returns
     -------
@@ -575,10 +572,6 @@ def load_dataset(name: str, data_dir: str = "", download: bool = False, options:
         Unknown name, empty or missing ``data_dir``, missing or corrupt files, or a
         failed download; the message says which files are needed and where.
     """
-    if str(name).startswith("hf:"):  # the user's own dataset
-        from fedul_flwr.data.user_datasets import UserDatasetOptions, load_user_dataset
-
-        return load_user_dataset(name, options or UserDatasetOptions(cache_dir=str(data_dir)))  # type: ignore[arg-type]
     if name not in DATASETS:
         raise DatasetError(f"Unknown dataset {name!r}; valid names: {', '.join(DATASETS)}")
     if name == "mnist-sample":
@@ -620,19 +613,14 @@ class DatasetInfo:
     std: tuple[float, ...]
 
 
-def dataset_info(name: str, options: object = None) -> DatasetInfo:
-    """The :class:`DatasetInfo` of dataset ``name``, without reading any data file (a user
-    dataset ``hf:...`` is read, with ``options``: :func:`~fedul_flwr.data.user_datasets.user_dataset_info`).
+def dataset_info(name: str) -> DatasetInfo:
+    """The :class:`DatasetInfo` of dataset ``name``, without reading any data file.
 
     Raises
     ------
     DatasetError
         On an unknown name.
     """
-    if str(name).startswith("hf:"):
-        from fedul_flwr.data.user_datasets import UserDatasetOptions, user_dataset_info
-
-        return user_dataset_info(name, options or UserDatasetOptions())  # type: ignore[arg-type]
     if name in ("mnist-sample", "mnist"):
         return DatasetInfo(name, _MNIST_CLASSES, 1, 28, _MNIST_MEAN, _MNIST_STD)
     if name == "fashion-mnist":

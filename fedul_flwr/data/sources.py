@@ -22,10 +22,10 @@ from typing import Any
 from fedul_flwr import get_logger
 from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.data.client_data import ClientData, MissingPartError
-from fedul_flwr.data.datasets import DatasetInfo, dataset_info
+from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import load_node_dir
 from fedul_flwr.data.simulated import SETTING_PARTS, load_client
-from fedul_flwr.data.user_datasets import UserDatasetOptions
+from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
 
 __all__ = ["client_from_node_config", "node_key", "run_dataset_info"]
 
@@ -50,7 +50,7 @@ def dataset_facts(dataset: str, class_names: str = "", options: UserDatasetOptio
     ValueError
         On an unknown dataset name.
     """
-    info = dataset_info(dataset, options)
+    info = any_dataset_info(dataset, options or UserDatasetOptions())
     if not class_names.strip():
         return info
     names = tuple(n.strip() for n in class_names.split(","))

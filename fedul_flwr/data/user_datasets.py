@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedul_flwr.data.datasets import DatasetError, DatasetInfo, ImageDataset
+from fedul_flwr.data.datasets import DatasetError, DatasetInfo, ImageDataset, dataset_info, load_dataset
 from fedul_flwr.data.partition import holdout_split
 
 __all__ = [
@@ -53,6 +53,8 @@ __all__ = [
     "TEST_FRACTION",
     "TEST_SPLIT_SEED",
     "UserDatasetOptions",
+    "any_dataset",
+    "any_dataset_info",
     "check_source",
     "is_user_dataset",
     "load_user_dataset",
@@ -214,34 +216,30 @@ def _pick_splits(splits: dict[str, Any], where: str) -> tuple[str, str | None]:
     return train, test
 
 
+def _column(features: Any, key: str, given: str, found: list[str], where: str) -> str:
+    """The column named by run-config ``key`` (``given``), else the one candidate of ``found``."""
+    names = list(features)
+    if given:
+        if given not in features:
+            raise DatasetError(f"{key}={given!r}: {where} has no such column (columns {names})")
+        return given
+    if len(found) != 1:
+        raise DatasetError(f"{where}: cannot tell the {key.split('-')[0]} column among {names} (candidates {found}); "
+                           f"set {key}")  # fmt: skip
+    return found[0]
+
+
 def _columns(ds: Any, options: UserDatasetOptions, where: str) -> tuple[str, str]:
     """The image and the label column of ``ds``."""
     import datasets
 
     features = ds.features
-    names = list(features)
-    if options.image_column:
-        if options.image_column not in features:
-            raise DatasetError(f"image-column={options.image_column!r}: {where} has no such column (columns {names})")
-        image = options.image_column
-    else:
-        found = [k for k, f in features.items() if isinstance(f, datasets.Image)]
-        if len(found) != 1:
-            raise DatasetError(
-                f"{where}: {'no' if not found else len(found)} Image column(s) {found or ''} among {names}; "
-                "set image-column"
-            )
-        image = found[0]
-    if options.label_column:
-        if options.label_column not in features:
-            raise DatasetError(f"label-column={options.label_column!r}: {where} has no such column (columns {names})")
-        label = options.label_column
-    else:
-        found = [k for k, f in features.items() if isinstance(f, datasets.ClassLabel)]
-        found = found or [k for k in _LABEL_NAMES if k in features]
-        if len(found) != 1:
-            raise DatasetError(f"{where}: cannot tell the label column among {names}; set label-column")
-        label = found[0]
+    images = [k for k, f in features.items() if isinstance(f, datasets.Image)]
+    labels = [k for k, f in features.items() if isinstance(f, datasets.ClassLabel)] or [
+        k for k in _LABEL_NAMES if k in features
+    ]
+    image = _column(features, "image-column", options.image_column, images, where)
+    label = _column(features, "label-column", options.label_column, labels, where)
     if image == label:
         raise DatasetError(f"{where}: image-column and label-column are both {image!r}")
     return image, label
@@ -402,3 +400,32 @@ def user_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOption
     :func:`load_user_dataset`, whose errors it raises)."""
     ds = load_user_dataset(name, options)
     return DatasetInfo(name, ds.class_names, ds.in_channels, ds.image_size, ds.mean, ds.std)
+
+
+def any_dataset(name: str, data_dir: str = "", download: bool = False,
+                options: UserDatasetOptions = UserDatasetOptions()) -> ImageDataset:  # fmt: skip
+    """The run's dataset, whichever kind: a user dataset ``hf:...`` (:func:`load_user_dataset`
+    with ``options``) or a built-in one (:func:`fedul_flwr.data.datasets.load_dataset` with
+    ``data_dir`` and ``download``).
+
+    Raises
+    ------
+    DatasetError
+        From the loader (one line naming the file, row or key).
+    """
+    if is_user_dataset(name):
+        return load_user_dataset(name, options)
+    return load_dataset(name, data_dir, download)
+
+
+def any_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOptions()) -> DatasetInfo:
+    """The :class:`~fedul_flwr.data.datasets.DatasetInfo` of any dataset: a user dataset's is
+    read from it (:func:`user_dataset_info`), a built-in one's needs no file
+    (:func:`fedul_flwr.data.datasets.dataset_info`).
+
+    Raises
+    ------
+    DatasetError
+        On an unknown name or an unreadable user dataset.
+    """
+    return user_dataset_info(name, options) if is_user_dataset(name) else dataset_info(name)
