@@ -178,6 +178,19 @@ def test_unreadable_image_is_named(tmp_path: Path) -> None:
     _one_line_error(f"hf:{root}", re.escape(str(root / "dog" / "002.png")) + ".*unreadable image")
 
 
+def test_truncated_image_is_named_when_decoded_and_the_facts_need_only_headers(tmp_path: Path) -> None:
+    """A deployed node needs only the dataset's facts: they come from the images' headers, so
+    a file whose pixel data is cut off passes there and fails, named, when the images load."""
+    from fedul_flwr.data.user_datasets import user_dataset_info
+
+    root = _image_folder(tmp_path / "imgs", per_class=5)
+    bad = root / "cat" / "001.png"
+    bad.write_bytes(bad.read_bytes()[:-40])
+    info = user_dataset_info(f"hf:{root}")
+    assert (info.class_names, info.channels, info.image_size) == (PETS, 3, SIDE)
+    _one_line_error(f"hf:{root}", re.escape(str(bad)) + ".*unreadable image")
+
+
 def test_wrong_size_is_named_and_image_size_resizes(tmp_path: Path) -> None:
     root = _image_folder(tmp_path / "imgs", per_class=5)
     bad = root / "emu" / "003.png"
@@ -329,3 +342,27 @@ def test_deployed_nodes_train_on_their_own_image_folders(tmp_path: Path) -> None
     assert re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log) == [("2", "0")] * 2, log[-4000:]
     metrics = json.loads((runs / "own" / "metrics.json").read_text())
     assert [row["round"] for row in metrics] == [0, 1, 2]
+
+
+def test_the_datasets_page_commands_run_as_printed(tmp_path: Path) -> None:
+    """The "Your own images" commands of docs/datasets.md, with /data/pets replaced by a tiny
+    image folder: the run settings of the `flwr run` line resolve, and `fedul node-data write`
+    writes and validates the node folders."""
+    import shlex
+
+    from fedul_flwr.checks import check_setting
+    from fedul_flwr.node_data import main, parse_run_config
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "datasets.md").read_text()
+    section = page.split("## Your own images", 1)[1]
+    folder = _image_folder(tmp_path / "pets", per_class=100)  # 5 nodes, 10 non-empty U sets each
+    flwr_run = re.search(r"flwr run \. .*?--run-config '([^']*)'", section, re.S)
+    assert flwr_run, section
+    cfg = resolve_config(parse_run_config([flwr_run.group(1).replace("/data/pets", str(folder))]))
+    check_setting(cfg)
+    assert cfg.dataset == f"hf:{folder}" and cfg.image_size == 32
+    write = re.search(r"^(fedul node-data write .*)$", section, re.M)
+    assert write, section
+    argv = shlex.split(write.group(1).replace("/data/pets", str(folder)).replace("/tmp/pets-nodes", str(tmp_path / "n")))
+    assert main(argv[2:]) == 0
+    assert json.loads((tmp_path / "n" / "node-4" / "meta.json").read_text())["image_size"] == 32

@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -282,44 +282,138 @@ def _labels(train: Any, test: Any, column: str, where: str) -> tuple[tuple[str, 
     return names, array(y_train, "train"), None if y_test is None else array(y_test, "test")
 
 
-def _decode(ds: Any, column: str, where: str, split: str, size: int) -> tuple[list[np.ndarray], list[str]]:
-    """Every image of ``ds[column]`` as uint8 ``[H, W]`` (grey) or ``[H, W, 3]`` arrays, and
-    where each came from (file path or row), resized to ``size x size`` when ``size > 0``."""
+@dataclass(frozen=True)
+class _Part:
+    """The rows of one split that make the training or the test set."""
+
+    split: str
+    items: Any = field(repr=False)  # the image column's {"bytes", "path"} entries, not decoded
+    rows: np.ndarray = field(repr=False)  # int64 row numbers in the split
+    labels: np.ndarray = field(repr=False)  # int64 labels of those rows
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a user dataset holds, known without decoding an image."""
+
+    where: str
+    class_names: tuple[str, ...]
+    train: _Part
+    test: _Part
+
+
+@functools.lru_cache(maxsize=4)
+def _plan(name: str, options: UserDatasetOptions) -> _Plan:
+    """Open the dataset, choose splits and columns, read the labels, hold out the test rows."""
     import datasets
+
+    source = check_source(name)
+    if options.image_size < 0:
+        raise DatasetError(f"image-size={options.image_size}: must be >= 0 (0 keeps the images' size)")
+    splits = _open(source, options.cache_dir)
+    where = f"dataset={name!r}"
+    train_name, test_name = _pick_splits(splits, where)
+    train = splits[train_name]
+    test = None if test_name is None else splits[test_name]
+    image_col, label_col = _columns(train, options, where)
+    if test is not None:
+        for col in (image_col, label_col):
+            if col not in test.features:
+                raise DatasetError(f"{where}: split {test_name!r} has no column {col!r} (columns {list(test.features)})")
+    if len(train) == 0:
+        raise DatasetError(f"{where}: split {train_name!r} holds no row")
+    class_names, y_train, y_test = _labels(train, test, label_col, where)
+
+    def items(ds: Any) -> Any:
+        return list(ds.cast_column(image_col, datasets.Image(decode=False))[image_col])
+
+    if test is not None:
+        return _Plan(where, class_names, _Part(train_name, items(train), np.arange(len(y_train)), y_train),
+                     _Part(str(test_name), items(test), np.arange(len(y_test)), y_test))  # type: ignore[arg-type]  # fmt: skip
+    keep, held = holdout_split(y_train, TEST_FRACTION, TEST_SPLIT_SEED)  # a fixed class-stratified share
+    if not len(held):
+        raise DatasetError(f"{where}: no test split and too few images to hold out {TEST_FRACTION:.0%} of a class")
+    both = items(train)
+    return _Plan(where, class_names, _Part(train_name, both, keep, y_train[keep]),
+                 _Part(train_name, both, held, y_train[held]))  # fmt: skip
+
+
+def _origin(plan: _Plan, part: _Part, row: int, item: dict[str, Any]) -> str:
+    return f"{plan.where}: split {part.split!r}, row {row}" + (f" ({item['path']})" if item.get("path") else "")
+
+
+def _open_image(plan: _Plan, part: _Part, row: int) -> tuple[Any, str]:
+    """The PIL image (not yet decoded) of ``row`` of ``part`` and where it comes from."""
     from PIL import Image, UnidentifiedImageError
 
-    raw = ds.cast_column(column, datasets.Image(decode=False))[column]
-    arrays, origins = [], []
-    for row, item in enumerate(raw):
-        item = item or {}
-        origin = f"{where}: split {split!r}, row {row}" + (f" ({item['path']})" if item.get("path") else "")
-        data, path = item.get("bytes"), item.get("path")
-        if data is None and not path:
-            raise DatasetError(f"{origin}: no image")
+    item = part.items[int(row)] or {}
+    origin = _origin(plan, part, int(row), item)
+    data, path = item.get("bytes"), item.get("path")
+    if data is None and not path:
+        raise DatasetError(f"{origin}: no image")
+    try:
+        return Image.open(io.BytesIO(data) if data is not None else path), origin
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DatasetError(f"{origin}: unreadable image ({exc})") from exc
+
+
+def _decode(plan: _Plan, part: _Part, channels: int, side: int, resize: bool) -> torch.Tensor:
+    """The images of ``part`` as uint8 ``[n, channels, side, side]`` (resized when ``resize``,
+    else checked to be ``side x side``)."""
+    from PIL import Image, UnidentifiedImageError
+
+    out = np.empty((len(part.rows), channels, side, side), dtype=np.uint8)
+    for i, row in enumerate(part.rows):
+        img, origin = _open_image(plan, part, row)
         try:
-            with Image.open(io.BytesIO(data) if data is not None else path) as img:
+            with img:
                 img.load()
-                img = img.convert("L" if img.mode in _GREY_MODES else "RGB")
-                if size and img.size != (size, size):
-                    img = img.resize((size, size), Image.Resampling.BILINEAR)
-                arrays.append(np.asarray(img, dtype=np.uint8))
+                img = img.convert("L" if channels == 1 else "RGB")
         except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
             raise DatasetError(f"{origin}: unreadable image ({exc})") from exc
-        origins.append(origin)
-    return arrays, origins
-
-
-def _stack(images: list[np.ndarray], origins: list[str], channels: int, side: int) -> torch.Tensor:
-    """uint8 ``[N, C, side, side]``; every image checked to be ``side x side``."""
-    out = np.empty((len(images), channels, side, side), dtype=np.uint8)
-    for i, (arr, origin) in enumerate(zip(images, origins)):
-        if arr.shape[:2] != (side, side):
+        if resize and img.size != (side, side):
+            img = img.resize((side, side), Image.Resampling.BILINEAR)
+        if img.size != (side, side):
             raise DatasetError(
-                f"{origin}: image of {arr.shape[1]}x{arr.shape[0]} pixels, the dataset's images are {side}x{side}; "
+                f"{origin}: image of {img.size[0]}x{img.size[1]} pixels, the dataset's images are {side}x{side}; "
                 "set image-size=N to resize every image to NxN"
             )
+        arr = np.asarray(img, dtype=np.uint8)
         out[i] = arr[None] if arr.ndim == 2 else np.moveaxis(arr, 2, 0)
     return torch.from_numpy(out)
+
+
+@functools.lru_cache(maxsize=4)
+def user_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOptions()) -> DatasetInfo:
+    """The :class:`~fedul_flwr.data.datasets.DatasetInfo` of a user dataset, from its labels
+    and the images' headers (no image is decoded; a deployed node needs only this).
+
+    Class names: the label column's (see the module doc); channels: 3 if any image is in a
+    colour mode, else 1; image size: ``image-size``, else the first training image's side
+    (it must be square); mean = std = 0.5 per channel.
+
+    Raises
+    ------
+    DatasetError
+        As :func:`load_user_dataset` (a file PIL cannot identify, a non-square first image
+        with ``image-size=0``, ...).
+    """
+    plan = _plan(name, options)
+    grey, first = True, None
+    for part in (plan.train, plan.test):
+        for row in part.rows:
+            img, origin = _open_image(plan, part, row)
+            with img:
+                grey = grey and img.mode in _GREY_MODES
+                if first is None:
+                    first = (img.size, origin)
+    (width, height), origin = first  # type: ignore[misc]
+    if not options.image_size and width != height:
+        raise DatasetError(f"{origin}: image of {width}x{height} pixels is not square; set image-size=N to resize "
+                           "every image to NxN")  # fmt: skip
+    channels = 1 if grey else 3
+    return DatasetInfo(name, plan.class_names, channels, options.image_size or width, (_MEAN,) * channels,
+                       (_STD,) * channels)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=4)
@@ -337,9 +431,9 @@ def load_user_dataset(name: str, options: UserDatasetOptions = UserDatasetOption
     -------
     ImageDataset
         ``train_x`` uint8 ``[N, C, S, S]``, ``train_y`` int64 ``[N]``, ``test_x`` uint8
-        ``[N_test, C, S, S]``, ``test_y`` int64 ``[N_test]``; C = 1 if every image is
-        greyscale, else 3; class names from the label column; mean = std = 0.5 per channel.
-        Cached per process: treat the tensors as read-only.
+        ``[N_test, C, S, S]``, ``test_y`` int64 ``[N_test]``; C and S as
+        :func:`user_dataset_info` says; class names from the label column; mean = std = 0.5
+        per channel. Cached per process: treat the tensors as read-only.
 
     Raises
     ------
@@ -348,58 +442,19 @@ def load_user_dataset(name: str, options: UserDatasetOptions = UserDatasetOption
         an empty class folder, a missing column, a label outside the classes, an image of
         another size (with ``image-size=0``), or a Hub dataset that cannot be fetched.
     """
-    source = check_source(name)
-    if options.image_size < 0:
-        raise DatasetError(f"image-size={options.image_size}: must be >= 0 (0 keeps the images' size)")
-    splits = _open(source, options.cache_dir)
-    where = f"dataset={name!r}"
-    train_name, test_name = _pick_splits(splits, where)
-    train = splits[train_name]
-    test = None if test_name is None else splits[test_name]
-    image_col, label_col = _columns(train, options, where)
-    if test is not None:
-        for col in (image_col, label_col):
-            if col not in test.features:
-                raise DatasetError(f"{where}: split {test_name!r} has no column {col!r} (columns {list(test.features)})")
-    if len(train) == 0:
-        raise DatasetError(f"{where}: split {train_name!r} holds no row")
-    class_names, y_train, y_test = _labels(train, test, label_col, where)
-    images, origins = _decode(train, image_col, where, train_name, options.image_size)
-    if test is not None:
-        test_images, test_origins = _decode(test, image_col, where, test_name, options.image_size)  # type: ignore[arg-type]
-    else:  # no test split: a fixed class-stratified share of the training split
-        keep, held = holdout_split(y_train, TEST_FRACTION, TEST_SPLIT_SEED)
-        test_images, test_origins = [images[i] for i in held], [origins[i] for i in held]
-        images, origins = [images[i] for i in keep], [origins[i] for i in keep]
-        y_train, y_test = y_train[keep], y_train[held]
-        if not len(held):
-            raise DatasetError(f"{where}: no test split and too few images to hold out {TEST_FRACTION:.0%} of a class")
-    first = images[0]
-    side = options.image_size or first.shape[0]
-    if first.shape[0] != first.shape[1]:
-        raise DatasetError(
-            f"{origins[0]}: image of {first.shape[1]}x{first.shape[0]} pixels is not square; set image-size=N to "
-            "resize every image to NxN"
-        )
-    channels = 3 if any(a.ndim == 3 for a in images + test_images) else 1
+    info = user_dataset_info(name, options)
+    plan = _plan(name, options)
+    resize = bool(options.image_size)
     return ImageDataset(
         name=name,
-        train_x=_stack(images, origins, channels, side),
-        train_y=torch.from_numpy(np.asarray(y_train, dtype=np.int64)),
-        test_x=_stack(test_images, test_origins, channels, side),
-        test_y=torch.from_numpy(np.asarray(y_test, dtype=np.int64)),
-        class_names=class_names,
-        mean=(_MEAN,) * channels,
-        std=(_STD,) * channels,
+        train_x=_decode(plan, plan.train, info.channels, info.image_size, resize),
+        train_y=torch.from_numpy(plan.train.labels.astype(np.int64)),
+        test_x=_decode(plan, plan.test, info.channels, info.image_size, resize),
+        test_y=torch.from_numpy(plan.test.labels.astype(np.int64)),
+        class_names=plan.class_names,
+        mean=info.mean,
+        std=info.std,
     )
-
-
-def user_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOptions()) -> DatasetInfo:
-    """The :class:`~fedul_flwr.data.datasets.DatasetInfo` of a user dataset: class names,
-    channels, image size and normalisation, read from the loaded dataset (cached, see
-    :func:`load_user_dataset`, whose errors it raises)."""
-    ds = load_user_dataset(name, options)
-    return DatasetInfo(name, ds.class_names, ds.in_channels, ds.image_size, ds.mean, ds.std)
 
 
 def any_dataset(name: str, data_dir: str = "", download: bool = False,
