@@ -27,6 +27,12 @@ Examples::
     fedul node-data write --out /tmp/nodes-pu --num-nodes 5 --run-config 'client-setting="pu" positive-classes="2"'
     fedul node-data write --out /tmp/nodes-ssl --num-nodes 3 --run-config 'client-setting="labels-at-clients"'
     fedul node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
+    fedul node-data write --out /tmp/pets-nodes --num-nodes 5 --dataset "hf:/data/pets" --run-config 'image-size=32'
+    fedul node-data validate /data/my-images --dataset "hf:/data/pets" --run-config 'image-size=32'
+
+``--dataset`` takes any dataset of the run, the user's own ``hf:<Hub name or /path>`` included
+(:mod:`fedul_flwr.data.user_datasets`); a node folder may be an image folder of its own
+(:mod:`fedul_flwr.data.node_dir`).
 """
 
 from __future__ import annotations
