@@ -221,6 +221,27 @@ def test_missing_column_names_the_key(sources) -> None:  # type: ignore[no-untyp
     assert any_dataset(name).class_names == ("w", "x", "y", "z")
 
 
+@pytest.mark.parametrize("kind", ["text", "int"])
+def test_labels_without_class_names(tmp_path: Path, kind: str) -> None:
+    """Text labels become their sorted texts, integer labels "0".."K-1"; two Image columns
+    need image-column."""
+    import datasets
+    from PIL import Image
+
+    labels = [["b", "a", "c"][i % 3] if kind == "text" else [1, 0, 2][i % 3] for i in range(15)]
+    images = [Image.fromarray(_image(i % 3, i, 1)) for i in range(15)]
+    data = datasets.Dataset.from_dict({"image": images, "label": labels}, features=datasets.Features(
+        {"image": datasets.Image(), "label": datasets.Value("string" if kind == "text" else "int64")}))  # fmt: skip
+    data.save_to_disk(str(tmp_path / "d"))
+    ds = any_dataset(f"hf:{tmp_path / 'd'}")
+    assert ds.class_names == (("a", "b", "c") if kind == "text" else ("0", "1", "2"))
+    assert ds.in_channels == 1 and sorted(set(ds.train_y.tolist())) == [0, 1, 2]
+    two = datasets.Features({"image": datasets.Image(), "copy": datasets.Image(), "label": data.features["label"]})
+    datasets.Dataset.from_dict({"image": images, "copy": images, "label": labels}, features=two).save_to_disk(
+        str(tmp_path / "two"))  # fmt: skip
+    _one_line_error(f"hf:{tmp_path / 'two'}", r"cannot tell the image column.*\['image', 'copy'\].*set image-column")
+
+
 def test_missing_path_and_relative_path_and_bad_keys(tmp_path: Path) -> None:
     _one_line_error(f"hf:{tmp_path / 'nowhere'}", re.escape(f"{tmp_path / 'nowhere'}: no such file or folder"))
     _one_line_error("hf:./imgs", "must be absolute")
