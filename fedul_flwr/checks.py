@@ -158,6 +158,8 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     for key, allowed in registry_choices().items():
         if key == "method" and ":" in d[key]:
             continue  # an import path "module:Class", checked when imported below
+        if key == "dataset" and d[key].startswith("hf:"):
+            continue  # the user's own dataset, fedul_flwr.data.user_datasets
         _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}{closest(d[key], allowed)}")
     from fedul_flwr.methods import get_method
 
@@ -258,9 +260,9 @@ def check_setting(cfg: RunConfig) -> None:
     ConfigError
         Naming the key and value.
     """
-    from fedul_flwr.data.datasets import dataset_info
+    from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
 
-    num_classes = len(dataset_info(cfg.dataset).class_names)
+    num_classes = len(any_dataset_info(cfg.dataset, UserDatasetOptions.from_values(cfg.as_dict())).class_names)
     if cfg.client_setting == "usets":
         short = sorted({m for m in cfg.num_sets if m < num_classes})
         _check(

@@ -94,6 +94,9 @@ class RunConfig:
     dominant_factor: float
     test_prior: tuple[float, ...]
     class_names: str
+    image_column: str
+    label_column: str
+    image_size: int
     client_setting: str
     positive_classes: str
     pu_labeled_fraction: float
@@ -345,12 +348,12 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
         raise ConfigError(f"{key}={value!r} is not a valid {kind.__name__}") from exc
 
 
-def _parse_test_prior(value: Any, dataset: str) -> tuple[float, ...]:
-    from fedul_flwr.data.datasets import dataset_info
+def _parse_test_prior(value: Any, dataset: str, values: Mapping[str, Any]) -> tuple[float, ...]:
+    from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
     from fedul_flwr.transition import parse_test_prior
 
     try:
-        num_classes = len(dataset_info(dataset).class_names)
+        num_classes = len(any_dataset_info(dataset, UserDatasetOptions.from_values(values)).class_names)
     except ValueError as exc:  # an unknown dataset: the registry's message names the valid ones
         raise ConfigError(str(exc)) from exc
     try:
@@ -391,7 +394,7 @@ def config_from_values(values: Mapping[str, Any]) -> RunConfig:
             kwargs[field.name] = value  # parsed below, once the dataset is known
         else:
             kwargs[field.name] = coerce_value(key, value, _FIELD_TYPES[str(field.type)])
-    kwargs["test_prior"] = _parse_test_prior(kwargs["test_prior"], str(kwargs["dataset"]))
+    kwargs["test_prior"] = _parse_test_prior(kwargs["test_prior"], str(kwargs["dataset"]), values)
     extra = tuple(
         (key, coerce_value(key, values[key], type(defaults[key]))) for key in sorted(defaults) if key not in CORE_KEYS
     )
@@ -482,9 +485,10 @@ def check_values(cfg: RunConfig) -> None:
     _check(bool(cfg.run_name) or not cfg.resume,
            "resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")  # fmt: skip
     _check(
-        cfg.dataset == "mnist-sample" or bool(cfg.data_dir),
+        cfg.dataset == "mnist-sample" or cfg.dataset.startswith("hf:") or bool(cfg.data_dir),
         f"dataset={cfg.dataset!r} needs data-dir=/absolute/path (a torchvision root)",
     )
+    _check(cfg.image_size >= 0, f"image-size={cfg.image_size} must be >= 0 (0 keeps the dataset's image size)")
     _check(
         not cfg.data_dir or os.path.isabs(os.path.expanduser(cfg.data_dir)),
         f"data-dir={cfg.data_dir!r} must be absolute: Flower runs the app from its own copy, "

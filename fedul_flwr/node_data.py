@@ -27,6 +27,12 @@ Examples::
     fedul node-data write --out /tmp/nodes-pu --num-nodes 5 --run-config 'client-setting="pu" positive-classes="2"'
     fedul node-data write --out /tmp/nodes-ssl --num-nodes 3 --run-config 'client-setting="labels-at-clients"'
     fedul node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
+    fedul node-data write --out /tmp/pets-nodes --num-nodes 5 --dataset "hf:/data/pets" --run-config 'image-size=32'
+    fedul node-data validate /data/my-images --dataset "hf:/data/pets" --run-config 'image-size=32'
+
+``--dataset`` takes any dataset of the run, the user's own ``hf:<Hub name or /path>`` included
+(:mod:`fedul_flwr.data.user_datasets`); a node folder may be an image folder of its own
+(:mod:`fedul_flwr.data.node_dir`).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from fedul_flwr.config import ConfigError, RunConfig, check_keys, default_config
 from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
 from fedul_flwr.data.sources import dataset_facts, run_dataset_info
+from fedul_flwr.data.user_datasets import UserDatasetOptions
 
 __all__ = ["main", "write_nodes"]
 
@@ -290,7 +297,7 @@ def _validate_settings(text: list[str] | None, dataset: str | None) -> DatasetIn
     values = parse_run_config(text)
     check_keys(values)  # a typo such as 'datset' must not pass as a check against the default dataset
     name = dataset or str(values.get("dataset", default_config()["dataset"]))
-    return dataset_facts(name, str(values.get("class-names", "")))
+    return dataset_facts(name, str(values.get("class-names", "")), UserDatasetOptions.from_values(values))
 
 
 def _facts(info: DatasetInfo) -> tuple[tuple[str, ...], int, int]:

@@ -42,9 +42,15 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     "Data": {
         "dataset": "`mnist-sample` (embedded: 12k training + the 10k test images of MNIST, shipped in the package), "
         "`mnist`, `fashion-mnist`, `cifar10`, `cifar100`, `svhn` (read through torchvision from `data-dir`; "
-        "[datasets](datasets.md))",
+        "[datasets](datasets.md)), or the user's own `hf:<Hugging Face Hub name or /absolute/path>` (an image folder, "
+        "a `save_to_disk` folder, Parquet/Arrow files; [your own images](datasets.md#your-own-images))",
+        "image-column": "`hf:` datasets: the column of the images; `\"\"` = the one `Image` column",
+        "label-column": "`hf:` datasets: the column of the class labels; `\"\"` = the one `ClassLabel` column, "
+        "else `label`",
+        "image-size": "`hf:` datasets: resize every image to S x S pixels; 0 = keep (every image must then be square "
+        "and of one size)",
         "data-dir": "absolute torchvision root for the non-embedded datasets (Flower runs the app from its own copy, "
-        "so relative paths are refused)",
+        "so relative paths are refused); `hf:` Hub datasets: the cache folder of Hugging Face `datasets`",
         "download": "let torchvision download missing files (online machines); offline, the error lists the "
         "missing files and where to put them",
         "val-fraction": "class-stratified labeled hold-out of the training set (paper: 0.2); > 0 adds "

@@ -17,10 +17,19 @@ plus optional metadata and a local test split::
     <dir>/labeled/images.npy      uint8 ``[n_l, H, W]`` or ``[n_l, H, W, C]``
     <dir>/labeled/labels.npy      int labels ``[n_l]`` in ``0..K-1`` (both files)
 
+    <dir>/labeled/<class name>/   or, instead of the two files: one folder per class (named
+                                  as the run's classes; a node may hold some of them) of
+                                  image files (``*.png``, ``*.jpg``, ``*.jpeg``)
+
     plain unlabeled images ("unlabeled" part without set structure; optional):
-    <dir>/unlabeled/images.npy    uint8 ``[n_u, H, W]`` or ``[n_u, H, W, C]``; only allowed
-                                  when the node has no U sets (else the "unlabeled" part
-                                  would be ambiguous)
+    <dir>/unlabeled/images.npy    uint8 ``[n_u, H, W]`` or ``[n_u, H, W, C]``, or image files;
+                                  only allowed when the node has no U sets (else the
+                                  "unlabeled" part would be ambiguous)
+
+    an image folder (the "labeled" part, alone):
+    <dir>/<class name>/<image>    ``data-dir`` may point straight at the user's own image
+                                  folder, one sub-folder per class as above, when it holds
+                                  none of ``priors.csv``, ``sets/``, ``labeled/``, ``unlabeled/``
 
     class prior ("class-prior" part; optional, FedPU):
     <dir>/class_prior.csv         header ``<class name 1>,...,<class name K>``, one row of K
@@ -110,6 +119,7 @@ LAYOUTS: tuple[str, ...] = (
     f"U sets: {PRIORS_FILE} + {SETS_DIR}/<set name>/",
     f"labeled images: {LABELED_DIR}/{ARRAY_FILE} + {LABELED_DIR}/{LABELS_FILE}",
     f"plain unlabeled images: {UNLABELED_DIR}/{ARRAY_FILE}",
+    "an image folder: <class name>/<image files>",
 )
 """The three accepted data layouts of a node folder (at least one must be present)."""
 _PART_ORDER: tuple[str, ...] = ("labeled", "unlabeled", "usets", "positive-classes", "class-prior")
@@ -420,6 +430,57 @@ def _read_set(folder: Path, set_name: str, channels: int, image_size: int) -> tu
     return np.stack([_read_image_file(p, channels, image_size) for p in files]), "files"
 
 
+def _read_image_files(folder: Path, what: str, channels: int, image_size: int) -> np.ndarray:
+    """The image files of ``folder`` (sorted by name, hidden files ignored) as uint8
+    ``[n, C, H, W]``; a folder without image or holding another file is an error."""
+    files = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    if not files:
+        raise NodeDataError(f"{folder}: {what} holds no image")
+    for p in files:
+        if p.is_dir() or p.suffix.lower() not in IMAGE_SUFFIXES:
+            raise NodeDataError(f"{p}: not an image file; {what} holds only {list(IMAGE_SUFFIXES)} files")
+    return np.stack([_read_image_file(p, channels, image_size) for p in files])
+
+
+def _read_class_folders(
+    folder: Path, class_names: Sequence[str], channels: int, image_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """An image folder ``<folder>/<class name>/<image files>`` as uint8 ``[n, C, H, W]`` images
+    and int64 ``[n]`` labels (the class's index among ``class_names``), classes in the run's
+    order, files sorted by name.
+
+    Raises
+    ------
+    NodeDataError
+        Naming the entry: a file beside the class folders, a folder not named as a class of
+        the run, a class folder without image, a file that is no image or of the wrong shape.
+    """
+    entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    if not entries:
+        raise NodeDataError(f"{folder}: empty; an image folder holds one folder per class {list(class_names)}")
+    for p in entries:
+        if not p.is_dir():
+            raise NodeDataError(f"{p}: not a class folder; an image folder holds only folders named as the run's "
+                                f"classes {list(class_names)}")  # fmt: skip
+        if p.name not in class_names:
+            raise NodeDataError(f"{p}: folder name {p.name!r} is not one of the run's classes {list(class_names)}")
+    by_name = {p.name: p for p in entries}
+    images, labels = [], []
+    for k, name in enumerate(class_names):
+        if name in by_name:
+            x = _read_image_files(by_name[name], f"class folder {name!r}", channels, image_size)
+            images.append(x)
+            labels.append(np.full(len(x), k, dtype=np.int64))
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def _is_image_folder(root: Path, reserved: tuple[str, ...] = ()) -> bool:
+    """True if ``root`` holds only (non-hidden) folders, none named as in ``reserved``,
+    besides an optional ``meta.json``."""
+    entries = [p for p in root.iterdir() if not p.name.startswith(".") and p.name != META_FILE]
+    return bool(entries) and all(p.is_dir() and p.name not in reserved for p in entries)
+
+
 def _check_meta(path: Path, class_names: Sequence[str], image_size: int, channels: int) -> dict[str, Any]:
     if not path.exists():
         return {}
@@ -581,7 +642,8 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
             f"{unlabeled_dir} and {sets_dir}: a node holds either plain unlabeled images or U sets "
             f"({priors_path} + {sets_dir}), not both; the 'unlabeled' part would be ambiguous"
         )
-    if not (has_usets or labeled_dir.exists() or unlabeled_dir.exists()):
+    image_folder = not (has_usets or labeled_dir.exists() or unlabeled_dir.exists()) and _is_image_folder(root, (TEST_DIR,))
+    if not (has_usets or labeled_dir.exists() or unlabeled_dir.exists() or image_folder):
         raise NodeDataError(
             f"{root}: holds no training data; a node folder needs at least one of: " + "; ".join(LAYOUTS)
         )
@@ -604,18 +666,30 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
         absent = tuple(c for c, p in zip(class_names, present) if not p)
     num_unlabeled = 0
     if unlabeled_dir.exists():
-        _check_part_folder(unlabeled_dir, (ARRAY_FILE,), f"the plain unlabeled part {UNLABELED_DIR}/")
-        if not (unlabeled_dir / ARRAY_FILE).is_file():
-            raise NodeDataError(f"{unlabeled_dir / ARRAY_FILE}: missing; {unlabeled_dir} must hold one {ARRAY_FILE}")
-        unlabeled = _read_npy(unlabeled_dir / ARRAY_FILE, channels, image_size)
+        what = f"the plain unlabeled part {UNLABELED_DIR}/"
+        has_files = unlabeled_dir.is_dir() and any(not p.name.startswith(".") for p in unlabeled_dir.iterdir())
+        if not has_files and unlabeled_dir.is_dir():
+            raise NodeDataError(f"{unlabeled_dir / ARRAY_FILE}: missing; {unlabeled_dir} must hold one {ARRAY_FILE} "
+                                "or image files")  # fmt: skip
+        if has_files and not (unlabeled_dir / ARRAY_FILE).exists():
+            unlabeled = _read_image_files(unlabeled_dir, what, channels, image_size)
+        else:
+            _check_part_folder(unlabeled_dir, (ARRAY_FILE,), what)
+            unlabeled = _read_npy(unlabeled_dir / ARRAY_FILE, channels, image_size)
         num_unlabeled = len(unlabeled)
     labeled = None
+    if image_folder:
+        labeled = _read_class_folders(root, class_names, channels, image_size)
     if labeled_dir.exists():
         what = f"the labeled part {LABELED_DIR}/"
-        _check_part_folder(labeled_dir, (ARRAY_FILE, LABELS_FILE), what)
-        labeled = _read_labeled(labeled_dir, num_classes, channels, image_size, what)
+        if labeled_dir.is_dir() and _is_image_folder(labeled_dir):
+            labeled = _read_class_folders(labeled_dir, class_names, channels, image_size)
+        else:
+            _check_part_folder(labeled_dir, (ARRAY_FILE, LABELS_FILE), what)
+            labeled = _read_labeled(labeled_dir, num_classes, channels, image_size, what)
         if labeled is None:
-            raise NodeDataError(f"{labeled_dir}: empty; {what} needs {ARRAY_FILE} and {LABELS_FILE}")
+            raise NodeDataError(f"{labeled_dir}: empty; {what} needs {ARRAY_FILE} and {LABELS_FILE}, or one "
+                                "folder of image files per class")  # fmt: skip
     test = _read_labeled(root / TEST_DIR, num_classes, channels, image_size, "the local test split")
     prior_path = root / CLASS_PRIOR_FILE
     class_prior = _read_class_prior(prior_path, class_names) if prior_path.exists() else None

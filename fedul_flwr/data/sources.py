@@ -22,9 +22,10 @@ from typing import Any
 from fedul_flwr import get_logger
 from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.data.client_data import ClientData, MissingPartError
-from fedul_flwr.data.datasets import DatasetInfo, dataset_info
+from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import load_node_dir
 from fedul_flwr.data.simulated import SETTING_PARTS, load_client
+from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
 
 __all__ = ["client_from_node_config", "node_key", "run_dataset_info"]
 
@@ -34,13 +35,13 @@ log = get_logger(__name__)
 def run_dataset_info(cfg: RunConfig) -> DatasetInfo:
     """The run's dataset facts a node must match: ``dataset`` with ``class-names`` applied
     (:func:`dataset_facts`)."""
-    return dataset_facts(cfg.dataset, cfg.class_names)
+    return dataset_facts(cfg.dataset, cfg.class_names, UserDatasetOptions.from_values(cfg.as_dict()))
 
 
-def dataset_facts(dataset: str, class_names: str = "") -> DatasetInfo:
+def dataset_facts(dataset: str, class_names: str = "", options: UserDatasetOptions | None = None) -> DatasetInfo:
     """Class names, image size and channels of ``dataset``, with the comma-separated
     ``class_names`` (the ``class-names`` key) replacing its own names when given. Needs no
-    dataset files.
+    dataset files (a user dataset ``hf:...`` is read with ``options``).
 
     Raises
     ------
@@ -49,7 +50,7 @@ def dataset_facts(dataset: str, class_names: str = "") -> DatasetInfo:
     ValueError
         On an unknown dataset name.
     """
-    info = dataset_info(dataset)
+    info = any_dataset_info(dataset, options or UserDatasetOptions())
     if not class_names.strip():
         return info
     names = tuple(n.strip() for n in class_names.split(","))
