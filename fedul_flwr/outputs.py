@@ -18,7 +18,7 @@
         model-<name>.pt every other exchanged model of the method (several models in flight)
         accuracy.png    test accuracy per round
         summary.txt     the one-line summary printed at the end: status=ok, or status=failed
-                        and the reason when the run stopped
+                        (an error) or status=stopped (a time limit, Ctrl-C, SIGTERM) and the reason
         run.lock        while the run is alive: the PID and host of its ServerApp
         tensorboard/    with tensorboard=true: the same metrics as TensorBoard event files
                         (one scalar per metric and round; a vector metric as <name>/<i>)
@@ -79,6 +79,12 @@ def write_atomic(path: Path, text: str) -> None:
     finally:
         tmp.unlink(missing_ok=True)
 
+
+
+class RunStopped(Exception):
+    """A run stopped on request between rounds (e.g. a grid's time limit), not by an error:
+    :meth:`RunOutputs.finish` writes ``status=stopped``; the checkpoint holds every finished
+    round, so ``resume=true`` continues it."""
 
 @dataclass
 class RunLock:
@@ -339,11 +345,15 @@ class RunOutputs:
         write_atomic(self.path / "metrics.csv", table.getvalue())
 
     def finish(self, failure: BaseException | None = None) -> str:
-        """End the run's writing: ``summary.txt`` (``status=ok``, or ``status=failed`` and the
-        reason: ``failure``'s type and message on one line), the TensorBoard writer closed,
-        the folder's lock released. Returns the summary line."""
+        """End the run's writing: ``summary.txt`` (``status=ok``; ``status=stopped`` when
+        ``failure`` is a :class:`RunStopped`, Ctrl-C or SIGTERM, the run resumable from its
+        checkpoint; else ``status=failed``; with the reason: ``failure``'s type and message on
+        one line), the TensorBoard writer closed, the folder's lock released. Returns the
+        summary line."""
         if failure is not None:
-            self.status, self.reason = "failed", " ".join(f"{type(failure).__name__}: {failure}".split())
+            stopped = isinstance(failure, (RunStopped, KeyboardInterrupt, SystemExit))
+            self.status = "stopped" if stopped else "failed"
+            self.reason = " ".join(f"{type(failure).__name__}: {failure}".split())
         else:
             self.status = "ok"
         self.ended = time.time()
@@ -410,7 +420,7 @@ class RunOutputs:
         the training replies (failed ones: their count and, per failed node, its id and error
         types; idle ones: their count), final and best test accuracy (and the final accuracy of
         every other predictor), wall time, run folder, and ``status=ok``, or ``status=failed
-        reason=...`` (:meth:`finish`; ``status=running`` before). Written to ``summary.txt`` by
+        reason=...`` or ``status=stopped reason=...`` (:meth:`finish`; ``status=running`` before). Written to ``summary.txt`` by
         :meth:`finish`."""
         acc = {r: row["test-accuracy"] for r, row in self.rows.items() if "test-accuracy" in row}
         last = max(acc) if acc else 0

@@ -230,7 +230,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
             if round_end is not None:
                 round_end.record_replies()  # the replies of the round that stopped the run
         finally:
-            log(ERROR, "%s", outputs.finish(failure=exc))  # summary.txt, status=failed; the folder released
+            log(ERROR, "%s", outputs.finish(failure=exc))  # summary.txt, status=failed|stopped; the folder released
         raise
     outputs.finish()
     return outputs

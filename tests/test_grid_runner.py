@@ -200,6 +200,8 @@ def test_stop_after_ends_a_grid_in_time_and_the_next_invocation_finishes_it(
     run_dir = out / "cpu" / "runs" / "smoke__MNIST-sample-IID__FedAvg-10pct__-__s0"
     stopped = load_checkpoint(run_dir).round if (run_dir / CHECKPOINT_FILE).exists() else 0
     assert stopped < 40 and (stopped == 0 or f"(after round {stopped})" in last)
+    if (run_dir / "summary.txt").exists():  # stopped between rounds: on record as stopped, not failed
+        assert " status=stopped reason=StopRequested: " in (run_dir / "summary.txt").read_text()
     assert cli.main([*command, "--set", f"num-rounds={stopped + 1}"]) == 0  # resume may set num-rounds
     [record] = [json.loads(p.read_text()) for p in records.glob("*.json")]
     assert record["last-round"] == stopped + 1 and record.get("resumed-after-round", 0) == stopped

@@ -175,7 +175,7 @@ def test_a_crash_while_writing_the_tables_leaves_the_previous_ones_whole(tmp_pat
     assert calls["n"] >= 1
     assert [r["round"] for r in json.loads((run_dir / "metrics.json").read_text())] == [0]
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
-    assert "status=failed reason=KeyboardInterrupt: killed while writing metrics.json" in (run_dir / "summary.txt").read_text()
+    assert "status=stopped reason=KeyboardInterrupt: killed while writing metrics.json" in (run_dir / "summary.txt").read_text()
     assert not (run_dir / LOCK_FILE).exists()
 
 

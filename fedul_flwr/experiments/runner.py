@@ -64,6 +64,7 @@ from flwr.app import Message, MessageType
 
 from fedul_flwr.checks import run_settings
 from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.outputs import RunStopped
 
 if TYPE_CHECKING:
     import torch
@@ -235,7 +236,7 @@ def execute(
     }
 
 
-class StopRequested(Exception):
+class StopRequested(RunStopped):
     """A run stopped at a round boundary because the grid's time limit (``--stop-after``)
     comes before its next round could end; its checkpoint holds every finished round."""
 
