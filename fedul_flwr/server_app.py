@@ -30,7 +30,7 @@ from fedul_flwr.outputs import RunOutputs, read_metrics, run_folder, running_tim
 from fedul_flwr.privacy import privacy_spent
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
-from fedul_flwr.training import evaluate_predictors
+from fedul_flwr.training import EvaluationCache, evaluate_predictors
 
 app = ServerApp()
 
@@ -130,11 +130,13 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
         log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
     clock = RoundClock(cfg.num_rounds, start_round)
 
+    caches = {"test": EvaluationCache(), "val": EvaluationCache()}  # a model unchanged since the last round runs no forward
+
     def test(x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
         out = {}
         results = evaluate_predictors(
             models, predictors, x, y, to_input=to_input, batch_size=cfg.eval_batch_size, device=device,
-            acceleration=acceleration,
+            acceleration=acceleration, cache=caches[prefix],
         )  # fmt: skip
         for i, (name, result) in enumerate(results.items()):
             suffix = "" if i == 0 else f"-{name}"

@@ -212,7 +212,9 @@ def test_residuals_pair_with_the_dual_model_they_were_trained_against(tmp_path: 
     logits = hassle._logits
 
     def spy(modules, *args, **kwargs):  # type: ignore[no-untyped-def]
-        teachers.append({k: v.detach().cpu().numpy().copy() for k, v in modules[0].state_dict().items()})
+        if len(modules) == 2:  # Eq. 11's teacher (the residuals' base and target run one model each)
+            model = getattr(modules[0], "model", modules[0])  # the model inside its teacher forward
+            teachers.append({k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()})
         return logits(modules, *args, **kwargs)
 
     monkeypatch.setattr(hassle, "_logits", spy)
