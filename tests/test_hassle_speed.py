@@ -17,7 +17,7 @@ from fedul_flwr.checks import resolve_config
 from fedul_flwr.data import simulated
 from fedul_flwr.methods.base import RoundContext, method_class
 from fedul_flwr.models import SmallCNN, build_model
-from fedul_flwr.training import EvaluationCache, LocalLoop, evaluate_predictors
+from fedul_flwr.training import LocalLoop
 
 
 @contextmanager
@@ -73,6 +73,8 @@ def test_the_evaluation_reuses_the_logits_of_unchanged_weights() -> None:
     """With an :class:`EvaluationCache`, a model whose weights equal those of a model run in
     the previous call (the same model, or another name: HASSLE's w_S_prev is the last round's
     w_S) runs no forward pass, and every number is the one a forward pass gives."""
+    from fedul_flwr.training import EvaluationCache, evaluate_predictors
+
     models = nn.ModuleDict({"a": build_model("small-cnn", 1, 10, 28, seed=0), "b": build_model("small-cnn", 1, 10, 28, seed=1)})
     predictors = {"a": lambda m, x: m["a"](x), "b": lambda m, x: m["b"](x), "sum": lambda m, x: m["a"](x) + m["b"](x)}
     g = torch.Generator().manual_seed(0)
@@ -122,3 +124,23 @@ def test_the_faster_round_gives_the_numbers_of_the_baseline_revision(tmp_path) -
     assert [r["round"] for r in pair["metrics"]["current"]] == [0, 1, 2, 3]
     diff = differences(pair)
     assert diff["accuracy"] <= 1e-3 and diff["loss"] <= 1e-4 and diff["weights"] <= 1e-3, diff
+
+
+def test_hassle_section_renders_each_sides_rounds_medians_and_the_speedup() -> None:
+    """``--markdown`` of the ``hassle`` section (the committed results): one row per side with
+    its seconds per round and median, the ratio of the medians and the differences."""
+    import json
+    from pathlib import Path
+
+    from fedul_flwr.experiments.benchmark import render_markdown
+    from fedul_flwr.experiments.tables import table_rows
+
+    results = json.loads((Path(__file__).parent.parent / "docs" / "benchmarks" / "hassle.json").read_text())
+    section = results["hassle"]
+    section["median-s"]["current"], section["speedup"] = 12.345, 2.3456
+    text = render_markdown(results)
+    rows = {row[0]: row for row in table_rows(text) if row[0] in ("this checkout", f"`{section['setting']['baseline'][:8]}` (before)")}
+    assert len(rows) == 2
+    assert rows["this checkout"][-1] == "**12.35**"
+    assert len(rows["this checkout"]) == len(section["round-s"]["current"]) + 2
+    assert "**2.35x**" in text

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -193,6 +194,7 @@ def run_pair(
             if worker.proc.poll() is None and len(done) < len(SIDES):
                 worker.proc.kill()
             worker.close()
+        shutil.rmtree(trees["baseline"], ignore_errors=True)
     models = {
         side: {f"{name}.{k}": v for name, path in done[side]["models"].items() for k, v in torch.load(path).items()}
         for side in SIDES
