@@ -81,7 +81,7 @@ Examples::
     fedul benchmark --only qc --repeats 5
     fedul benchmark --only scale --scale 10:1.0,100:0.1,1000:0.02
     fedul benchmark --quick        # smoke test, ~2 min
-    fedul benchmark --only hassle --data-dir /work/data --hassle-rounds 6 \\
+    fedul benchmark --only hassle --data-dir /path/to/torchvision-root --hassle-rounds 6 \\
         --out docs/benchmarks/hassle.json --markdown docs/benchmarks/hassle.md
 
 The ``flower`` and ``scale`` sections start a real SuperLink with the test suite's harness
