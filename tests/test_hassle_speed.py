@@ -57,6 +57,9 @@ def test_teachers_run_once_per_round_in_float32_and_the_loops_layout() -> None:
     acc = loop_acceleration(cfg, torch.device("cpu"))
     loop = LocalLoop(epochs=1, lr=0.01, l1_weight=0.0, optimizer="sgd", seed=0, device=torch.device("cpu"),
                      to_input=client.to_input, acceleration=acc)  # fmt: skip
+    from fedul_flwr.methods.hassle import TEACHER_LOGITS
+
+    TEACHER_LOGITS.clear()  # another test's round on these weights and images would be read back
     with _forwards() as calls:
         result = hassle.local_update(client, models, RoundContext(0, 1, 0), loop)
     teachers = [c for c in calls if not c[1]]
@@ -67,6 +70,54 @@ def test_teachers_run_once_per_round_in_float32_and_the_loops_layout() -> None:
     assert all(nhwc and dtype == torch.float32 for _, _, nhwc, dtype in teachers)
     assert len(steps) == result.num_steps  # one trained forward per step, nothing else
     assert all(nhwc and dtype == torch.bfloat16 for _, _, nhwc, dtype in steps)
+
+
+def test_a_client_of_the_last_round_reads_back_f_u_w_s_prev_with_the_same_numbers() -> None:
+    """Round t computes f(u; w_S^(t)) (r_SU's target); in round t+1 w_S_prev is w_S^(t), so
+    Eq. 11 runs w_S_prev no more on that client's unlabeled images, and the round trains the
+    very weights it trains with nothing kept; other images or weights are run."""
+    import copy
+
+    from fedul_flwr.methods.hassle import TEACHER_LOGITS
+
+    cfg = resolve_config({"method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "P,P,U",
+                          "labeled-share": 0.5, "samples-per-client": 200, "batch-size": 64})  # fmt: skip
+    hassle = method_class("hassle")(cfg)
+    client = simulated.load_client(cfg, 0, 3, frozenset({"labeled", "unlabeled"}))
+    received = nn.ModuleDict({s.name: build_model("small-cnn", 1, 10, 28, seed=i, width=s.width)
+                              for i, s in enumerate(hassle.model_specs())})  # fmt: skip
+    loop = LocalLoop(epochs=1, lr=0.01, l1_weight=0.0, optimizer="sgd", seed=0, device=torch.device("cpu"),
+                     to_input=client.to_input)  # fmt: skip
+    TEACHER_LOGITS.clear()
+    hassle.local_update(client, copy.deepcopy(received), RoundContext(0, 1, 0), loop)  # round 1 on w_S^(1)
+    second = copy.deepcopy(received)  # round 2: w_S_prev <- w_S^(1), w_S and w_U move on
+    second["w_S_prev"].load_state_dict(received["w_S"].state_dict())
+    for name in ("w_S", "w_U"):
+        with torch.no_grad():
+            second[name].classifier[-1].bias.add_(0.1)
+
+    def round_two() -> tuple[nn.ModuleDict, list[int]]:
+        models = copy.deepcopy(second)
+        with _forwards() as calls:
+            hassle.local_update(client, models, RoundContext(0, 2, 0), loop)
+        return models, sorted(c[0] for c in calls if not c[1])
+
+    hits = TEACHER_LOGITS.hits
+    cached, teachers = round_two()
+    assert TEACHER_LOGITS.hits == hits + 1
+    assert teachers == [5, 20, 20, 20, 20]  # w_S_prev's pass on the unlabeled images is read back
+    TEACHER_LOGITS.clear()
+    plain, teachers = round_two()
+    assert teachers == [5, 20, 20, 20, 20, 20]
+    for name in cached:
+        for (k, a), b in zip(cached[name].state_dict().items(), plain[name].state_dict().values(), strict=True):
+            assert torch.equal(a, b), f"{name}.{k}"
+    other = simulated.load_client(cfg, 2, 3, frozenset({"labeled", "unlabeled"}))  # other images: run
+    TEACHER_LOGITS.clear()
+    hassle.local_update(client, copy.deepcopy(received), RoundContext(0, 1, 0), loop)
+    hits = TEACHER_LOGITS.hits
+    hassle.local_update(other, copy.deepcopy(second), RoundContext(0, 2, 0), loop)
+    assert TEACHER_LOGITS.hits == hits
 
 
 def test_the_evaluation_reuses_the_logits_of_unchanged_weights() -> None:

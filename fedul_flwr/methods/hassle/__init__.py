@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 from collections.abc import Iterable
 
 import torch
@@ -101,7 +102,7 @@ from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
 from fedul_flwr.strategies.per_model import PerModelAggregation
 from fedul_flwr.training import LocalLoop, TrainResult
 
-__all__ = ["Hassle", "HassleAggregation", "proximity_weight", "teacher_forwards"]
+__all__ = ["TEACHER_LOGITS", "Hassle", "HassleAggregation", "TeacherLogitCache", "proximity_weight", "teacher_forwards"]
 
 NUM_LABELED, NUM_UNLABELED = "num-labeled", "num-unlabeled"
 PAIRING = ("previous", "current")
@@ -192,6 +193,65 @@ def _logits(modules: list[nn.Module], images: torch.Tensor, client: ClientData, 
         x = client.to_input(images[i : i + batch].to(device))
         out.append(sum(m(x).float() for m in modules))
     return torch.cat(out)
+
+
+class TeacherLogitCache:
+    """A dual model's float32 logits on a client's unlabeled images, kept for the next round.
+
+    In round t a client computes f(u; w_S^(t)) on its unlabeled images u (the target of
+    r_{S-U}, Eq. 7); in round t+1 its pseudo-labels need f(u; w_S_prev) (Eq. 11), and
+    w_S_prev is w_S^(t) (:class:`HassleAggregation`). A client that trained in round t reads
+    those logits back instead of running w_S_prev again: the very numbers the forward pass
+    computes, since a hit needs the same weights (every parameter and buffer equal), the same
+    images (their bytes' BLAKE2 digest), the same node and the same teacher pass (device,
+    memory format, images per batch, torch threads). Under ``hassle-pairing = "current"`` Eq. 11's f(u; w_S)
+    is the target of the same round: one forward serves both. The entries of the last
+    ``generations`` distinct weights are kept, per node ``[n_u, K]`` float32 (a process that
+    runs no client twice only misses).
+    """
+
+    def __init__(self, generations: int = 2) -> None:
+        self._generations = generations
+        self._entries: list[tuple[dict[str, torch.Tensor], dict[tuple, tuple[bytes, torch.Tensor]]]] = []
+        self.hits = 0
+        """Passes read back instead of run (a diagnostic)."""
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._entries = []
+
+    @staticmethod
+    def _digest(images: torch.Tensor) -> bytes:
+        return hashlib.blake2b(images.detach().cpu().contiguous().numpy().tobytes(), digest_size=32).digest()
+
+    def _entry(self, model: nn.Module) -> dict[tuple, tuple[bytes, torch.Tensor]] | None:
+        state = model.state_dict()
+        for saved, logits in self._entries:
+            if saved.keys() == state.keys() and all(torch.equal(saved[k], v) for k, v in state.items()):
+                return logits
+        return None
+
+    def logits(self, model: nn.Module, teacher: nn.Module, images: torch.Tensor, key: tuple, client: ClientData,
+               device: torch.device, batch: int) -> torch.Tensor:  # fmt: skip
+        """f(images; model) ``[n, K]`` float32 on the CPU: read back on a hit, else run by
+        ``teacher`` (``model`` as :func:`teacher_forwards` runs it) in batches of ``batch``
+        and kept. ``key`` names the node and the teacher pass."""
+        digest = self._digest(images)
+        entry = self._entry(model)
+        if entry is not None and key in entry and entry[key][0] == digest:
+            self.hits += 1
+            return entry[key][1]
+        out = _logits([teacher], images, client, device, batch).cpu()
+        if entry is None:
+            entry = {}
+            self._entries = [*self._entries, ({k: v.detach().clone() for k, v in model.state_dict().items()}, entry)]
+            self._entries = self._entries[-self._generations :]
+        entry[key] = (digest, out)
+        return out
+
+
+TEACHER_LOGITS = TeacherLogitCache()
+"""This process's :class:`TeacherLogitCache` (the clients it runs, round after round)."""
 
 
 def teacher_forwards(frozen: nn.ModuleDict, loop: LocalLoop) -> nn.ModuleDict:
@@ -285,6 +345,16 @@ class Hassle(Method):
         batch = int(self.cfg.eval_batch_size)
         return min(batch, TEACHER_BATCH_CPU) if device.type == "cpu" else batch
 
+    def _unlabeled_logits(self, name: str, frozen: nn.ModuleDict, teachers: nn.ModuleDict, client: ClientData,
+                          loop: LocalLoop) -> torch.Tensor:  # fmt: skip
+        """f(u; ``name``) ``[n_u, K]`` float32 on the client's unlabeled images, through
+        :data:`TEACHER_LOGITS`."""
+        assert client.unlabeled is not None
+        batch = self._teacher_batch(loop.device)
+        acc = loop.acceleration
+        key = (client.node, str(loop.device), batch, acc is not None and acc.channels_last, torch.get_num_threads())
+        return TEACHER_LOGITS.logits(frozen[name], teachers[name], client.unlabeled, key, client, loop.device, batch)
+
     def _side(
         self, models: nn.ModuleDict, frozen: nn.ModuleDict, teachers: nn.ModuleDict, loop: LocalLoop, client: ClientData,
         x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, dual: str, other: str, residual: str,
@@ -324,8 +394,11 @@ class Hassle(Method):
             target = teachers[other]
             if loop.augment is None:  # the teachers' logits once, read per batch
                 batch = self._teacher_batch(loop.device)
-                rows = {"base": _logits([base], x, client, loop.device, batch).cpu(),
-                        "target": _logits([target], x, client, loop.device, batch).cpu()}  # fmt: skip
+                if x is client.unlabeled:  # f(u; w_S): next round's f(u; w_S_prev) (TeacherLogitCache)
+                    target_logits = self._unlabeled_logits(other, frozen, teachers, client, loop)
+                else:
+                    target_logits = _logits([target], x, client, loop.device, batch).cpu()
+                rows = {"base": _logits([base], x, client, loop.device, batch).cpu(), "target": target_logits}
                 task = {"d": Stream({**stream["d"].tensors, **rows}, self.cfg.batch_size)}
 
                 def res_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
@@ -367,8 +440,10 @@ class Hassle(Method):
             self._sent += ("w_S", "r_US") if self.residual else ("w_S",)
         warm = ctx.server_round <= int(self.option("hassle-warmup-rounds"))  # w_U waits: no pseudo-labels yet
         if client.unlabeled is not None and len(client.unlabeled) and not warm:
-            eq11 = [teachers[self.paired("w_S")], teachers["r_US"]] if self.residual else [teachers["w_S"]]
-            logits = _logits(eq11, client.unlabeled, client, ctx.device, self._teacher_batch(ctx.device))
+            eq11 = [self._unlabeled_logits(self.paired("w_S"), frozen, teachers, client, loop)]
+            if self.residual:
+                eq11.append(_logits([teachers["r_US"]], client.unlabeled, client, ctx.device, self._teacher_batch(ctx.device)).cpu())
+            logits = sum(eq11)  # 0 + f(u; w_S_prev) + f(u; r_US), as the pass over both models adds them
             targets, mask = pseudo_labels(logits, float(self.option("hassle-threshold")))
             targets, mask = targets.cpu(), mask.cpu()
             self._kept = float(mask.float().mean())
