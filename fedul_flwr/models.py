@@ -41,6 +41,30 @@ def _scaled(channels: int, width: float) -> int:
     return max(1, int(round(channels * width)))
 
 
+class MaxPool2x2(nn.MaxPool2d):
+    """``nn.MaxPool2d(2)`` (2x2 windows, stride 2, no padding; an odd last row or column is
+    dropped) whose forward pass without gradient is two elementwise maxima of strided views
+    (rows, then columns) instead of the pooling kernel: the same numbers bit for bit (a
+    maximum is exact; NaN propagates in both), 2-5x faster on a CPU in channels-last float32
+    and bfloat16 (the kernel was as slow as the convolution before it when evaluating a
+    small CNN). With gradient it is the kernel, whose backward sends a tie's gradient to one
+    input (the maxima would split it).
+
+    Shapes: ``[B, C, H, W]`` -> ``[B, C, H // 2, W // 2]``, in the input's memory format.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pool ``x`` ``[B, C, H, W]`` (class docstring)."""
+        if torch.is_grad_enabled() and x.requires_grad:
+            return super().forward(x)
+        h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+        rows = torch.maximum(x[..., 0:h:2, :w], x[..., 1:h:2, :w])
+        return torch.maximum(rows[..., 0::2], rows[..., 1::2])
+
+
 @MODELS.register("small-cnn")
 class SmallCNN(nn.Module):
     """LeNet (LeCun et al., 1998; the Caffe variant), the MNIST backbone named in the paper's
@@ -55,10 +79,10 @@ class SmallCNN(nn.Module):
         c1, c2, hidden = _scaled(20, width), _scaled(50, width), _scaled(500, width)
         self.features = nn.Sequential(
             nn.Conv2d(in_channels, c1, 5),
-            nn.MaxPool2d(2),
+            MaxPool2x2(),
             nn.ReLU(inplace=True),
             nn.Conv2d(c1, c2, 5),
-            nn.MaxPool2d(2),
+            MaxPool2x2(),
             nn.ReLU(inplace=True),
         )
         self.classifier = nn.Sequential(

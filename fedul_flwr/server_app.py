@@ -33,7 +33,7 @@ from fedul_flwr.outputs import RunFolderInUse, RunOutputs, run_folder
 from fedul_flwr.privacy import privacy_spent
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
-from fedul_flwr.training import evaluate_predictors
+from fedul_flwr.training import EvaluationCache, evaluate_predictors
 
 app = ServerApp()
 
@@ -103,6 +103,8 @@ class RoundEnd:
     def __post_init__(self) -> None:
         self.predictors = self.method.predictors()
         self.clock = RoundClock(self.cfg.num_rounds, self.start_round)
+        # per test set: a model unchanged since the last round runs no forward
+        self.caches = {"test": EvaluationCache(), "val": EvaluationCache()}
 
     def test(self, x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
         """``<prefix>-loss``/``-accuracy``/``-error`` of the headline predictor, with
@@ -111,6 +113,7 @@ class RoundEnd:
         results = evaluate_predictors(
             self.models, self.predictors, x, y, to_input=lambda v: normalize(v, self.data.mean, self.data.std),
             batch_size=self.cfg.eval_batch_size, device=self.device, acceleration=self.acceleration,
+            cache=self.caches[prefix],
         )  # fmt: skip
         for i, (name, result) in enumerate(results.items()):
             suffix = "" if i == 0 else f"-{name}"

@@ -209,13 +209,14 @@ def test_residuals_pair_with_the_dual_model_they_were_trained_against(tmp_path: 
     import fedul_flwr.methods.hassle as hassle
 
     teachers: list[dict[str, np.ndarray]] = []
-    logits = hassle._logits
+    unlabeled_logits = hassle.Hassle._unlabeled_logits
 
-    def spy(modules, *args, **kwargs):  # type: ignore[no-untyped-def]
-        teachers.append({k: v.detach().cpu().numpy().copy() for k, v in modules[0].state_dict().items()})
-        return logits(modules, *args, **kwargs)
+    def spy(self, name, frozen, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if name != "w_S":  # Eq. 11's dual model (r_SU's target is w_S; the other passes run elsewhere)
+            teachers.append({k: v.detach().cpu().numpy().copy() for k, v in frozen[name].state_dict().items()})
+        return unlabeled_logits(self, name, frozen, *args, **kwargs)
 
-    monkeypatch.setattr(hassle, "_logits", spy)
+    monkeypatch.setattr(hassle.Hassle, "_unlabeled_logits", spy)
     grid, _, _ = _run(tmp_path, "pairs", "P,P,U")
     b1, b2 = (next(arrays for r, arrays in grid.sent if r == server_round) for server_round in (1, 2))
     for dual, copy in (("w_S", "w_S_prev"), ("w_U", "w_U_prev")):

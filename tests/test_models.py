@@ -51,3 +51,32 @@ def test_the_papers_models_on_the_100_classes_of_cifar100() -> None:
     resnet8 = build_model("resnet8", info.channels, k, info.image_size, seed=0)
     assert wrn(torch.zeros(2, 3, 32, 32)).shape == (2, 100) and _size(wrn) == 1_467_610 + 128 * 90 + 90
     assert resnet8(torch.zeros(2, 3, 32, 32)).shape == (2, 100) and _size(resnet8) == 78_042 + 64 * 90 + 90
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("side", [24, 25])
+def test_small_cnn_pooling_without_gradient_is_the_kernel_bit_for_bit(dtype: torch.dtype, channels_last: bool, side: int) -> None:
+    from fedul_flwr.models import MaxPool2x2
+
+    x = torch.randn(3, 5, side, side + 2, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x[0, 0, 0, 0] = float("nan")
+    x[1, 1, :2, :2] = 0.5  # a tie
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        fast = MaxPool2x2()(x)
+    kernel = torch.nn.functional.max_pool2d(x, 2)
+    assert fast.shape == kernel.shape and fast.dtype == kernel.dtype
+    assert torch.equal(fast.nan_to_num(), kernel.nan_to_num()) and torch.equal(fast.isnan(), kernel.isnan())
+    assert fast.is_contiguous(memory_format=torch.channels_last) == channels_last
+    assert isinstance(build_model("small-cnn", 1, 10, 28, seed=0).features[1], MaxPool2x2)
+
+
+def test_small_cnn_pooling_with_gradient_is_the_kernel_s_backward() -> None:
+    """A tie's gradient goes to one input, as max_pool2d's (elementwise maxima would split it)."""
+    from fedul_flwr.models import MaxPool2x2
+
+    x = torch.zeros(1, 1, 2, 2, requires_grad=True)
+    MaxPool2x2()(x).sum().backward()
+    assert x.grad is not None and sorted(x.grad.flatten().tolist()) == [0.0, 0.0, 0.0, 1.0]

@@ -3,7 +3,7 @@
 Every section runs in this one process on this machine and prints medians over
 ``--repeats`` repeats and the ratios; ``--out`` writes everything as JSON.
 
-Sections (``--only loop,augment,qc,client,flower,scale,gpu``; default: all):
+Sections (``--only loop,augment,hassle,qc,client,flower,scale,gpu``; default: all but ``hassle``):
 
 ``loop``
     The loop's execution settings (:mod:`fedul_flwr.acceleration`): whole FedUL local rounds
@@ -22,6 +22,14 @@ Sections (``--only loop,augment,qc,client,flower,scale,gpu``; default: all):
     model's forward + backward + step on it (``small-cnn`` 28 x 28, ``wrn-28-2`` 32 x 32) on
     ``--augment-device``, and a FedUL round with ``augment='rotate'`` against one without
     (:mod:`fedul_flwr.experiments.augment_bench`).
+``hassle``
+    A round of the ``hassle`` preset (Fashion-MNIST from ``--data-dir``, 8 of 20 clients,
+    one torch thread) with this checkout against the same round with the package at git
+    revision ``--hassle-baseline`` (the commit before HASSLE's round was made faster), one
+    round at a time, alternating, in two worker processes; medians over the rounds
+    between the first and the last, their ratio, and the largest differences between the
+    two runs' metrics and final weights (:mod:`fedul_flwr.experiments.hassle_bench`). Only
+    when named.
 ``qc``
     FedUL vs supervised FedAvg (``method='supervised' label-fraction=1.0``): the same model,
     initial weights, client tensors (the very same uint8 images: a simulated client's
@@ -73,6 +81,8 @@ Examples::
     fedul benchmark --only qc --repeats 5
     fedul benchmark --only scale --scale 10:1.0,100:0.1,1000:0.02
     fedul benchmark --quick        # smoke test, ~2 min
+    fedul benchmark --only hassle --data-dir /path/to/torchvision-root --hassle-rounds 6 \\
+        --out docs/benchmarks/hassle.json --markdown docs/benchmarks/hassle.md
 
 The ``flower`` and ``scale`` sections start a real SuperLink with the test suite's harness
 (``tests/flower_harness.py``), so they run from a source checkout.
@@ -105,6 +115,7 @@ import torch
 from fedul_flwr.acceleration import Acceleration, native_bf16
 from fedul_flwr.experiments.augment_bench import augment_markdown, section_augment
 from fedul_flwr.experiments.bare_loop import bare_round, build_federation, central_eval
+from fedul_flwr.experiments.hassle_bench import BASELINE_REVISION, hassle_markdown, section_hassle
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.simulated import load_run_dataset
@@ -113,7 +124,9 @@ from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.runtime import loop_acceleration
 from fedul_flwr.server_app import global_models
 
-SECTIONS = ("loop", "augment", "qc", "client", "flower", "scale", "gpu")
+SECTIONS = ("loop", "augment", "hassle", "qc", "client", "flower", "scale", "gpu")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "hassle")
+"""What runs without ``--only`` (the ``hassle`` section needs Fashion-MNIST and ~10 minutes)."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -911,7 +924,7 @@ def process_tree(root: int) -> list[int]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``fedul benchmark`` (see the module docstring)."""
-    p.add_argument("--only", default=",".join(SECTIONS), help="comma list of sections: " + ",".join(SECTIONS))
+    p.add_argument("--only", default=",".join(DEFAULT_SECTIONS), help="comma list of sections: " + ",".join(SECTIONS))
     p.add_argument("--repeats", type=int, default=3, help="repeats per measurement (medians are reported)")
     p.add_argument("--out", default="", help="write the results as JSON to this file")
     p.add_argument("--workdir", default="", help="scratch folder (SuperLink homes, run folders); default: a temp dir")
@@ -934,6 +947,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--augment-baseline", default="", help="augment section: also time fedul_flwr/augment.py at this git revision")
     p.add_argument("--feddb-round", action="store_true", help="augment section: also time a FedDB paper-protocol round (GPU)")
     p.add_argument("--feddb-clients", type=int, default=10, help="clients per FedDB round of --feddb-round")
+    p.add_argument("--hassle-baseline", default=BASELINE_REVISION, help="hassle section: the git revision compared with this checkout")
+    p.add_argument("--hassle-rounds", type=int, default=6, help="hassle section: rounds of each run (medians over rounds 2..R-1)")
+    p.add_argument("--hassle-nodes", type=int, default=20, help="hassle section: clients of the federation")
+    p.add_argument("--hassle-threads", type=int, default=1, help="hassle section: torch threads of each run")
+    p.add_argument("--hassle-dataset", default="", help="hassle section: another dataset than the preset's (e.g. mnist-sample)")
     p.add_argument("--client-images", type=int, default=32, help="images of the client in the client section")
     p.add_argument("--client-calls", type=int, default=7, help="timed ClientApp calls per model in the client section")
     p.add_argument("--client-models", default="small-cnn,paper-cnn,resnet18")
@@ -964,7 +982,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         args.repeats, args.rounds, args.scale_rounds, args.qc_clients, args.flower_clients = 1, 2, 2, 2, 2
         args.scale, args.samples_per_client = "10:0.2", 300
         args.loop_clients, args.loop_samples, args.augment_batch, args.augment_clients = 2, "resnet18:32", 32, 2
-        args.feddb_clients = 1
+        args.feddb_clients, args.hassle_rounds = 1, 3
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
@@ -972,7 +990,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
-    """Markdown of the ``loop``, ``augment`` and ``scale`` sections of a results dict (with the
+    """Markdown of the ``loop``, ``augment``, ``hassle`` and ``scale`` sections of a results dict (with the
     machine)."""
     m = results["machine"]
     parts = [f"Measured {m['date-utc']} on {m['cpu']} ({m['cpu-count']} cores, {m.get('cpu-capability', '?')}, "
@@ -984,6 +1002,8 @@ def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
                      f"{s['threads']} threads, medians of {s['repeats']} interleaved repeats.\n\n" + loop_markdown(results["loop"]))  # fmt: skip
     if "augment" in results:
         parts.append(augment_markdown(results["augment"]))
+    if "hassle" in results:
+        parts.append(hassle_markdown(results["hassle"]))
     if "scale" in results:
         parts.append(scale_markdown(results["scale"], label))
     return "\n\n".join(parts) + "\n"
@@ -1023,6 +1043,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     sections: dict[str, Callable[[], dict[str, Any]]] = {
         "loop": lambda: section_loop(args),
         "augment": lambda: section_augment(args),
+        "hassle": lambda: section_hassle(args),
         "qc": lambda: section_qc(args),
         "client": lambda: section_client(args),
         "flower": lambda: section_flower(args, workdir),

@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 from collections.abc import Iterable
 
 import torch
@@ -93,6 +94,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from torch import nn
 
 from fedul_flwr import wire
+from fedul_flwr.acceleration import PLAIN
 from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, NothingToTrain, Predictor, RoundContext, Stream, register_method
@@ -100,12 +102,16 @@ from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
 from fedul_flwr.strategies.per_model import PerModelAggregation
 from fedul_flwr.training import LocalLoop, TrainResult
 
-__all__ = ["Hassle", "HassleAggregation", "proximity_weight"]
+__all__ = ["TEACHER_LOGITS", "Hassle", "HassleAggregation", "TeacherLogitCache", "proximity_weight", "teacher_forwards"]
 
 NUM_LABELED, NUM_UNLABELED = "num-labeled", "num-unlabeled"
 PAIRING = ("previous", "current")
 PHASE_ORDERS = ("residual-first", "dual-first")
 GAMMA_FORMS = ("mean", "sum")
+TEACHER_BATCH_CPU = 512
+"""Images per forward pass of the teachers on a CPU (at most ``eval-batch-size``): a small
+CNN's float32 forward costs ~0.09 ms per image at 256-512 images and ~0.16 ms at 2048 (its
+activations leave the cache)."""
 PAIRED: dict[str, tuple[str, str]] = {"r_US": ("w_S", "w_S_prev"), "r_SU": ("w_U", "w_U_prev")}
 """Residual model -> (the dual model it is trained against, the copy of that dual model it
 was last trained against, sent with ``hassle-pairing = "previous"``)."""
@@ -189,6 +195,88 @@ def _logits(modules: list[nn.Module], images: torch.Tensor, client: ClientData, 
     return torch.cat(out)
 
 
+class TeacherLogitCache:
+    """A dual model's float32 logits on a client's unlabeled images, kept for the next round.
+
+    In round t a client computes f(u; w_S^(t)) on its unlabeled images u (the target of
+    r_{S-U}, Eq. 7); in round t+1 its pseudo-labels need f(u; w_S_prev) (Eq. 11), and
+    w_S_prev is w_S^(t) (:class:`HassleAggregation`). A client that trained in round t reads
+    those logits back instead of running w_S_prev again: the very numbers the forward pass
+    computes, since a hit needs the same weights (every parameter and buffer equal), the same
+    images (their bytes' BLAKE2 digest), the same node and the same teacher pass (device,
+    memory format, images per batch, torch threads). Under ``hassle-pairing = "current"`` Eq. 11's f(u; w_S)
+    is the target of the same round: one forward serves both. The entries of the last
+    ``generations`` distinct weights are kept, per node ``[n_u, K]`` float32 (a process that
+    runs no client twice only misses).
+    """
+
+    def __init__(self, generations: int = 2) -> None:
+        self._generations = generations
+        self._entries: list[tuple[dict[str, torch.Tensor], dict[tuple, tuple[bytes, torch.Tensor]]]] = []
+        self.hits = 0
+        """Passes read back instead of run (a diagnostic)."""
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._entries = []
+
+    @staticmethod
+    def _digest(images: torch.Tensor) -> bytes:
+        return hashlib.blake2b(images.detach().cpu().contiguous().numpy().tobytes(), digest_size=32).digest()
+
+    def _entry(self, model: nn.Module) -> dict[tuple, tuple[bytes, torch.Tensor]] | None:
+        state = model.state_dict()
+        for saved, logits in self._entries:
+            if saved.keys() == state.keys() and all(torch.equal(saved[k], v) for k, v in state.items()):
+                return logits
+        return None
+
+    def logits(self, model: nn.Module, teacher: nn.Module, images: torch.Tensor, key: tuple, client: ClientData,
+               device: torch.device, batch: int) -> torch.Tensor:  # fmt: skip
+        """f(images; model) ``[n, K]`` float32 on the CPU: read back on a hit, else run by
+        ``teacher`` (``model`` as :func:`teacher_forwards` runs it) in batches of ``batch``
+        and kept. ``key`` names the node and the teacher pass."""
+        digest = self._digest(images)
+        entry = self._entry(model)
+        if entry is not None and key in entry and entry[key][0] == digest:
+            self.hits += 1
+            return entry[key][1]
+        out = _logits([teacher], images, client, device, batch).cpu()
+        if entry is None:
+            entry = {}
+            self._entries = [*self._entries, ({k: v.detach().clone() for k, v in model.state_dict().items()}, entry)]
+            self._entries = self._entries[-self._generations :]
+        entry[key] = (digest, out)
+        return out
+
+
+TEACHER_LOGITS = TeacherLogitCache()
+"""This process's :class:`TeacherLogitCache` (the clients it runs, round after round)."""
+
+
+def teacher_forwards(frozen: nn.ModuleDict, loop: LocalLoop) -> nn.ModuleDict:
+    """The frozen models as a client's teachers run them (pseudo-labels, the residuals' base
+    and target): float32, as they always ran (the loop's ``precision`` covers the trained
+    models only), in the loop's memory format (channels-last on a CPU halves a small CNN's
+    forward: its max-pooling is ~9x faster in NHWC). Converts ``frozen`` in place (the
+    round's own copies).
+
+    Parameters
+    ----------
+    frozen : nn.ModuleDict
+        The received models, copied and frozen for the round.
+    loop : LocalLoop
+        The round's loop; its ``acceleration`` (None: the plain loop) gives the layout.
+
+    Returns
+    -------
+    nn.ModuleDict
+        Callables ``[B, C, H, W] -> [B, K]`` float32 by model name, in eval mode.
+    """
+    acc = loop.acceleration if loop.acceleration is not None else dataclasses.replace(PLAIN, device=loop.device)
+    return dataclasses.replace(acc, precision="fp32", compile=False).prepare(frozen).eval()
+
+
 @register_method
 class Hassle(Method):
     """HASSLE / SUMA (module docstring)."""
@@ -252,14 +340,36 @@ class Hassle(Method):
 
         return LocalTask({"d": Stream({"x": x, "y": y}, self.cfg.batch_size)}, loss)
 
+    def _teacher_batch(self, device: torch.device) -> int:
+        """Images per forward pass of the teachers (:data:`TEACHER_BATCH_CPU` on a CPU)."""
+        batch = int(self.cfg.eval_batch_size)
+        return min(batch, TEACHER_BATCH_CPU) if device.type == "cpu" else batch
+
+    def _unlabeled_logits(self, name: str, frozen: nn.ModuleDict, teachers: nn.ModuleDict, client: ClientData,
+                          loop: LocalLoop) -> torch.Tensor:  # fmt: skip
+        """f(u; ``name``) ``[n_u, K]`` float32 on the client's unlabeled images, through
+        :data:`TEACHER_LOGITS`."""
+        assert client.unlabeled is not None
+        batch = self._teacher_batch(loop.device)
+        acc = loop.acceleration
+        key = (client.node, str(loop.device), batch, acc is not None and acc.channels_last, torch.get_num_threads())
+        return TEACHER_LOGITS.logits(frozen[name], teachers[name], client.unlabeled, key, client, loop.device, batch)
+
     def _side(
-        self, models: nn.ModuleDict, frozen: nn.ModuleDict, loop: LocalLoop, x: torch.Tensor, y: torch.Tensor,
-        mask: torch.Tensor, dual: str, other: str, residual: str,
+        self, models: nn.ModuleDict, frozen: nn.ModuleDict, teachers: nn.ModuleDict, loop: LocalLoop, client: ClientData,
+        x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, dual: str, other: str, residual: str,
     ) -> list[TrainResult]:  # fmt: skip
         """One side of the round: the residual of ``dual`` (Eqs. 7-9) and ``dual`` itself with
         the proximity term towards the frozen ``other`` (Eq. 12), in ``hassle-phase-order``:
         ``residual-first`` fits the residual to the received ``dual``; ``dual-first`` trains
-        ``dual`` first and fits the residual to the updated one (Alg. 1's order)."""
+        ``dual`` first and fits the residual to the updated one (Alg. 1's order).
+
+        The residual's frozen base and target logits are computed once per round, in one
+        pass over ``x`` before its training (``teachers``: float32, the loop's layout), and
+        travel with the batches as the stream's ``base`` and ``target`` rows: the models are
+        frozen and the images are not augmented, so every step reads the logits it would
+        compute. With the run's ``augment`` the images change per step and the teachers run
+        inside each step on the augmented batch, as before."""
         stream = {"d": Stream({"x": x, "y": y, "mask": mask}, self.cfg.batch_size)}
 
         def dual_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
@@ -281,25 +391,43 @@ class Hassle(Method):
 
         def train_residual(base: nn.Module) -> TrainResult:
             t, lam = float(self.option("hassle-temperature")), float(self.option("hassle-lambda"))
+            target = teachers[other]
+            if loop.augment is None:  # the teachers' logits once, read per batch
+                batch = self._teacher_batch(loop.device)
+                if x is client.unlabeled:  # f(u; w_S): next round's f(u; w_S_prev) (TeacherLogitCache)
+                    target_logits = self._unlabeled_logits(other, frozen, teachers, client, loop)
+                else:
+                    target_logits = _logits([target], x, client, loop.device, batch).cpu()
+                rows = {"base": _logits([base], x, client, loop.device, batch).cpu(), "target": target_logits}
+                task = {"d": Stream({**stream["d"].tensors, **rows}, self.cfg.batch_size)}
 
-            def res_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+                def res_loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+                    b = batch["d"]
+                    return residual_loss(models[residual](b["x"]), b["base"], b["target"], b["y"], t, lam, b["mask"])
+
+                return loop.run(models, LocalTask(task, res_loss), trained=[residual])
+
+            def res_loss_augmented(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
                 b = batch["d"]
                 with torch.no_grad():
-                    base_logits, target = base(b["x"]), frozen[other](b["x"])
-                return residual_loss(models[residual](b["x"]), base_logits, target, b["y"], t, lam, b["mask"])
+                    base_logits, target_logits = base(b["x"]), target(b["x"])
+                return residual_loss(models[residual](b["x"]), base_logits, target_logits, b["y"], t, lam, b["mask"])
 
-            return loop.run(models, LocalTask(stream, res_loss), trained=[residual])
+            return loop.run(models, LocalTask(stream, res_loss_augmented), trained=[residual])
 
         if not self.residual:
             return [train_dual()]
         if self.option("hassle-phase-order") == "residual-first":
-            return [train_residual(frozen[dual]), train_dual()]
+            return [train_residual(teachers[dual]), train_dual()]
         first = train_dual()
-        return [first, train_residual(copy.deepcopy(models[dual]).requires_grad_(False).eval())]
+        updated = nn.ModuleDict({dual: copy.deepcopy(models[dual]).requires_grad_(False)})
+        return [first, train_residual(teacher_forwards(updated, loop)[dual])]
 
     def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
-        """The round of Fig. 3 (module docstring)."""
+        """The round of Fig. 3 (module docstring). The frozen models run as
+        :func:`teacher_forwards` makes them."""
         frozen = nn.ModuleDict({k: copy.deepcopy(m).requires_grad_(False) for k, m in models.items()}).eval()
+        teachers = teacher_forwards(frozen, loop)
         results: list[TrainResult] = []
         self._sent: tuple[str, ...] = ()
         self._kept = 0.0
@@ -307,12 +435,15 @@ class Hassle(Method):
         self._classes, self._correct = torch.zeros(k), 0.0
         if client.labeled is not None and len(client.labeled):
             ones = torch.ones(len(client.labeled), dtype=torch.bool)
-            results += self._side(models, frozen, loop, client.labeled.x, client.labeled.y, ones, "w_S", "w_U", "r_US")
+            labeled = (client.labeled.x, client.labeled.y, ones)
+            results += self._side(models, frozen, teachers, loop, client, *labeled, "w_S", "w_U", "r_US")
             self._sent += ("w_S", "r_US") if self.residual else ("w_S",)
         warm = ctx.server_round <= int(self.option("hassle-warmup-rounds"))  # w_U waits: no pseudo-labels yet
         if client.unlabeled is not None and len(client.unlabeled) and not warm:
-            teachers = [frozen[self.paired("w_S")], frozen["r_US"]] if self.residual else [frozen["w_S"]]
-            logits = _logits(teachers, client.unlabeled, client, ctx.device, self.cfg.eval_batch_size)
+            eq11 = [self._unlabeled_logits(self.paired("w_S"), frozen, teachers, client, loop)]
+            if self.residual:
+                eq11.append(_logits([teachers["r_US"]], client.unlabeled, client, ctx.device, self._teacher_batch(ctx.device)).cpu())
+            logits = sum(eq11)  # 0 + f(u; w_S_prev) + f(u; r_US), as the pass over both models adds them
             targets, mask = pseudo_labels(logits, float(self.option("hassle-threshold")))
             targets, mask = targets.cpu(), mask.cpu()
             self._kept = float(mask.float().mean())
@@ -320,7 +451,8 @@ class Hassle(Method):
             if client.unlabeled_classes is not None:  # simulation: the diagnostic accuracy
                 self._correct = float((mask & (targets == client.unlabeled_classes)).sum())
             if bool(mask.any()):
-                results += self._side(models, frozen, loop, client.unlabeled, targets, mask, "w_U", "w_S", "r_SU")
+                unlabeled = (client.unlabeled, targets, mask)
+                results += self._side(models, frozen, teachers, loop, client, *unlabeled, "w_U", "w_S", "r_SU")
                 self._sent += ("w_U", "r_SU") if self.residual else ("w_U",)
         n = sum(len(p) for p in (client.labeled, client.unlabeled) if p is not None)
         if not results:  # an unlabeled client in the warm-up or without a confident pseudo-label
