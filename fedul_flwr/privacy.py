@@ -186,14 +186,17 @@ def gaussian_epsilon(multiplier: float, delta: float) -> float:
     """The exact epsilon at ``delta`` of one Gaussian mechanism with noise multiplier
     ``multiplier`` (standard deviation over L2 sensitivity): the analytic Gaussian mechanism of
     Balle & Wang (ICML 2018, Thm. 8), by ``dp-accounting``'s ``GaussianPrivacyLoss``, inverted
-    by its binary search to within 1e-7 from above (an upper bound). ``inf`` for no noise."""
+    by its binary search from above (an upper bound; within 1e-7 for multipliers >= 1, relatively
+    within ~2e-7 below). ``inf`` for no noise."""
     from dp_accounting.pld import common
     from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
 
     if multiplier <= 0:
         return math.inf
     loss = GaussianPrivacyLoss(multiplier, sensitivity=1.0)
-    search = common.BinarySearchParameters(0.0, math.inf, initial_guess=1.0)
+    # epsilon grows as 1 / (2 multiplier^2) for small multipliers: a tolerance relative to that
+    # scale (1e-7 at multiplier 1) stays above float spacing, so the search ends
+    search = common.BinarySearchParameters(0.0, math.inf, initial_guess=1.0, tolerance=1e-7 * max(1.0, multiplier**-2))
     return float(common.inverse_monotone_function(loss.get_delta_for_epsilon, delta, search))
 
 
