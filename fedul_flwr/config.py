@@ -205,6 +205,9 @@ def _format_test_prior(prior: tuple[float, ...]) -> str:
     return ",".join(repr(v) for v in prior)
 
 
+SERVER_DP = "server-side DP"
+"""The source :func:`compose_config` names for ``aggregation-weights='uniform'`` when it sets it
+because of ``differential-privacy=server-*`` (not typed by the user)."""
 CORE_KEYS: tuple[str, ...] = tuple(f.name.replace("_", "-") for f in dataclasses.fields(RunConfig) if f.name != "extra")
 
 
@@ -276,7 +279,8 @@ def compose_config(
     -------
     (dict[str, Any], dict[str, str])
         The composed values (every key) and where each came from: ``"default"``,
-        ``"preset"`` or ``"user"``.
+        ``"preset"``, ``"user"``, or :data:`SERVER_DP` for ``aggregation-weights``, set to
+        ``uniform`` under server-side DP where the user did not type it.
 
     Raises
     ------
@@ -292,6 +296,9 @@ def compose_config(
     preset = load_preset(preset_name)
     values = {**defaults, **preset, **user}
     sources = {k: "user" if k in user else "preset" if k in preset else "default" for k in values}
+    if str(values["differential-privacy"]).startswith("server") and sources["aggregation-weights"] != "user":
+        # the server's DP noise z C / n assumes equal client weights (fedul_flwr.privacy)
+        values["aggregation-weights"], sources["aggregation-weights"] = "uniform", SERVER_DP
     return values, sources
 
 
@@ -423,14 +430,18 @@ def config_from_json(text: str) -> RunConfig:
 
 
 def describe_sources(values: Mapping[str, Any], sources: Mapping[str, str]) -> str:
-    """One line naming the preset's keys and the user's keys with their values."""
+    """One line naming the preset's keys and the user's keys with their values (and a key set
+    for server-side DP, :data:`SERVER_DP`)."""
 
     def keys(kind: str) -> str:
         chosen = [f"{k}={values[k]!r}" for k in sorted(values) if sources.get(k) == kind]
         return ", ".join(chosen) or "none"
 
     preset = repr(values["preset"]) if values.get("preset") else "none"
-    return f"run configuration: preset={preset}; from the preset: {keys('preset')}; typed by the user: {keys('user')}"
+    line = f"run configuration: preset={preset}; from the preset: {keys('preset')}; typed by the user: {keys('user')}"
+    if SERVER_DP in sources.values():
+        line += f"; set for server-side DP (its noise assumes equal client weights): {keys(SERVER_DP)}"
+    return line
 
 
 def _check(condition: bool, message: str) -> None:
@@ -543,6 +554,12 @@ def _validate_robustness(cfg: RunConfig) -> None:
         f"differential-privacy={cfg.differential_privacy!r} with strategy='scaffold': Flower's server-side clipping "
         "handles one ArrayRecord per reply and SCAFFOLD sends its control variates beside the model; use "
         "differential-privacy=client-local",
+    )
+    _check(
+        not (cfg.differential_privacy.startswith("server") and cfg.aggregation_weights != "uniform"),
+        f"aggregation-weights={cfg.aggregation_weights!r} with differential-privacy={cfg.differential_privacy!r}: the "
+        "server's noise z C / n protects every client with noise multiplier z only when the clients weigh the same; "
+        "use aggregation-weights='uniform' (what server-side DP sets when the key is not typed)",
     )
     _check(
         not (cfg.resume and cfg.differential_privacy == "server-adaptive"),

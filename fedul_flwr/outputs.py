@@ -408,12 +408,17 @@ class RunOutputs:
         keys = {k for row in self.rows.values() for k in row if k.startswith("test-accuracy-")}
         return ["test-accuracy", *sorted(keys)]
 
-    @staticmethod
-    def _privacy(row: Mapping[str, Any]) -> str:
-        """``epsilon=... delta=... `` of a DP run's row ("" without them)."""
+    def _privacy(self, row: Mapping[str, Any]) -> str:
+        """``epsilon=... delta=... epsilon-round=... neighbours=... `` of a DP run's row ("" without
+        them): the composed bound, its delta, the exact epsilon of one round and the guarantee
+        they are for (:data:`fedul_flwr.privacy.NEIGHBOURS`)."""
         if wire.PRIVACY_EPSILON not in row:
             return ""
-        return f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "
+        from fedul_flwr.privacy import NEIGHBOURS
+
+        return (f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "
+                f"epsilon-round={row.get(wire.PRIVACY_EPSILON_ROUND, math.nan):.4g} "
+                f"neighbours={NEIGHBOURS[self.cfg.differential_privacy]} ")  # fmt: skip
 
     def summary(self) -> str:
         """One line: method, dataset, clients (the distinct nodes that trained), sets, rounds,

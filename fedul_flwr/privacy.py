@@ -35,7 +35,7 @@ Fitting them to this project's messages (the mechanisms are Flower's, unchanged)
 - ``LocalDpMod`` privatizes the model arrays of the reply; uploaded statistics (FedDB's APP-U,
   scalar metrics) and SCAFFOLD's control variates travel as they are.
 
-Two departures from Flower 1.41, both measured in ``tests/test_privacy_robustness.py``:
+Where this departs from Flower 1.42, measured in ``tests/test_privacy_robustness.py``:
 
 - **The adaptive norm's direction.** Andrew et al. (Alg. 1) update C <- C exp(-eta (b - gamma))
   with b the fraction of updates *not* clipped and gamma its target. Flower passes the
@@ -43,22 +43,42 @@ Two departures from Flower 1.41, both measured in ``tests/test_privacy_robustnes
   clipped C shrinks (measured: 1e-3 -> 0.82e-3 in 2 rounds) and keeps shrinking.
   :class:`QuantileTracking` applies the paper's rule with b = 1 - clipped fraction and
   gamma = 1 - ``dp-target-clipped-quantile``, i.e. C <- C exp(eta (clipped - target)).
-- **Seeded noise.** Flower draws the Gaussian noise from numpy's global generator; it is
-  seeded here from the run's seed (server side, once) and from (seed, round, node key) on
-  the node before ``LocalDpMod`` runs, so a seeded run repeats itself.
+- **Noise nobody can regenerate.** Flower draws the Gaussian noise from numpy's global
+  generator. Every noise draw here (the server's, on the aggregate and on the adaptive
+  clipped count, and ``LocalDpMod``'s on a node) runs under :func:`os_entropy`: numpy's global
+  generator is seeded from 256 bits of the operating system's CSPRNG (``os.urandom``) for that
+  draw only, and its previous state is put back afterwards. The run's ``seed``, its records and
+  its folder cannot reproduce the noise (with a seeded noise, anyone who knows the seed
+  subtracts it and recovers the exact update); the training draws stay seeded, so a DP run is
+  not bit-reproducible, and only its noise differs between two runs with the same seed.
+- **Equal client weights.** Flower's noise z C / n on the average of n clipped updates gives
+  each client the noise multiplier z only when the clients weigh the same (Flower's own
+  accountant refuses other weights). Under server-side DP the run therefore aggregates with
+  ``aggregation-weights=uniform``: :func:`fedul_flwr.config.compose_config` sets it (with a
+  notice) where it was not typed, and a typed ``num-examples`` is refused.
 
-The privacy spent: :func:`privacy_spent` gives (epsilon, delta) after each round from Google's
-``dp-accounting`` (Rényi DP accountant, the ``flwr[dp]`` extra), recorded per round in the run's
-metrics and in the summary line:
+The privacy spent: :func:`privacy_spent` gives (epsilon, delta) after each round, an upper
+bound for the sampling Flower performs (a fixed number of nodes drawn without replacement),
+recorded per round in the run's metrics and in the summary line:
 
-- ``server-fixed`` (client-level DP of the released models): each round is the Gaussian
-  mechanism with noise multiplier z on the sum of the clipped updates; with a share q < 1 of
-  the nodes sampled per round it is composed as Poisson sampling with rate q (the usual
-  approximation of Flower's fixed-size sampling without replacement, McMahan et al. 2018).
-- ``client-local`` (local DP of each node's replies): each reply is the Gaussian mechanism
-  with standard deviation sigma = ``dp-sensitivity * sqrt(2 ln(1.25 / dp-delta)) / dp-epsilon``
-  on an update clipped to C, so two replies of a node differ by at most 2C in L2 norm: noise
-  multiplier sigma / (2C), composed over every round (a node that sat rounds out spent less).
+- ``server-fixed`` (client-level DP of the released models, neighbouring federations differ by
+  adding or removing one client; the number n of updates a round averages is public): Flower's
+  own accountant (``flwr.serverapp.RdpAccountant``, Rényi DP via Google's ``dp-accounting``)
+  with ``sampling_method=no-amplification``, the only one Flower 1.42 allows for these
+  wrappers: each round is the Gaussian mechanism with noise multiplier z on the sum of the
+  clipped updates, whatever share of the nodes it samples.
+- ``client-local`` (local DP of each node's replies, neighbouring inputs are any two local data
+  sets of the node): each reply is the Gaussian mechanism with standard deviation
+  sigma = ``dp-sensitivity * sqrt(2 ln(1.25 / dp-delta)) / dp-epsilon`` on an update clipped to
+  C, so two replies of a node differ by at most 2C in L2 norm: noise multiplier sigma / (2C),
+  composed over every round by ``dp-accounting``'s RDP accountant (a node that sat rounds out
+  spent less).
+- Beside the composed figure both record the exact epsilon of one round's release at the
+  same delta (``privacy-epsilon-round``): the analytic Gaussian mechanism of Balle & Wang
+  (ICML 2018, Thm. 8) by ``dp-accounting``'s ``GaussianPrivacyLoss``. For ``client-local`` it
+  is what ``dp-epsilon`` promises only in part: ``LocalDpMod``'s sigma is the classic bound,
+  valid for ``dp-epsilon`` < 1; with ``dp-sensitivity`` = 2C one reply is below ``dp-epsilon``
+  up to about 8.4 and above it beyond (2.2e4 at ``dp-epsilon`` = 1000).
 - ``server-adaptive`` is not accounted (its noisy clipped-count query shares the budget in a
   way Flower's wrapper fixes at construction): the run records no epsilon.
 
@@ -69,9 +89,11 @@ workflow API rather than the Message-API strategies used here, and is not wired 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from logging import INFO
 from typing import Any
 
@@ -96,26 +118,50 @@ from flwr.serverapp.strategy import (
 
 from fedul_flwr import wire
 from fedul_flwr.config import CHOICES, RunConfig, config_from_json
-from fedul_flwr.data.sources import node_key
 
-__all__ = ["ACCOUNTED_MODES", "DP_MODES", "local_dp_mod", "privacy_spent", "with_server_dp"]
+__all__ = ["ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "local_dp_mod", "os_entropy", "privacy_spent", "with_server_dp"]
 
 DP_MODES: tuple[str, ...] = CHOICES["differential-privacy"]
 """Values of ``differential-privacy``: none, server-fixed, server-adaptive, client-local."""
-_LOCAL_DP_STREAM = 0x1DB  # keeps the node's noise stream apart from its other seeded draws
 ACCOUNTED_MODES: tuple[str, ...] = ("server-fixed", "client-local")
 """Values of ``differential-privacy`` whose (epsilon, delta) a run records."""
-_RDP_ORDERS = (*(1 + x / 10.0 for x in range(1, 100)), *range(11, 64), 128, 256, 512, 1024)
+NEIGHBOURS: dict[str, str] = {
+    "server-fixed": "client-level,add-or-remove-one-client,no-amplification",
+    "client-local": "local,any-two-datasets-of-a-node",
+}
+"""The guarantee each accounted mode's epsilon is for, as the summary line names it
+(``neighbours=...``): whom it protects, the neighbouring relation, and (central DP) the
+sampling assumed."""
+_ENTROPY_BYTES = 32  # 256 bits from the OS CSPRNG seed numpy's generator for one noise draw
+
+
+@contextlib.contextmanager
+def os_entropy() -> Iterator[None]:
+    """numpy's global generator, from which Flower's DP noise is drawn, seeded from 256 bits of
+    the operating system's CSPRNG (``os.urandom``) inside the block; its previous state is put
+    back on leaving, so the seeded (training) draws around the block go on as without it.
+
+    The noise drawn inside can be reproduced from nothing the run keeps (its ``seed``, records
+    or folder). One process runs one node or the server at a time (Flower's runtimes, the
+    in-process grid): no other thread draws from the global generator meanwhile.
+    """
+    state = np.random.get_state()
+    np.random.seed(np.frombuffer(os.urandom(_ENTROPY_BYTES), dtype=np.uint32))
+    try:
+        yield
+    finally:
+        np.random.set_state(state)
 
 
 def noise_multiplier(cfg: RunConfig) -> float:
     """The noise multiplier of one round's Gaussian mechanism (noise standard deviation over the
-    largest L2 distance between two inputs' outputs), unitless.
+    largest L2 distance between two neighbouring inputs' outputs), unitless.
 
     ``server-fixed``: z = ``dp-noise-multiplier`` (Flower adds N(0, (z C / n)^2) to the average
-    of n updates clipped to C, i.e. N(0, (z C)^2) to their sum). ``client-local``:
-    ``LocalDpMod``'s sigma = ``dp-sensitivity`` sqrt(2 ln(1.25 / dp-delta)) / ``dp-epsilon``
-    over 2C, the largest distance between two updates clipped to C.
+    of n updates clipped to C, i.e. N(0, (z C)^2) to their sum, which one client changes by at
+    most C). ``client-local``: ``LocalDpMod``'s sigma = ``dp-sensitivity``
+    sqrt(2 ln(1.25 / dp-delta)) / ``dp-epsilon`` over 2C, the largest distance between two
+    updates clipped to C.
 
     Raises
     ------
@@ -130,46 +176,86 @@ def noise_multiplier(cfg: RunConfig) -> float:
     raise ValueError(f"differential-privacy={cfg.differential_privacy!r} is not accounted (only {ACCOUNTED_MODES})")
 
 
-def sample_rate(cfg: RunConfig, num_nodes: int) -> float:
-    """Share q of the nodes that train in a round, as Flower samples them:
-    max(int(N * ``fraction-train``), ``min-train-nodes``) of the N nodes (at most all)."""
-    if num_nodes <= 0:
-        return 1.0
-    return min(1.0, max(int(num_nodes * cfg.fraction_train), cfg.min_train_nodes) / num_nodes)
+def sample_size(cfg: RunConfig, num_nodes: int) -> int:
+    """Nodes that train in a round, as Flower's FedAvg samples them (without replacement):
+    max(int(N * ``fraction-train``), ``min-train-nodes``) of the N nodes, at most N (>= 1)."""
+    return max(1, min(num_nodes, max(int(num_nodes * cfg.fraction_train), cfg.min_train_nodes)))
+
+
+def gaussian_epsilon(multiplier: float, delta: float) -> float:
+    """The exact epsilon at ``delta`` of one Gaussian mechanism with noise multiplier
+    ``multiplier`` (standard deviation over L2 sensitivity): the analytic Gaussian mechanism of
+    Balle & Wang (ICML 2018, Thm. 8), by ``dp-accounting``'s ``GaussianPrivacyLoss``, inverted
+    by its binary search from above (an upper bound; within 1e-7 for multipliers >= 1, relatively
+    within ~2e-7 below). ``inf`` for no noise."""
+    from dp_accounting.pld import common
+    from dp_accounting.pld.privacy_loss_mechanism import GaussianPrivacyLoss
+
+    if multiplier <= 0:
+        return math.inf
+    loss = GaussianPrivacyLoss(multiplier, sensitivity=1.0)
+    # epsilon grows as 1 / (2 multiplier^2) for small multipliers: a tolerance relative to that
+    # scale (1e-7 at multiplier 1) stays above float spacing, so the search ends
+    search = common.BinarySearchParameters(0.0, math.inf, initial_guess=1.0, tolerance=1e-7 * max(1.0, multiplier**-2))
+    return float(common.inverse_monotone_function(loss.get_delta_for_epsilon, delta, search))
+
+
+def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
+    """Epsilon at ``dp-delta`` of ``rounds`` rounds, by Rényi DP (see the module doc).
+
+    ``server-fixed``: Flower's ``RdpAccountant`` (add-or-remove-one client, no amplification by
+    Flower's fixed-size sampling of ``num_nodes`` nodes). ``client-local``: ``dp-accounting``'s
+    ``RdpAccountant`` on the Gaussian mechanism of :func:`noise_multiplier` (no sampling: a node
+    knows whether it replied). ``inf`` for no noise, 0 for no round.
+    """
+    import dp_accounting  # flwr[dp]; imported here: runs without DP do not need it
+    from flwr.serverapp import NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
+    from flwr.serverapp import GaussianPrivacyEvent
+
+    multiplier = noise_multiplier(cfg)
+    if rounds <= 0:
+        return 0.0
+    if multiplier <= 0:
+        return math.inf
+    if cfg.differential_privacy == "server-fixed":
+        population = max(1, num_nodes)
+        accountant = RdpAccountant(PrivacyConfig(cfg.dp_delta, population, NeighboringRelation.ADD_OR_REMOVE_ONE,
+                                                 SamplingMethod.NO_AMPLIFICATION))  # fmt: skip
+        accountant.compose(GaussianPrivacyEvent(multiplier, sample_size(cfg, population), population), rounds)
+        return accountant.get_privacy_spent(cfg.dp_delta).epsilon
+    local = dp_accounting.rdp.RdpAccountant()
+    local.compose(dp_accounting.GaussianDpEvent(multiplier), rounds)
+    return float(local.get_epsilon(cfg.dp_delta))
 
 
 def privacy_spent(cfg: RunConfig, rounds: int, num_nodes: int) -> dict[str, float]:
-    """(epsilon, delta) spent after ``rounds`` rounds, by Google's ``dp-accounting`` (RDP).
+    """(epsilon, delta) spent after ``rounds`` rounds, and the exact epsilon of one round.
 
     Parameters
     ----------
     cfg : RunConfig
         Uses ``differential-privacy``, the DP keys of :func:`noise_multiplier`, ``dp-delta``
-        (the delta the epsilon is given at), ``fraction-train`` and ``min-train-nodes``.
+        (the delta the epsilons are given at), ``fraction-train`` and ``min-train-nodes``.
     rounds : int
         Rounds done (>= 0).
     num_nodes : int
-        Nodes the rounds sample from (server-fixed: amplification by sampling when not all train).
+        Nodes the rounds sample from (Flower's accountant records it; no amplification).
 
     Returns
     -------
     dict
-        ``{"privacy-epsilon": eps, "privacy-delta": delta}`` (eps = 0 at round 0), or ``{}``
-        when the run's mode is not accounted.
+        ``{"privacy-epsilon": eps, "privacy-epsilon-round": eps_1, "privacy-delta": delta}``:
+        eps the composed upper bound of :func:`composed_epsilon` (0 at round 0), eps_1 the
+        exact epsilon of one round's release (:func:`gaussian_epsilon`); ``{}`` when the run's
+        mode is not accounted.
     """
     if cfg.differential_privacy not in ACCOUNTED_MODES:
         return {}
-    import dp_accounting  # flwr[dp]; imported here: runs without DP do not need it
-    from dp_accounting.rdp import RdpAccountant
-
-    event: Any = dp_accounting.GaussianDpEvent(noise_multiplier(cfg))
-    q = sample_rate(cfg, num_nodes) if cfg.differential_privacy == "server-fixed" else 1.0
-    if q < 1.0:
-        event = dp_accounting.PoissonSampledDpEvent(q, event)
-    accountant = RdpAccountant(orders=list(_RDP_ORDERS))
-    if rounds > 0:
-        accountant.compose(event, rounds)
-    return {wire.PRIVACY_EPSILON: float(accountant.get_epsilon(cfg.dp_delta)), wire.PRIVACY_DELTA: cfg.dp_delta}
+    return {
+        wire.PRIVACY_EPSILON: composed_epsilon(cfg, rounds, num_nodes),
+        wire.PRIVACY_EPSILON_ROUND: gaussian_epsilon(noise_multiplier(cfg), cfg.dp_delta),
+        wire.PRIVACY_DELTA: cfg.dp_delta,
+    }
 
 
 class ClippableReplies:
@@ -237,9 +323,24 @@ class QuantileTracking:
         self.clipping_norm *= math.exp(self.clip_norm_lr * (clipped_fraction - self.target_clipped_quantile))
 
 
+class SecretNoise:
+    """Mixin for Flower's server-side DP wrappers: each of their noise draws (on the aggregate;
+    on the clipped count of the adaptive wrapper) under :func:`os_entropy`, so no seed or record
+    regenerates it."""
+
+    def _add_noise_to_aggregated_arrays(self, aggregated_arrays: ArrayRecord) -> ArrayRecord:
+        with os_entropy():
+            return super()._add_noise_to_aggregated_arrays(aggregated_arrays)  # type: ignore[misc]
+
+    def _noisy_fraction(self, count: int, total: int) -> float:  # the adaptive wrapper's only
+        with os_entropy():
+            return super()._noisy_fraction(count, total)  # type: ignore[misc]
+
+
 @functools.cache
 def _wrapper(base: type[Strategy]) -> type[Strategy]:
-    mixins = (ClippableReplies, QuantileTracking) if base is DifferentialPrivacyServerSideAdaptiveClipping else (ClippableReplies,)
+    adaptive = base is DifferentialPrivacyServerSideAdaptiveClipping
+    mixins = (SecretNoise, ClippableReplies, *((QuantileTracking,) if adaptive else ()))
     return type(f"Clippable{base.__name__}", (*mixins, base), {"__module__": __name__})
 
 
@@ -261,8 +362,6 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig) -> Strategy:
     Strategy
         The wrapper (its ``.strategy`` is ``strategy``) or ``strategy``.
     """
-    if cfg.differential_privacy != "none":
-        np.random.seed(cfg.seed)  # Flower's wrappers draw their noise from numpy's global generator
     if cfg.differential_privacy == "server-fixed":
         return _wrapper(DifferentialPrivacyServerSideFixedClipping)(
             strategy, noise_multiplier=cfg.dp_noise_multiplier, clipping_norm=cfg.dp_clipping_norm, num_sampled_clients=1
@@ -287,8 +386,9 @@ def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
     ``differential-privacy=client-local`` (a pass-through otherwise).
 
     The reply's model arrays are clipped against the received copy of exactly the models the
-    client sends (HASSLE's partial replies included) and noised by ``LocalDpMod``; a client
-    that sat the round out and failed replies pass unchanged.
+    client sends (HASSLE's partial replies included) and noised by ``LocalDpMod``, its noise
+    drawn under :func:`os_entropy` (never from the run's seed); a client that sat the round out
+    and failed replies pass unchanged.
 
     Raises
     ------
@@ -304,9 +404,6 @@ def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
     sent = reply.content[wire.ARRAYS]
     received = msg.content[wire.ARRAYS]
     mod = LocalDpMod(cfg.dp_clipping_norm, cfg.dp_sensitivity, cfg.dp_epsilon, cfg.dp_delta)
-    server_round = int(msg.content[wire.CONFIG][wire.SERVER_ROUND])
-    key = node_key(context.node_config, context.node_id)
-    np.random.seed(np.random.SeedSequence([cfg.seed, server_round, key, _LOCAL_DP_STREAM]).generate_state(1)[0])
     # LocalDpMod needs one ArrayRecord with the same keys in and out: show it just those
     view = Message(RecordDict({wire.ARRAYS: ArrayRecord({k: received[k] for k in sent.keys()})}),
                    dst_node_id=msg.metadata.dst_node_id, message_type=MessageType.TRAIN)  # fmt: skip
@@ -314,7 +411,8 @@ def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
     def inner(_: Message, __: Context) -> Message:
         return Message(RecordDict({wire.ARRAYS: sent}), reply_to=view)
 
-    out: Any = mod(view, context, inner)
+    with os_entropy():  # the noise: from the OS CSPRNG, never from the run's seed
+        out: Any = mod(view, context, inner)
     if out.has_error():
         raise RuntimeError(f"LocalDpMod failed on node {context.node_id}: {out.error.reason}")
     reply.content[wire.ARRAYS] = out.content[wire.ARRAYS]

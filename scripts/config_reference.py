@@ -183,7 +183,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
     "Server strategy": {
         "strategy": "the server algorithm ([server strategies](server-strategies.md))",
         "aggregation-weights": "client weights, for every strategy: `num-examples` (n_c) or `uniform` (1/C, the "
-        "FedUL authors' code)",
+        "FedUL authors' code); `uniform` under server-side DP, whose noise assumes equal weights (set when not "
+        "typed; a typed `num-examples` is refused)",
         "fraction-train": "share of connected nodes sampled per round",
         "min-train-nodes": "at least this many nodes per round (must be <= `min-available-nodes`)",
         "max-failure-fraction": "stop the run (with the nodes' errors) when more than this share of a round's "
@@ -212,11 +213,14 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "initial C of server-adaptive",
         "dp-target-clipped-quantile": "server-adaptive: the share of updates that should be clipped",
         "dp-clip-norm-lr": "server-adaptive: the geometric step of C per round",
-        "dp-sensitivity": "client-local: the Gaussian mechanism's sensitivity (2 x dp-clipping-norm: two clipped updates "
-        "differ by at most 2C, so each round is (dp-epsilon, dp-delta)-DP)",
-        "dp-epsilon": "client-local: epsilon of the Gaussian mechanism, per round",
-        "dp-delta": "client-local: delta of the Gaussian mechanism, per round; server-fixed and client-local: the delta "
-        "at which the run records the epsilon it has spent (`privacy-epsilon` in metrics.csv, the summary line)",
+        "dp-sensitivity": "client-local: the sensitivity in `LocalDpMod`'s noise formula (two updates clipped to C "
+        "differ by at most 2C: 2 x dp-clipping-norm is the true one)",
+        "dp-epsilon": "client-local: the epsilon in `LocalDpMod`'s noise formula sigma = dp-sensitivity "
+        "sqrt(2 ln(1.25 / dp-delta)) / dp-epsilon, a per-round guarantee only below 1; the run records the exact "
+        "epsilon of one reply (`privacy-epsilon-round`)",
+        "dp-delta": "client-local: the delta in `LocalDpMod`'s noise formula; server-fixed and client-local: the delta "
+        "at which the run records the epsilon it has spent (`privacy-epsilon`, an upper bound, and "
+        "`privacy-epsilon-round` in metrics.csv; the summary line)",
     },
     "Outputs and runtime": {
         "verbose": "`false`: the run prints one line per round (test accuracy, seconds, ETA) and the summary line; "

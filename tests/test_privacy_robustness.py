@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.checks import resolve_config
-from fedul_flwr.config import ConfigError
+from fedul_flwr.config import SERVER_DP, ConfigError, compose_config, describe_sources
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import get_method
 from fedul_flwr.privacy import privacy_spent
@@ -129,7 +129,8 @@ def test_client_local_dp_composes_with_hassle_and_server_dp_refuses_it_clearly(t
           "labeled-share": 0.5, "samples-per-client": 100, "batch-size": 32, "num-rounds": 2, "output-dir": str(tmp_path),
           "differential-privacy": "client-local", "dp-clipping-norm": 0.05, "dp-sensitivity": 1e-12}  # fmt: skip
     outputs = run_federation(InProcessGrid(client_app, 3, {**rc, "run-name": "local"}), resolve_config({**rc, "run-name": "local"}))
-    assert re.search(r" epsilon=[0-9.e+]+ delta=1e-05 ", outputs.summary())
+    assert re.search(r" epsilon=[0-9.e+]+ delta=1e-05 epsilon-round=[0-9.e+]+ neighbours=local,any-two-datasets-of-a-node ",
+                     outputs.summary())  # fmt: skip
     rows = json.loads((tmp_path / "local" / "metrics.json").read_text())
     assert [r["round"] for r in rows] == [0, 1, 2]
     # the privacy spent is recorded every round (0 before any reply left a node), and grows
@@ -142,30 +143,160 @@ def test_client_local_dp_composes_with_hassle_and_server_dp_refuses_it_clearly(t
         run_federation(InProcessGrid(client_app, 3, server), resolve_config(server))
 
 
-def test_privacy_spent_follows_the_gaussian_mechanism_and_composes() -> None:
-    """server-fixed: one round with all nodes is the Gaussian mechanism with noise multiplier z,
-    so its RDP epsilon stays within the classic bound sqrt(2 ln(1.25 / delta)) / z (valid below 1);
-    more rounds spend more, more noise and sampling fewer nodes spend less. client-local with
-    dp-sensitivity = 2C (two clipped updates differ by at most 2C) spends at most the
-    configured dp-epsilon per round. Modes that are not accounted record nothing."""
-    delta = 1e-5
-    fixed = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": 5.0, "dp-delta": delta})
-    one = privacy_spent(fixed, 1, num_nodes=5)
-    assert one[wire.PRIVACY_DELTA] == delta
-    assert 0.5 < one[wire.PRIVACY_EPSILON] <= math.sqrt(2 * math.log(1.25 / delta)) / 5.0
-    assert privacy_spent(fixed, 0, 5)[wire.PRIVACY_EPSILON] == 0
-    ten = privacy_spent(fixed, 10, 5)[wire.PRIVACY_EPSILON]
-    assert one[wire.PRIVACY_EPSILON] < ten < 10 * one[wire.PRIVACY_EPSILON]
-    noisier = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": 10.0})
-    assert privacy_spent(noisier, 10, 5)[wire.PRIVACY_EPSILON] < ten
-    sampled = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": 5.0, "fraction-train": 0.1,
-                              "min-train-nodes": 2})  # fmt: skip
-    assert privacy_spent(sampled, 10, 100)[wire.PRIVACY_EPSILON] < ten  # 10 of 100 nodes a round
-    local = resolve_config({"differential-privacy": "client-local", "dp-epsilon": 0.9, "dp-sensitivity": 2.0,
-                            "dp-clipping-norm": 1.0, "dp-delta": delta})  # fmt: skip
-    assert 0.5 < privacy_spent(local, 1, 5)[wire.PRIVACY_EPSILON] <= 0.9
+# Reference epsilons, computed once outside fedul_flwr (dp-accounting 0.6.0, scipy 1.17.1) and pasted:
+# - "rdp": dp_accounting.rdp.RdpAccountant() (default orders), GaussianDpEvent(m) self-composed over the
+#   rounds, get_epsilon(delta) -- no amplification by sampling, whatever q;
+# - "exact": the exact epsilon of those rounds. T Gaussian releases of noise multiplier m are one Gaussian
+#   release of multiplier m / sqrt(T) (mu = sqrt(T) / m), whose epsilon at delta solves Balle & Wang
+#   (ICML 2018, Thm. 8) delta = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu), evaluated with
+#   scipy.special.log_ndtr and solved with scipy.optimize.brentq (xtol 1e-12);
+# - "one round": that exact epsilon for T = 1.
+# m = z (server-fixed) or sigma / (2C) with sigma = dp-sensitivity sqrt(2 ln(1.25 / delta)) / dp-epsilon
+# (client-local). q = the share of the N = 100 nodes a round samples (fraction-train).
+SERVER_FIXED_REFERENCE = [
+    # q, z, rounds, delta, rdp, exact, one round
+    (1.0, 5.0, 1, 1e-5, 0.794522032537103, 0.7255217508578085, 0.7255217508578085),
+    (1.0, 1.0, 10, 1e-5, 19.05359753163139, 17.85658683010763, 4.377178095681232),
+    (1.0, 0.05, 5, 1e-5, 1211.7782575788603, 1189.7766984122504, 284.3918494977892),
+    (0.1, 1.0, 100, 1e-5, 96.11630842505602, 91.81728962466377, 4.377178095681232),
+    (0.01, 1.5, 200, 1e-5, 87.78297509172268, 83.83059061287624, 2.7533813795291784),
+]  # fmt: skip
+CLIENT_LOCAL_REFERENCE = [
+    # q, dp-epsilon, dp-sensitivity, C, rounds, delta, rdp, exact, one round
+    (1.0, 0.9, 2.0, 1.0, 1, 1e-5, 0.7331940613623855, 0.6692746052827478, 0.6692746052827478),
+    (1.0, 8.4, 2.0, 1.0, 1, 1e-5, 9.020970115756594, 8.395786779587771, 8.395786779587771),
+    (1.0, 1000.0, 2.0, 1.0, 5, 1e-5, 117271.96179877249, 108476.67702406575, 22181.16355162104),
+    (0.5, 1.0, 2.0, 1.0, 20, 1e-5, 4.314078519548396, 3.990775913169949, 0.7509769568672038),
+    (1.0, 10.0, 0.5, 0.1, 3, 1e-6, 7.092209576189856, 6.649777660727242, 3.55824573726405),
+]  # fmt: skip
+
+
+def _check_against(spent: dict, rdp: float, exact: float, one_round: float) -> None:
+    """The recorded epsilon is the RDP figure, an upper bound of the exact one (within 15% of
+    it); the per-round figure is the exact one, from above."""
+    assert spent[wire.PRIVACY_EPSILON] == pytest.approx(rdp, rel=1e-9)
+    assert exact <= spent[wire.PRIVACY_EPSILON] <= 1.15 * exact
+    assert one_round <= spent[wire.PRIVACY_EPSILON_ROUND] <= one_round * (1 + 1e-6)
+
+
+@pytest.mark.parametrize(("q", "z", "rounds", "delta", "rdp", "exact", "one_round"), SERVER_FIXED_REFERENCE)
+def test_server_fixed_epsilon_matches_independent_values_without_amplification(
+    q: float, z: float, rounds: int, delta: float, rdp: float, exact: float, one_round: float
+) -> None:
+    """Flower samples a fixed number of nodes without replacement; like Flower's own accountant
+    the bound takes no amplification from it: sampling 10% or 1% of the nodes spends what
+    sampling them all does (Poisson amplification at q = 0.1 said 7.90 for the 96.1 here)."""
+    cfg = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": z, "dp-delta": delta,
+                          "fraction-train": q, "min-train-nodes": 1})  # fmt: skip
+    spent = privacy_spent(cfg, rounds, num_nodes=100)
+    assert spent[wire.PRIVACY_DELTA] == delta
+    _check_against(spent, rdp, exact, one_round)
+    assert privacy_spent(cfg, 0, 100)[wire.PRIVACY_EPSILON] == 0
+
+
+@pytest.mark.parametrize(("q", "eps", "sensitivity", "clip", "rounds", "delta", "rdp", "exact", "one_round"),
+                         CLIENT_LOCAL_REFERENCE)  # fmt: skip
+def test_client_local_epsilon_matches_independent_values_and_states_one_reply_exactly(
+    q: float, eps: float, sensitivity: float, clip: float, rounds: int, delta: float, rdp: float, exact: float,
+    one_round: float,
+) -> None:
+    """One reply's exact epsilon is recorded beside the composed bound: below dp-epsilon for
+    dp-epsilon < 1 (0.67 at 0.9), above it beyond about 8.4 (2.2e4 at dp-epsilon = 1000)."""
+    cfg = resolve_config({"differential-privacy": "client-local", "dp-epsilon": eps, "dp-sensitivity": sensitivity,
+                          "dp-clipping-norm": clip, "dp-delta": delta, "fraction-train": q, "min-train-nodes": 1})  # fmt: skip
+    _check_against(privacy_spent(cfg, rounds, num_nodes=100), rdp, exact, one_round)
+
+
+def test_unaccounted_modes_record_no_epsilon() -> None:
     for mode in ("none", "server-adaptive"):
         assert privacy_spent(resolve_config({"differential-privacy": mode}), 3, 5) == {}
+
+
+def test_server_side_dp_aggregates_with_equal_weights() -> None:
+    """Flower's noise z C / n protects each client with multiplier z only under equal weights:
+    server-side DP sets aggregation-weights=uniform where it was not typed (and says so in the
+    run's configuration line); a typed num-examples is refused (see the validation cases)."""
+    values, sources = compose_config({"differential-privacy": "server-fixed"})
+    assert values["aggregation-weights"] == "uniform" and sources["aggregation-weights"] == SERVER_DP
+    assert "set for server-side DP (its noise assumes equal client weights): aggregation-weights='uniform'" in (
+        describe_sources(values, sources))  # fmt: skip
+    assert build_strategy(resolve_config({"differential-privacy": "server-fixed"})).strategy.weighted_by_key == (
+        wire.UNIFORM_WEIGHT)  # fmt: skip
+    assert compose_config({"differential-privacy": "client-local"})[0]["aggregation-weights"] == "num-examples"
+
+
+def _first_round(run_config: dict) -> tuple[ArrayRecord, ArrayRecord, dict[int, ArrayRecord]]:
+    """One round of the real ClientApp on 3 nodes: the initial and the released global arrays,
+    and each node's reply arrays as they left the node."""
+
+    class Keep(InProcessGrid):
+        def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+            replies = list(super().pull_messages(message_ids))
+            self.sent.update({r.metadata.src_node_id: r.content[wire.ARRAYS] for r in replies})
+            return replies
+
+    rc = {**CHEAP, **run_config}
+    cfg = resolve_config(rc)
+    grid = Keep(client_app, 3, rc)
+    grid.sent = {}
+    initial = ArrayRecord(global_models(cfg, get_method(cfg.method)(cfg), 1, 10, 28).state_dict())
+    random.seed(0)
+    result = build_strategy(cfg, get_method(cfg.method)(cfg).aggregation()).start(
+        grid=grid, initial_arrays=initial, num_rounds=1, train_config=ConfigRecord({wire.RUN_CONFIG: cfg.to_json()})
+    )  # fmt: skip
+    return initial, result.arrays, grid.sent
+
+
+def _recovered(released: ArrayRecord, seed: int, std: float) -> dict[str, np.ndarray]:
+    """The attack: ``released`` minus the Gaussian noise Flower draws for it (one
+    np.random.normal per array, in order, cast to the array's dtype) from numpy's global
+    generator seeded with ``seed``."""
+    np.random.seed(seed)
+    out = {}
+    for key, value in zip(released.keys(), released.to_numpy_ndarrays(), strict=True):
+        out[key] = value.astype(np.float64) - np.random.normal(0, std, value.shape).astype(value.dtype)
+    return out
+
+
+def _relative_error(recovered: dict[str, np.ndarray], exact: ArrayRecord, reference: ArrayRecord) -> float:
+    """||recovered - exact|| / ||exact - reference||."""
+    off = math.sqrt(sum(float(np.sum((recovered[k] - exact[k].numpy()) ** 2)) for k in exact.keys()))
+    return off / _distance(exact, reference)
+
+
+def test_local_dp_noise_cannot_be_regenerated_from_the_seed() -> None:
+    """With noise 10^3 times a node's update, regenerating it from (seed, round, node) -- how it was
+    drawn before, 'seeded so a run repeats itself' -- and subtracting it gave back the node's exact
+    update (relative error ~1e-4); drawn from the OS CSPRNG, the same attack is off by the noise.
+    Two runs with the same seed release different replies; without noise they are identical."""
+    seed = 7
+    exact_run = {"differential-privacy": "client-local", "dp-clipping-norm": 1.0, "dp-sensitivity": 1e-12, "seed": seed}
+    noisy_run = {**exact_run, "dp-sensitivity": 2.0, "dp-epsilon": 1.0}
+    initial, _, exact = _first_round(exact_run)
+    assert _distance(_first_round(exact_run)[2][1], exact[1]) < 1e-6  # training is seeded: the same without noise
+    _, _, noisy = _first_round(noisy_run)
+    std = 2.0 * math.sqrt(2 * math.log(1.25 / 1e-5)) / 1.0
+    for node, released in noisy.items():
+        old_seed = int(np.random.SeedSequence([seed, 1, node - 1, 0x1DB]).generate_state(1)[0])
+        assert _relative_error(_recovered(released, old_seed, std), exact[node], initial) > 100
+    _, _, again = _first_round(noisy_run)
+    assert _distance(noisy[1], again[1]) > 100 * _distance(exact[1], initial)  # different noise, same seed
+
+
+def test_server_dp_noise_cannot_be_regenerated_from_the_seed() -> None:
+    """The server's noise was drawn after seeding numpy with the run's seed: regenerating it gave
+    back the clipped mean of the round; now the attack is off by the noise, and two runs with the
+    same seed release different models (the same one without noise)."""
+    seed = 7
+    clip, z = 1e-3, 1.0
+    exact_run = {"differential-privacy": "server-fixed", "dp-clipping-norm": clip, "dp-noise-multiplier": 0.0, "seed": seed}
+    initial, exact, _ = _first_round(exact_run)
+    assert _distance(_first_round(exact_run)[1], exact) == 0.0  # training and clipping are seeded
+    noisy_run = {**exact_run, "dp-noise-multiplier": z}
+    _, released, _ = _first_round(noisy_run)
+    assert _relative_error(_recovered(released, seed, z * clip / 3), exact, initial) > 10
+    _, again, _ = _first_round(noisy_run)
+    assert _distance(released, again) > 10 * _distance(exact, initial)
 
 
 @pytest.mark.parametrize(
@@ -177,6 +308,8 @@ def test_privacy_spent_follows_the_gaussian_mechanism_and_composes() -> None:
         ({"differential-privacy": "central"}, r"differential-privacy='central' is not one of"),
         ({"dp-delta": 1.0}, r"dp-delta=1.0 must be in \(0, 1\)"),
         ({"dp-epsilon": 0}, r"dp-epsilon=0(\.0)? must be > 0"),
+        ({"differential-privacy": "server-fixed", "aggregation-weights": "num-examples"},
+         r"aggregation-weights='num-examples' with differential-privacy='server-fixed': .* use aggregation-weights='uniform'"),
     ],
 )
 def test_privacy_and_robustness_keys_are_validated(values: dict, message: str) -> None:
