@@ -168,6 +168,24 @@ def test_a_record_made_on_cuda_in_fp32_counts_for_the_cpu_cell(tmp_path: Path) -
     assert not runner._share_record(cpu, auto, records / "auto.json", runner._recorded_runs(records))
 
 
+def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> None:
+    """``--seeds 1`` runs only seed 1, yet the page still shows the grid's default seeds'
+    records (a seed-1 run once re-rendered ``hassle-sweep`` with its seed-0 cells gone)."""
+    records = tmp_path / "cpu" / "records"
+    records.mkdir(parents=True)
+    command = ["reproduce", "--grid", "hassle-sweep", "--out", str(tmp_path), "--render-only"]
+    for seed, accuracy in ((0, 0.75), (1, 0.25)):
+        spec = next(s for s in reproduce.hassle_sweep_specs([seed]) if s.column == "FedAvg (labeled only)")
+        rows = [{"round": n, "test-accuracy": accuracy, "wall-time": float(n)} for n in range(1, 11)]
+        record = {"spec": dataclasses.asdict(spec), "run-id": spec.run_id, "last-test-error": 1 - accuracy, "last-round": 10,
+                  "wall-time-s": 10.0, "config": {"method": "supervised"}, "metrics": rows}  # fmt: skip
+        (records / f"{spec.run_id}.json").write_text(json.dumps(record))
+        cli.main([*command, "--seeds", str(seed)])
+        page = (tmp_path / "cpu" / "results-hassle-sweep.md").read_text()
+        assert page.count("75.00") >= 1 and f"{seed + 1} of " in page  # seed 0's cell stays
+    assert "50.00 (35.36; 75.00, 25.00)" in page  # both seeds in one cell: mean (std; each seed)
+
+
 def test_gpu_share_and_stop_times() -> None:
     """On the CPU no memory cap is set; the time limits leave a margin of 15 s + 10% (at most 120 s)."""
     assert runner.share_gpu(torch.device("cpu"), 4) is None

@@ -712,14 +712,20 @@ def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path
 
     parser = argparse.ArgumentParser()
     reproduce.add_arguments(parser)
-    specs = reproduce.build_grid("hassle-sweep", parser.parse_args(["--grid", "hassle-sweep"]), [0])
+    specs = reproduce.build_grid("hassle-sweep", parser.parse_args(["--grid", "hassle-sweep"]), reproduce.HASSLE_SWEEP_SEEDS)
     assert {s.seed for s in specs} == {0, 1}
     hassle = [s for s in specs if s.column == "HASSLE"]
     assert len(hassle) == 2 * len(reproduce.HASSLE_SWEEP) and all(s.preset == "hassle" and s.clients == 20 for s in specs)
     for spec in hassle:
         assert spec.overrides == {**reproduce.HASSLE_SHARES["10%"], "method": "hassle", **reproduce.HASSLE_SWEEP[spec.row]}
-        assert len(reproduce.HASSLE_SWEEP[spec.row]) <= (2 if "pairing" in spec.row or "sum form" in spec.row else 1)
-    assert {s.row for s in specs if s.column != "HASSLE"} == {"preset"}
+        if not spec.row.startswith("combined"):
+            assert len(reproduce.HASSLE_SWEEP[spec.row]) <= (2 if "pairing" in spec.row or "sum form" in spec.row else 1)
+    combined = reproduce.HASSLE_SWEEP["combined, lr 0.1"]
+    assert combined == {**reproduce.HASSLE_SWEEP["Alg. 1 phase order, same-round pairing"],
+                        **reproduce.HASSLE_SWEEP["same initial weights"], "lr": 0.1}  # fmt: skip
+    assert {s.row for s in specs if s.column != "HASSLE"} == {"preset", "lr 0.1"}
+    lr_baseline = [s for s in specs if s.row == "lr 0.1" and s.column != "HASSLE"]
+    assert [s.overrides["lr"] for s in lr_baseline] == [0.1, 0.1] and lr_baseline[0].overrides["method"] == "supervised"
     assert reproduce.HASSLE_SWEEP["gamma 10, Eq. 12's sum form"] == {"hassle-gamma-form": "sum", "hassle-gamma": 10.0}
     assert len({s.run_id for s in specs}) == len(specs)
     assert reproduce.PAPER["hassle-sweep"][("preset", "HASSLE EM", "*")] == 84.04
