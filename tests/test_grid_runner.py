@@ -60,7 +60,9 @@ def test_a_failed_run_is_one_failed_cell_and_never_blocks_its_rerun(tmp_path: Pa
     records = out / "cpu" / "records"
     fedpl, fedavg = "smoke__MNIST-sample-IID__FedPL__10__s0", "smoke__MNIST-sample-IID__FedAvg-10pct__-__s0"
     assert (records / f"{fedavg}.json").is_file() and not (records / f"{fedpl}.json").exists()
-    assert "| MNIST-sample IID |" in (out / "cpu" / "results-smoke.md").read_text()  # rendered from what exists
+    page = (out / "cpu" / "results-smoke.md").read_text()
+    assert "| MNIST-sample IID |" in page  # rendered from what exists
+    assert "1 more failed" in page and f"| {fedpl} | 0 " in page  # the page lists the failed run
     failure = json.loads(runner.failure_path(records, fedpl).read_text())
     assert failure["error-type"] == "NoSuccessfulReplyError" and "nan" in failure["error"]
     assert failure["round-reached"] == 0 and Path(failure["run-dir"]).name == fedpl
@@ -73,6 +75,7 @@ def test_a_failed_run_is_one_failed_cell_and_never_blocks_its_rerun(tmp_path: Pa
     assert cli.main([*SMOKE, "--methods", "fedpl", "--out", str(out)]) == 0
     assert (records / f"{fedpl}.json").is_file() and not runner.failure_path(records, fedpl).exists()
     assert len(list(records.glob("*.json"))) == 2
+    assert "failed" not in (out / "cpu" / "results-smoke.md").read_text().lower()  # its failure is history
 
 
 # --------------------------------------------------------------------------- output-only keys

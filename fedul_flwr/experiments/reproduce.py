@@ -69,6 +69,7 @@ from fedul_flwr.experiments.round_windows import format_seeds, render_windows
 from fedul_flwr.experiments.runner import (
     RunSpec,
     add_common_arguments,
+    load_failures,
     load_records,
     parse_overrides,
     parse_seeds,
@@ -807,12 +808,21 @@ def _device(record: Mapping[str, Any]) -> str:
     return f"{record['device']} ({record['device-name']})" if record.get("device-name") else str(record["device"])
 
 
-def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], out_dir: Path) -> Path:
+def _short(error: str, limit: int = 160) -> str:
+    """``error`` on one line, cut at ``limit`` characters (``|`` escaped for a table cell)."""
+    one = " ".join(error.split()).replace("|", "/")
+    return one if len(one) <= limit else one[: limit - 3] + "..."
+
+
+def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]], out_dir: Path,
+           failures: Sequence[Mapping[str, Any]] = ()) -> Path:  # fmt: skip
     """Write ``results-<grid>.md`` (the tables, settings, wall time) and the plots.
 
     Each table sits between named snippet markers (``last``, ``tail``, ``best``, ``best-val``,
-    ``windows``, ``diagnostics``, ``wall-time``), which the docs include with
-    ``--8<-- "docs/reproduce/<profile>/results-<grid>.md:<name>"``.
+    ``windows``, ``diagnostics``, ``failed``, ``wall-time``), which the docs include with
+    ``--8<-- "docs/reproduce/<profile>/results-<grid>.md:<name>"``. ``failures``: the failure
+    records of runs without a record (:func:`~fedul_flwr.experiments.runner.load_failures`),
+    listed with their error and the last round they completed; their cells stay empty.
     """
     done = len(records)
     wall = total_run_time(records)
@@ -822,7 +832,8 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
     text = [
         f"## {grid} ({profile_name} profile)",
         "",
-        f"{done} of {len(specs)} runs; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper]"
+        f"{done} of {len(specs)} runs" + (f" ({len(failures)} more failed: see Failed runs)" if failures else "")
+        + f"; total run time {wall / 60:.1f} min. Cells: % test {unit}, ours [paper]"
         + (f" for {sub_name} = {subs}" if subs else "") + "; mean (std; each seed in ascending order) when there "
         "are several seeds." + (f" {BRACKET_NOTES[grid]}" if grid in BRACKET_NOTES else ""),
         "",
@@ -856,6 +867,11 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         shown = {1, 5, 10, 20, 50, 100, 150, 200} if grid == "hassle-sweep" else {10, 50, 100, 150, 200}
         rounds = sorted(shown & set(range(1, max(int(r["last-round"]) for r in diagnosed) + 1)))
         text += _section("diagnostics", f"Why: {title} by round", render_diagnostics(diagnosed, rounds=rounds))
+    if failures:  # a failed run is a result too: what failed and when
+        rows = [[f["run-id"], f.get("round-reached", "-"), f"{f.get('error-type', '')}: {_short(str(f.get('error', '')))}"]
+                for f in failures]  # fmt: skip
+        text += _section("failed", "Failed runs (no cell; the run folder keeps the log)",
+                         markdown_table(["run", "last completed round", "error"], rows))  # fmt: skip
     if records:  # every run's wall time and the settings that decide it
         rows = []
         for r in sorted(records, key=lambda r: r["run-id"]):
@@ -948,7 +964,7 @@ def run(args: argparse.Namespace) -> int:
                            stop_after=args.stop_after, started=getattr(args, "started", None))  # fmt: skip
     records = load_records(specs, out_dir / "records")
     if records or args.grid in GPU_GRIDS:  # a GPU grid's page shows the paper's numbers and the plan
-        path = render(args.grid, args.profile, specs, records, out_dir)
+        path = render(args.grid, args.profile, specs, records, out_dir, load_failures(specs, out_dir / "records"))
         print(path.read_text())
         print(f"wrote {path}")
     else:

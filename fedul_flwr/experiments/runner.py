@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_FAILED", "EXIT_STOPPED", "GridResult", "RunOutcome", "RunSpec", "StopRequested", "StoppableGrid",
     "add_common_arguments", "best_val_round", "check_run_configs", "device_name", "execute", "failure_line",
-    "failure_path", "load_records", "parse_overrides", "parse_seeds", "resumable_round", "run_cells", "run_grid",
+    "failure_path", "load_failures", "load_records", "parse_overrides", "parse_seeds", "resumable_round", "run_cells", "run_grid",
     "run_settings", "share_gpu", "stop_times", "threads_per_job",
 ]  # fmt: skip
 
@@ -772,6 +772,13 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
 def load_records(specs: Sequence[RunSpec], records_dir: Path) -> list[dict[str, Any]]:
     """The existing records of ``specs``, in their order."""
     paths = [records_dir / f"{s.run_id}.json" for s in specs]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+def load_failures(specs: Sequence[RunSpec], records_dir: Path) -> list[dict[str, Any]]:
+    """The failure records (:func:`failure_path`) of those ``specs`` that have no record, in
+    their order: what the grid's page lists as failed runs."""
+    paths = [failure_path(records_dir, s.run_id) for s in specs if not (records_dir / f"{s.run_id}.json").exists()]
     return [json.loads(p.read_text()) for p in paths if p.exists()]
 
 
