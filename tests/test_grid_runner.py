@@ -78,6 +78,42 @@ def test_a_failed_run_is_one_failed_cell_and_never_blocks_its_rerun(tmp_path: Pa
     assert "failed" not in (out / "cpu" / "results-smoke.md").read_text().lower()  # its failure is history
 
 
+def test_a_worker_the_os_kills_is_one_failed_cell_and_the_grid_goes_on(tmp_path: Path) -> None:
+    """SIGKILL (what the kernel's out-of-memory killer sends) to the worker of one run of a
+    ``--jobs 2`` grid: that run becomes a failure record naming the signal, the other run
+    finishes, the command exits 1 instead of waiting for the dead worker forever, and the
+    next invocation continues the killed run to its record."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "fedul_flwr.cli", *SMOKE, "--methods", "fedavg-10,fedpl", "--out", str(out),
+               "--set", "num-rounds=6"]  # fmt: skip
+    killed = "smoke__MNIST-sample-IID__FedAvg-10pct__-__s0"
+    lock = out / "cpu" / "runs" / killed / "run.lock"
+    grid = subprocess.Popen([*command, "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (lock.is_file() and lock.read_text().strip()) and grid.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(json.loads(lock.read_text())["pid"], signal.SIGKILL)
+        output, _ = grid.communicate(timeout=300)
+    finally:
+        grid.kill()
+    assert grid.returncode == 1, output
+    records = out / "cpu" / "records"
+    assert (records / "smoke__MNIST-sample-IID__FedPL__10__s0.json").is_file()  # the other run finished
+    failure = json.loads(runner.failure_path(records, killed).read_text())
+    assert failure["error-type"] == "WorkerDied" and "killed by signal 9" in failure["error"]
+    assert output.strip().splitlines()[-1].startswith(f"FAILED {killed}: WorkerDied after round {failure['round-reached']}")
+    assert subprocess.run(command, capture_output=True, text=True, timeout=300).returncode == 0
+    record = json.loads((records / f"{killed}.json").read_text())
+    assert record["last-round"] == 6 and record.get("resumed-after-round", 0) == failure["round-reached"]
+    assert not runner.failure_path(records, killed).exists()
+
+
 # --------------------------------------------------------------------------- output-only keys
 
 

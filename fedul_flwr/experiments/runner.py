@@ -37,7 +37,8 @@ configuration's ``output-dir``. Then:
 - a run whose clients and resolved settings (its name aside) equal those of a recorded run,
   e.g. of another grid, is not trained again: it gets a copy of that record with ``same-run-as``.
 
-``jobs`` runs go at once in spawned worker processes, each with ``threads`` torch threads
+``jobs`` runs go at once, each in its own spawned worker process (:func:`run_in_workers`;
+a worker the OS kills is its run's failure record, never a grid that hangs), each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
 depend on ``jobs``. On one CUDA card each worker takes ``1 / jobs`` of its memory
 (:func:`share_gpu`).
@@ -50,12 +51,13 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -67,12 +69,14 @@ from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import RunStopped
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
     import torch
 
 __all__ = [
     "EXIT_FAILED", "EXIT_STOPPED", "GridResult", "RunOutcome", "RunSpec", "StopRequested", "StoppableGrid",
     "add_common_arguments", "best_val_round", "check_run_configs", "device_name", "execute", "failure_line",
-    "failure_path", "load_failures", "load_records", "parse_overrides", "parse_seeds", "resumable_round", "run_cells", "run_grid",
+    "failure_path", "load_failures", "load_records", "parse_overrides", "parse_seeds", "resumable_round", "run_cells", "run_grid", "run_in_workers",
     "run_settings", "share_gpu", "stop_times", "threads_per_job",
 ]  # fmt: skip
 
@@ -461,15 +465,7 @@ def _execute_to_file(
         _log_into_folder(log, run_dir)
         return RunOutcome(spec.run_id, "stopped", round=_checkpoint_round(run_dir), note=note)
     except Exception as exc:  # noqa: BLE001 -- one failed run is one failed cell, never the grid
-        _log_into_folder(log, run_dir)
-        failure = {
-            "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config, "status": "failed",
-            "error-type": type(exc).__name__, "error": str(exc), "round-reached": _checkpoint_round(run_dir),
-            "run-dir": str(run_dir), "log": str(run_dir / LOG_FILE if run_dir.is_dir() else log),
-            "wall-time-s": time.time() - start,
-        }  # fmt: skip
-        _write_record(failure_path(Path(path).parent, spec.run_id), failure)
-        return RunOutcome(spec.run_id, "failed", failure, failure["round-reached"], note)
+        return _fail(spec, run_config, path, type(exc).__name__, str(exc), time.time() - start, note)
     log.replace(run_dir / LOG_FILE)
     if resumed:  # the stopped part's rows (the server kept them): their running time counts too
         from fedul_flwr.outputs import running_time
@@ -480,6 +476,76 @@ def _execute_to_file(
     _write_record(Path(path), record)
     failure_path(Path(path).parent, spec.run_id).unlink(missing_ok=True)  # an earlier failure is history
     return RunOutcome(spec.run_id, "finished", record, int(record["last-round"]), note)
+
+
+def _fail(spec: RunSpec, run_config: dict[str, Any], path: str, error_type: str, error: str, seconds: float,
+          note: str = "") -> RunOutcome:  # fmt: skip
+    """Write the failure record of a run that raised or whose worker died, its log moved into
+    its folder; the outcome the grid reports."""
+    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
+    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"
+    _log_into_folder(log, run_dir)
+    failure = {
+        "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config, "status": "failed",
+        "error-type": error_type, "error": error, "round-reached": _checkpoint_round(run_dir),
+        "run-dir": str(run_dir), "log": str(run_dir / LOG_FILE if run_dir.is_dir() else log), "wall-time-s": seconds,
+    }  # fmt: skip
+    _write_record(failure_path(Path(path).parent, spec.run_id), failure)
+    return RunOutcome(spec.run_id, "failed", failure, failure["round-reached"], note)
+
+
+def _worker(conn: Connection, item: tuple[Any, ...]) -> None:
+    """A worker process's body: one run (:func:`_execute_to_file`), its outcome sent back."""
+    conn.send(_execute_to_file(*item))
+    conn.close()
+
+
+def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | None,
+                   report: Callable[[RunOutcome], None]) -> None:  # fmt: skip
+    """Each run of ``items`` (:func:`_execute_to_file`'s arguments) in its own spawned
+    process, at most ``jobs`` at once, ``report`` called with each outcome as it comes.
+
+    A worker that dies without an outcome (killed by the OS for memory, a signal, a crash in
+    native code) is that run's failure: a failure record naming its exit code, and the
+    grid goes on with the others (a pool would wait for it forever). At ``hard`` (a
+    ``time.time()`` value; None: never) the runs still going are terminated; their
+    checkpoints hold their last finished round, and they are not reported. Leaving early
+    (Ctrl-C, SIGTERM made SystemExit) terminates every worker too.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    pending, live = list(items), {}
+    try:
+        while pending or live:
+            while pending and len(live) < max(1, jobs):
+                item = pending.pop(0)
+                receiver, sender = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=_worker, args=(sender, item), name=f"fedul-run-{item[0].run_id}", daemon=True)
+                process.start()
+                sender.close()  # the child's end: it closes when the child exits, sent or not
+                live[receiver] = (process, item, time.time())
+            timeout = None if hard is None else max(0.0, hard - time.time())
+            ready = multiprocessing.connection.wait(list(live), timeout)
+            if not ready:  # the hard limit
+                return
+            for receiver in ready:
+                process, item, started = live.pop(receiver)
+                try:
+                    outcome = receiver.recv()
+                except EOFError:  # the worker died before it could send its outcome
+                    process.join()
+                    code = process.exitcode
+                    why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+                    outcome = _fail(item[0], item[1], item[2], "WorkerDied", f"the run's worker process ended without "
+                                    f"an outcome ({why}; SIGKILL is the kernel's out-of-memory killer's)",
+                                    time.time() - started)  # fmt: skip
+                receiver.close()
+                process.join()
+                report(outcome)
+    finally:
+        for process, _, _ in live.values():
+            process.terminate()
+        for process, _, _ in live.values():
+            process.join()
 
 
 def _log_into_folder(log: Path, run_dir: Path) -> None:
@@ -494,10 +560,6 @@ def _write_record(path: Path, record: Mapping[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(record, indent=1) + "\n")
     tmp.replace(path)
-
-
-def _execute_to_file_star(args: tuple[Any, ...]) -> RunOutcome:
-    return _execute_to_file(*args)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -693,13 +755,7 @@ def run_cells(
             # ``with`` block terminates the workers instead of leaving them running orphaned
             previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
             try:
-                with multiprocessing.get_context("spawn").Pool(max(1, jobs)) as pool:
-                    results = pool.imap_unordered(_execute_to_file_star, args)
-                    for _ in args:
-                        try:
-                            report(results.next(None if hard is None else max(0.0, hard - time.time())))
-                        except multiprocessing.TimeoutError:  # the hard limit: the runs still going are ended
-                            break
+                run_in_workers(args, jobs, hard, report)
             finally:
                 signal.signal(signal.SIGTERM, previous)
     left = [RunOutcome(s.run_id, "not-started", round=_checkpoint_round(Path(rc["output-dir"]) / rc["run-name"]))
