@@ -399,7 +399,8 @@ _HASSLE_PAPER_INDEX = {"labeled-share": {0.05: 0, 0.1: 1, 0.2: 2}, "dirichlet-al
 PAPER.update({grid: {(row, col, "*"): v[_HASSLE_PAPER_INDEX[key][over[key]]]
                      for col, v in _HASSLE_PAPER.items() for row, over in HASSLE_ROWS[grid]}
               for grid, key in (("hassle-table1", "labeled-share"), ("hassle-table7", "dirichlet-alpha"))})  # fmt: skip
-PAPER["hassle-sweep"] = {("preset", col, "*"): v[1] for col, v in _HASSLE_PAPER.items() if col.startswith(("FedAvg (", "HASSLE"))}
+PAPER["hassle-sweep"] = {(row, col, "*"): v[1] for col, v in _HASSLE_PAPER.items() if col.startswith(("FedAvg (", "HASSLE"))
+                         for row in ("preset", "lr 0.1")}  # fmt: skip
 PAPER["hassle-sweep"].update({("preset", col, "*"): _HASSLE_PAPER["FedAvg+FixMatch"][1]
                               for col in HASSLE_SWEEP_BASELINES if col.startswith("FedAvg+FixMatch")})
 PAPER["hassle-ablation"] = {(row, f"{col} {p}", "*"): v for row, _ in HASSLE_ROWS["hassle-ablation"] for col, values in
