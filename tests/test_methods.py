@@ -717,7 +717,8 @@ def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path
     hassle = [s for s in specs if s.column == "HASSLE"]
     assert len(hassle) == 2 * len(reproduce.HASSLE_SWEEP) and all(s.preset == "hassle" and s.clients == 20 for s in specs)
     for spec in hassle:
-        assert spec.overrides == {**reproduce.HASSLE_SHARES["10%"], "method": "hassle", **reproduce.HASSLE_SWEEP[spec.row]}
+        assert spec.overrides == {**reproduce.HASSLE_SHARES["10%"], "method": "hassle", **reproduce.HASSLE_EQUATIONS,
+                                  **reproduce.HASSLE_SWEEP[spec.row]}  # fmt: skip
         if not spec.row.startswith("combined") and not spec.row.endswith(", lr 0.1"):  # the combinations
             assert len(reproduce.HASSLE_SWEEP[spec.row]) <= (2 if "pairing" in spec.row or "sum form" in spec.row else 1)
     combined = reproduce.HASSLE_SWEEP["combined, lr 0.1"]

@@ -118,12 +118,19 @@ FEDDB_PROTOCOLS = {"cpu": ("feddb-cpu", 20), "paper": ("feddb", 100)}  # profile
 # HASSLE (FSSL with annotation heterogeneity): Table 1 (labeled share), Table 7 (Dirichlet alpha
 # at 10%) and the GRA / MPA ablation of Table 2, on 20 clients of the ``hassle`` preset. The 5%
 # layout is the one its extraction shows (2 partially labeled clients, 18 unlabeled).
+HASSLE_EQUATIONS: dict[str, Any] = {"hassle-phase-order": "residual-first", "hassle-pairing": "previous",
+                                     "hassle-shared-init": False}  # fmt: skip
+"""HASSLE as its equations read (each residual trained against the received dual models, the
+previous round's pairing of the text, separate initial weights): the setting the HASSLE runs of
+``hassle-table1``, ``hassle-table7``, ``hassle-ablation`` and ``hassle-sweep``'s ``preset`` row
+were recorded with, pinned so that their records stay theirs whatever the ``hassle`` preset
+holds."""
 HASSLE_COLUMNS: dict[str, dict[str, Any]] = {
     "FedAvg (labeled only)": {"method": "supervised", "label-fraction": 1.0},
     "FedProx (labeled only)": {"method": "supervised", "label-fraction": 1.0, "strategy": "fedprox", "proximal-mu": 0.01},
     # the weights its records were trained with; the presets' "used" is hassle-sweep's column
     "FedAvg+FixMatch": {"method": "fixmatch", "fixmatch-weight": "epoch"},
-    "HASSLE": {"method": "hassle"},
+    "HASSLE": {"method": "hassle", **HASSLE_EQUATIONS},
 }
 HASSLE_SHARES = {"5%": {"labeled-share": 0.05, "label-layout": "P*2,U*18"},
                  "10%": {"labeled-share": 0.1, "label-layout": "ALL"},
@@ -143,13 +150,15 @@ HASSLE_ROWS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     )
 }  # fmt: skip
 HASSLE_ABLATION: dict[str, dict[str, Any]] = {  # GRA: residual models; MPA: the proximity term
-    "neither": {"method": "hassle", "hassle-residual-width": 0.0, "hassle-gamma": 0.0},
-    "MPA": {"method": "hassle", "hassle-residual-width": 0.0},
-    "GRA": {"method": "hassle", "hassle-gamma": 0.0},
-    "GRA + MPA": {"method": "hassle"},
-    # the residual added to the same round's dual model instead of the one it was trained against
-    "GRA, same-round pairing": {"method": "hassle", "hassle-gamma": 0.0, "hassle-pairing": "current"},
-    "GRA + MPA, same-round pairing": {"method": "hassle", "hassle-pairing": "current"},
+    name: {"method": "hassle", **HASSLE_EQUATIONS, **over} for name, over in (
+        ("neither", {"hassle-residual-width": 0.0, "hassle-gamma": 0.0}),
+        ("MPA", {"hassle-residual-width": 0.0}),
+        ("GRA", {"hassle-gamma": 0.0}),
+        ("GRA + MPA", {}),
+        # the residual added to the same round's dual model instead of the one it was trained against
+        ("GRA, same-round pairing", {"hassle-gamma": 0.0, "hassle-pairing": "current"}),
+        ("GRA + MPA, same-round pairing", {"hassle-pairing": "current"}),
+    )
 }
 # What HASSLE's paper leaves open, one factor at a time from the ``hassle`` preset (Fashion-MNIST
 # 10%, the preset's split, lr 0.01, gamma 0.01 in FedProx's form, residual first, separate
@@ -421,7 +430,7 @@ def hassle_sweep_specs(seeds: Sequence[int]) -> list[RunSpec]:
     and the baselines of :data:`HASSLE_SWEEP_BASELINES` once, in the preset's row, at
     Fashion-MNIST 10%, and FedAvg on the labeled data at lr 0.1 in the ``lr 0.1`` row."""
     share = HASSLE_SHARES["10%"]
-    specs = [RunSpec("hassle-sweep", row, "HASSLE", "*", s, 20, "hassle", {**share, "method": "hassle", **over})
+    specs = [RunSpec("hassle-sweep", row, "HASSLE", "*", s, 20, "hassle", {**share, "method": "hassle", **HASSLE_EQUATIONS, **over})
              for row, over in HASSLE_SWEEP.items() for s in seeds]  # fmt: skip
     fedavg = "FedAvg (labeled only)"
     lr_baseline = [RunSpec("hassle-sweep", "lr 0.1", fedavg, "*", s, 20, "hassle",
@@ -480,7 +489,7 @@ GPU_GRIDS: dict[str, GpuGrid] = {
     "hassle-cifar100": GpuGrid("hassle-cifar100", 20,
                                [(f"CIFAR-100 {k}", v) for k, v in HASSLE_SHARES.items()]
                                + [(f"CIFAR-100 10%, alpha={a}", {**HASSLE_SHARES["10%"], "dirichlet-alpha": a}) for a in (0.01, 1.0)],
-                               HASSLE_COLUMNS, 8.0,
+                               {**HASSLE_COLUMNS, "HASSLE": {"method": "hassle"}}, 8.0,  # the preset's HASSLE
                                "not measured: 8 clients per round, each one local epoch over ~2500 images in "
                                "~20 steps of 128 per phase; HASSLE's phases train and query four ResNet-8 "
                                "models, ~80 steps per client at an assumed 10 ms each (small models on a GPU "
