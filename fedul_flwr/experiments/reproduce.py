@@ -181,9 +181,9 @@ HASSLE_SWEEP: dict[str, dict[str, Any]] = {
 }
 """The combined rows take the single changes that put EM highest at rounds 101-110 of the
 seed-0 runs (Alg. 1's phase order with the same-round pairing it implies, and the same initial
-weights); once at the preset's lr 0.01 and once at the paper's lr 0.1. At lr 0.1 a w_U that
-starts from w_S's weights diverges in its first round (it fits its own pseudo-labels), so the
-last row combines the others at lr 0.1."""
+weights); once at the preset's lr 0.01 and once at the paper's lr 0.1. The last row is the
+combination without the same initial weights at lr 0.1 (with them, w_U's loss exploded in
+round 1 at seed 0); it diverged too, in round 5."""
 HASSLE_SWEEP_BASELINES: dict[str, dict[str, Any]] = {
     "FedAvg (labeled only)": HASSLE_COLUMNS["FedAvg (labeled only)"],
     **{f"FedAvg+FixMatch, weights {w}": {"method": "fixmatch", "fixmatch-weight": w} for w in ("epoch", "all", "used")},
