@@ -164,20 +164,21 @@ HASSLE_ABLATION: dict[str, dict[str, Any]] = {  # GRA: residual models; MPA: the
 # 10%, the preset's split, lr 0.01, gamma 0.01 in FedProx's form, residual first, separate
 # initial weights, no warm-up, no threshold, 1 local epoch): one row per variant, HASSLE's
 # predictors (with the dual models alone) as columns, FedAvg on the labeled data in the first row.
+_ALG1 = {"hassle-phase-order": "dual-first", "hassle-pairing": "current"}  # Alg. 1's order, the pairing it implies
+_COMBINED = {**_ALG1, "hassle-shared-init": True}
 HASSLE_SWEEP: dict[str, dict[str, Any]] = {
     "preset": {},
     "Alg. 1 phase order": {"hassle-phase-order": "dual-first"},
-    "Alg. 1 phase order, same-round pairing": {"hassle-phase-order": "dual-first", "hassle-pairing": "current"},
+    "Alg. 1 phase order, same-round pairing": _ALG1,
     **{f"gamma {g:g}, Eq. 12's sum form": {"hassle-gamma-form": "sum", "hassle-gamma": g} for g in (1.0, 10.0, 100.0)},
     "same initial weights": {"hassle-shared-init": True},
     **{f"warm-up {r} rounds": {"hassle-warmup-rounds": r} for r in (10, 20)},
     "threshold 0.95": {"hassle-threshold": 0.95},
     "2 local epochs": {"local-epochs": 2},
     "lr 0.1": {"lr": 0.1},
-    **{f"combined{lr}": {"hassle-phase-order": "dual-first", "hassle-pairing": "current", "hassle-shared-init": True,
-                          **over} for lr, over in (("", {}), (", lr 0.1", {"lr": 0.1}))},
-    "Alg. 1 phase order, same-round pairing, lr 0.1": {"hassle-phase-order": "dual-first", "hassle-pairing": "current",
-                                                       "lr": 0.1},
+    "combined": _COMBINED,
+    "combined, lr 0.1": {**_COMBINED, "lr": 0.1},
+    "Alg. 1 phase order, same-round pairing, lr 0.1": {**_ALG1, "lr": 0.1},
 }
 """The combined rows take the single changes that put EM highest at rounds 101-110 of the
 seed-0 runs (Alg. 1's phase order with the same-round pairing it implies, and the same initial
