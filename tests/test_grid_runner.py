@@ -209,7 +209,8 @@ def test_a_record_made_on_cuda_in_fp32_counts_for_the_cpu_cell(tmp_path: Path) -
 
 def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> None:
     """``--seeds 1`` runs only seed 1, yet the page still shows the grid's default seeds'
-    records (a seed-1 run once re-rendered ``hassle-sweep`` with its seed-0 cells gone)."""
+    records (a seed-1 run once re-rendered ``hassle-sweep`` with its seed-0 cells gone), and
+    a re-render shows every seed on record."""
     records = tmp_path / "cpu" / "records"
     records.mkdir(parents=True)
     command = ["reproduce", "--grid", "hassle-sweep", "--out", str(tmp_path), "--render-only"]
@@ -223,6 +224,13 @@ def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> 
         page = (tmp_path / "cpu" / "results-hassle-sweep.md").read_text()
         assert page.count("75.00") >= 1 and f"{seed + 1} of " in page  # seed 0's cell stays
     assert "50.00 (35.36; 75.00, 25.00)" in page  # both seeds in one cell: mean (std; each seed)
+    # a re-render without --seeds shows every seed on record, not only the defaults (a seed-1
+    # record of ``feddb-ablation``, whose default is seed 0, once fell off its page that way)
+    spec = next(s for s in reproduce.hassle_sweep_specs([2]) if s.column == "FedAvg (labeled only)")
+    (records / f"{spec.run_id}.json").write_text(json.dumps({**record, "spec": dataclasses.asdict(spec), "run-id": spec.run_id}))
+    cli.main(command)
+    page = (tmp_path / "cpu" / "results-hassle-sweep.md").read_text()
+    assert "3 of " in page and "41.67 (28.87; 75.00, 25.00, 25.00)" in page
 
 
 def test_gpu_share_and_stop_times() -> None:

@@ -52,7 +52,8 @@ def diagnostics_of(row: Mapping[str, Any]) -> dict[str, float]:
     Returns
     -------
     dict
-        ``share`` (% of unlabeled images passing tau), ``pseudo-label-accuracy`` (% of those
+        ``share`` (% of unlabeled images passing tau, as averaged over the round's clients:
+        a client without unlabeled images counts 0), ``pseudo-label-accuracy`` (% of those
         whose pseudo-label is the true class), ``top2-classes`` (% of the kept pseudo-labels
         in their two most frequent classes), ``app-u-ratio`` (max / min of the
         mean APP-U), ``effective-clients`` (1 / sum beta^2), ``dma-loss-uniform`` and
@@ -106,7 +107,8 @@ def render_diagnostics(records: Sequence[Mapping[str, Any]], rounds: Sequence[in
     for r in records:
         by_cell[(r["spec"]["row"], r["spec"]["column"])].append(r)
     quantities = (
-        ("share", "Pseudo-labels passing tau (% of the round's unlabeled images)", 1),
+        ("share", "Pseudo-labels passing tau (% of a client's unlabeled images, mean over the round's clients weighted "
+                  "by examples; a client without unlabeled images counts 0)", 1),
         ("pseudo-label-accuracy", "Pseudo-labels passing tau that are the true class (%; simulation knows the classes)", 1),
         ("top2-classes", "Pseudo-labels in their two most frequent classes (% of those passing tau)", 1),
         ("app-u-ratio", "APP-U max / min over the classes (mean over the round's clients; 1 = uniform)", 2),

@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import re
 import statistics
 import sys
 from collections import defaultdict
@@ -67,6 +68,7 @@ from typing import Any
 from fedul_flwr.config import default_config, load_preset
 from fedul_flwr.experiments.round_windows import format_seeds, render_windows
 from fedul_flwr.experiments.runner import (
+    FAILED_DIR,
     RunSpec,
     add_common_arguments,
     load_failures,
@@ -906,6 +908,14 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
 # --------------------------------------------------------------------------- CLI
 
 
+def recorded_seeds(records_dir: Path, grid: str) -> tuple[int, ...]:
+    """The seeds of ``grid``'s runs that have a record or a failure record in ``records_dir``
+    (from the file names ``<grid>__...__s<seed>.json``), ascending; empty without any."""
+    pattern = re.compile(rf"{re.escape(grid)}__.*__s(\d+)\.json")
+    files = [*records_dir.glob(f"{grid}__*.json"), *(records_dir / FAILED_DIR).glob(f"{grid}__*.json")]
+    return tuple(sorted({int(m.group(1)) for f in files if (m := pattern.fullmatch(f.name))}))
+
+
 def select_runs(specs: Sequence[RunSpec], patterns: str) -> list[RunSpec]:
     """The runs whose id matches one of the comma-separated shell-style ``patterns``
     (:func:`fnmatch.fnmatchcase`), those of the first pattern first, each run once.
@@ -952,14 +962,15 @@ def run(args: argparse.Namespace) -> int:
     profile = PROFILES[args.profile]
     default_seeds = HASSLE_SWEEP_SEEDS if args.grid == "hassle-sweep" else profile.seeds
     seeds = parse_seeds(args.seeds) or default_seeds
-    # the page shows the grid at its default seeds and at those given: a run of one seed
-    # never drops the other seeds' cells from the tables
-    specs = build_grid(args.grid, args, tuple(dict.fromkeys((*default_seeds, *seeds))))
+    out_dir = Path(args.out).expanduser().resolve() / args.profile
+    # the page shows the grid at its default seeds, at those given and at every seed on record:
+    # neither a run of one seed nor a re-render drops the other seeds' cells from the tables
+    page_seeds = sorted({*default_seeds, *seeds, *recorded_seeds(out_dir / "records", args.grid)})
+    specs = build_grid(args.grid, args, tuple(page_seeds))
     if args.subs:
         specs = [spec for spec in specs if spec.sub in args.subs.split(",")]
     runnable = [spec for spec in specs if spec.seed in seeds]
     selected = select_runs(runnable, args.runs) if args.runs else runnable
-    out_dir = Path(args.out).expanduser().resolve() / args.profile
     common, targeted = parse_overrides(args.set)
     if targeted:
         raise SystemExit(f"--set {next(iter(targeted))}:...: fedul reproduce takes key=value without a column")
