@@ -233,6 +233,22 @@ def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> 
     assert "3 of " in page and "41.67 (28.87; 75.00, 25.00, 25.00)" in page
 
 
+def test_a_cell_that_lacks_seeds_of_its_setting_names_the_seeds_it_holds() -> None:
+    """A predictor that only the newer records of a setting have (HASSLE's w_S, added after the
+    sweep's first seed-0 run) is one seed's value beside two-seed cells: it says so."""
+    specs = [s for s in reproduce.hassle_sweep_specs([0, 1]) if s.row == "preset" and s.column == "HASSLE"]
+    records = []
+    for spec, predictors in zip(specs, (["EM", "SM", "UM"], ["EM", "SM", "UM", "w_S"]), strict=True):
+        rows = [{"round": n, **{f"test-accuracy{'' if p == 'EM' else '-' + p}": 0.5 + spec.seed / 10 for p in predictors}}
+                for n in range(1, 11)]  # fmt: skip
+        records.append({"spec": dataclasses.asdict(spec), "run-id": spec.run_id, "predictors": predictors, "metrics": rows,
+                        "last-round": 10})  # fmt: skip
+    table = reproduce.render_table("hassle-sweep", specs, records, "tail-test-error")
+    preset = next(line for line in table.splitlines() if line.startswith("| preset"))
+    assert "60.00 (seed 1; not recorded at seed 0)" in preset  # w_S
+    assert preset.count("55.00 (7.07; 50.00, 60.00)") == 3  # EM, SM, UM: both seeds
+
+
 def test_gpu_share_and_stop_times() -> None:
     """On the CPU no memory cap is set; the time limits leave a margin of 15 s + 10% (at most 120 s)."""
     assert runner.share_gpu(torch.device("cpu"), 4) is None

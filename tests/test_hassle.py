@@ -355,7 +355,7 @@ def test_predictor_windows_range_and_rounds_at_chance_by_hand() -> None:
     """The "why" table of the HASSLE and FedDB pages: window means of each predictor (with
     each seed, in seed order, when there are several), the range over the last rounds and
     the rounds at chance."""
-    from fedul_flwr.experiments.round_windows import at_chance, format_seeds, render_windows
+    from fedul_flwr.experiments.round_windows import at_chance, format_seeds, missing_seeds, render_windows
 
     def record(column: str, rows: list[dict[str, float]], predictors: list[str], seed: int = 0) -> dict:
         metrics = [{"round": 0, "test-accuracy": 0.1}] + [{"round": i + 1, **m} for i, m in enumerate(rows)]
@@ -379,6 +379,16 @@ def test_predictor_windows_range_and_rounds_at_chance_by_hand() -> None:
                                      "40.0-60.0 / 50.0-50.0", "0 of 3 / 0 of 3"]  # fmt: skip
     assert format_seeds([]) == "-" and format_seeds([12.345]) == "12.35"
     assert at_chance(0.11, 10) and not at_chance(0.111, 10)
+    # a predictor that an older record of the setting lacks: its cells say which seeds they hold
+    newer = record("HASSLE", [{"test-accuracy": a, "test-accuracy-SM": a, "test-accuracy-UM": a, "test-accuracy-w_S": 0.8}
+                              for a in (0.5, 0.6, 0.7)], ["EM", "SM", "UM", "w_S"], seed=1)  # fmt: skip
+    table = render_windows([newer, hassle], num_classes=10, window=2, range_rounds=2).splitlines()
+    rows = {tuple(c.strip() for c in line.split("|")[2:4]): [c.strip() for c in line.split("|")[4:-1]] for line in table[2:]}
+    assert rows[("HASSLE", "w_S (seed 1; not recorded at seed 0)")] == ["80.00", "80.00", "80.0-80.0", "0 of 3"]
+    assert rows[("HASSLE", "EM")][0] == "57.50 (3.54; 60.00, 55.00)"  # both seeds: no note
+    assert missing_seeds([1], [0, 1]) == " (seed 1; not recorded at seed 0)"
+    assert missing_seeds([1, 2], [0, 1, 2, 3]) == " (seeds 1, 2; not recorded at seeds 0, 3)"
+    assert missing_seeds([0, 1], [1, 0]) == "" and missing_seeds([], [0]) == ""
     with pytest.raises(ValueError, match="window"):
         render_windows([hassle], window=0)
     with pytest.raises(ValueError, match="range_rounds"):

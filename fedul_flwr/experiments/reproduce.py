@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from fedul_flwr.config import default_config, load_preset
-from fedul_flwr.experiments.round_windows import format_seeds, render_windows
+from fedul_flwr.experiments.round_windows import format_seeds, missing_seeds, render_windows
 from fedul_flwr.experiments.runner import (
     FAILED_DIR,
     RunSpec,
@@ -727,12 +727,16 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
     columns = list(shown)
     subs = list(dict.fromkeys(s.sub for s in specs if s.sub != "*"))
     values: dict[tuple[str, str, str], list[float]] = defaultdict(list)  # in seed order
+    seeds: dict[tuple[str, str, str], list[int]] = defaultdict(list)  # the seeds of those values
+    ran: dict[tuple[str, str, str], list[int]] = defaultdict(list)  # (row, spec column, sub) -> seeds run
     for r in sorted(records, key=lambda r: int(r["spec"].get("seed", 0))):
         s = r["spec"]
+        ran[(s["row"], s["column"], s["sub"])].append(int(s.get("seed", 0)))
         for label, (col, k) in shown.items():
             value = record_value(r, k) if col == s["column"] else None
             if value is not None:
                 values[(s["row"], label, s["sub"])].append(1.0 - value if accuracy else value)
+                seeds[(s["row"], label, s["sub"])].append(int(s.get("seed", 0)))
     gap = next(((a, b) for a, b in GAPS if a in columns and b in columns), None)
     head = ["setting", *columns] + ([f"gap {gap[0]} - {gap[1]}"] if gap else [])
     lines = []
@@ -744,6 +748,7 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
             parts = []
             for sub in cell_subs:
                 ours = _fmt(values.get((row, col, sub), []))
+                ours += missing_seeds(seeds.get((row, col, sub), []), ran.get((row, shown[col][0], sub), []))
                 ref = paper.get((row, col, sub), paper.get((row, col, "*")))  # "*": one number per row
                 parts.append(ours if ref is None else f"{ours} [{ref:.2f}]")
             cells.append(" / ".join(parts))

@@ -28,7 +28,7 @@ from typing import Any
 
 from fedul_flwr.experiments.tables import markdown_table
 
-__all__ = ["RANGE_ROUNDS", "WINDOW", "at_chance", "format_seeds", "predictor_columns", "render_windows"]
+__all__ = ["RANGE_ROUNDS", "WINDOW", "at_chance", "format_seeds", "missing_seeds", "predictor_columns", "render_windows"]
 
 WINDOW = 50
 """Rounds per window."""
@@ -61,6 +61,18 @@ def format_seeds(values: Sequence[float]) -> str:
     if len(values) == 1:
         return mean
     return f"{mean} ({statistics.stdev(values):.2f}; " + ", ".join(f"{v:.2f}" for v in values) + ")"
+
+
+def missing_seeds(shown: Sequence[int], ran: Sequence[int]) -> str:
+    """What a cell says when it holds fewer seeds than its setting ran (a predictor that
+    older records of the setting do not have): ``" (seed 1; not recorded at seed 0)"``;
+    ``""`` when it holds every seed that ran."""
+    absent = sorted(set(ran) - set(shown))
+    if not absent or not shown:
+        return ""
+    held = ", ".join(str(s) for s in sorted(set(shown)))
+    gone = ", ".join(str(s) for s in absent)
+    return f" (seed{'s' if len(set(shown)) > 1 else ''} {held}; not recorded at seed{'s' if len(absent) > 1 else ''} {gone})"
 
 
 def render_windows(
@@ -103,7 +115,9 @@ def render_windows(
     last = max(int(r["last-round"]) for r in records)
     windows = [(lo, min(lo + window - 1, last)) for lo in range(1, last + 1, window)]
     cells: dict[tuple[str, str, str, str], list[Mapping[str, Any]]] = {}  # (row, column, label, metric) -> runs
+    ran: dict[tuple[str, str], list[int]] = {}  # (row, column) -> the seeds of its runs
     for r in sorted(records, key=lambda r: int(r["spec"].get("seed", 0))):
+        ran.setdefault((r["spec"]["row"], r["spec"]["column"]), []).append(int(r["spec"].get("seed", 0)))
         for label, key in predictor_columns(r):
             cells.setdefault((r["spec"]["row"], r["spec"]["column"], label, key), []).append(r)
     head = ["setting", "method", "predictor", *(f"rounds {a}-{b}" for a, b in windows),
@@ -119,5 +133,6 @@ def render_windows(
         tails = [[acc[n] for n in sorted(acc)[-range_rounds:]] for acc in per_run if acc]
         spread = " / ".join(f"{100 * min(t):.1f}-{100 * max(t):.1f}" for t in tails) or "-"
         chance = " / ".join(f"{sum(at_chance(v, num_classes) for v in acc.values())} of {len(acc)}" for acc in per_run)
-        lines.append([row, column, label or "-", *means, spread, chance])
+        note = missing_seeds([int(r["spec"].get("seed", 0)) for r in runs], ran[(row, column)])
+        lines.append([row, column, (label or "-") + note, *means, spread, chance])
     return markdown_table(head, lines)
