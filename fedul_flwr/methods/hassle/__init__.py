@@ -61,8 +61,9 @@ Choices the paper leaves open, made here (and in :mod:`.losses`):
   starts w_U from w_S's initial weights (the paper does not say).
 - **The ``hassle`` preset** sets ``hassle-phase-order = "dual-first"``, ``hassle-pairing =
   "current"`` and ``hassle-shared-init = true``: the best setting of the ``hassle-sweep`` grid
-  at its lr 0.01 (Fashion-MNIST 10%, EM over the last 10 rounds, seed 0: 75.50% against
-  70.23% with the defaults above, which read the equations). At lr 0.1 that setting diverged
+  at its lr 0.01 (Fashion-MNIST 10%, EM over the last 10 rounds, mean of seeds 0 and 1:
+  70.15% against 65.77% with the defaults above, which read the equations; FedAvg on the
+  labeled images alone 71.42%). At lr 0.1 that setting diverged
   (w_U's loss NaN by round 4), so the lr 0.1 presets (``hassle-cifar10``, ``hassle-cifar100``)
   keep the defaults; docs/hassle.md has the runs.
 - **Warm-up** (``hassle-warmup-rounds`` = R, 0): in rounds 1..R no client pseudo-labels or
