@@ -724,6 +724,10 @@ def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path
     combined = reproduce.HASSLE_SWEEP["combined, lr 0.1"]
     assert combined == {**reproduce.HASSLE_SWEEP["Alg. 1 phase order, same-round pairing"],
                         **reproduce.HASSLE_SWEEP["same initial weights"], "lr": 0.1}  # fmt: skip
+    assert reproduce.HASSLE_SWEEP["combined, gamma 100, lr 0.1"] == {
+        **combined, **reproduce.HASSLE_SWEEP["gamma 100, Eq. 12's sum form"]}  # fmt: skip
+    assert reproduce.HASSLE_SWEEP["combined, gamma 100"] == {
+        **reproduce.HASSLE_SWEEP["combined"], **reproduce.HASSLE_SWEEP["gamma 100, Eq. 12's sum form"]}  # fmt: skip
     assert {s.row for s in specs if s.column != "HASSLE"} == {"preset", "lr 0.1"}
     lr_baseline = [s for s in specs if s.row == "lr 0.1" and s.column != "HASSLE"]
     assert [s.overrides["lr"] for s in lr_baseline] == [0.1, 0.1] and lr_baseline[0].overrides["method"] == "supervised"
