@@ -87,7 +87,7 @@ def _cell(values: Sequence[float], seeds: int, digits: int) -> str:
 
 
 def render_diagnostics(records: Sequence[Mapping[str, Any]], rounds: Sequence[int] = DIAGNOSTIC_ROUNDS) -> str:
-    """Markdown tables of the debiasing quantities (module doc) per partition and method.
+    """Markdown tables of the debiasing quantities (module doc) per setting (the grid's row) and method.
 
     Parameters
     ----------
@@ -100,7 +100,7 @@ def render_diagnostics(records: Sequence[Mapping[str, Any]], rounds: Sequence[in
     Returns
     -------
     str
-        One table per quantity (rows: partition x method; columns: rounds), empty if no
+        One table per quantity (rows: setting x method; columns: rounds), empty if no
         record has any of them.
     """
     by_cell: dict[tuple[str, str], list[Mapping[str, Any]]] = defaultdict(list)
@@ -129,6 +129,6 @@ def render_diagnostics(records: Sequence[Mapping[str, Any]], rounds: Sequence[in
             if any(per_round.values()):
                 lines.append([row, column, *(_cell(per_round[x], len(runs), digits) for x in rounds)])
         if lines:
-            head = ["partition", "method", *(f"round {x}" for x in rounds)]
+            head = ["setting", "method", *(f"round {x}" for x in rounds)]
             text += [f"#### {title}", "", markdown_table(head, lines), ""]
     return "\n".join(text)
