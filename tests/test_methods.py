@@ -728,9 +728,12 @@ def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path
         **combined, **reproduce.HASSLE_SWEEP["gamma 100, Eq. 12's sum form"]}  # fmt: skip
     assert reproduce.HASSLE_SWEEP["combined, gamma 100"] == {
         **reproduce.HASSLE_SWEEP["combined"], **reproduce.HASSLE_SWEEP["gamma 100, Eq. 12's sum form"]}  # fmt: skip
-    assert {s.row for s in specs if s.column != "HASSLE"} == {"preset", "lr 0.1"}
+    assert {s.row for s in specs if s.column != "HASSLE"} == {"preset", "lr 0.1", "2 local epochs"}
     lr_baseline = [s for s in specs if s.row == "lr 0.1" and s.column != "HASSLE"]
     assert [s.overrides["lr"] for s in lr_baseline] == [0.1, 0.1] and lr_baseline[0].overrides["method"] == "supervised"
+    epochs_baseline = [s for s in specs if s.row == "2 local epochs" and s.column != "HASSLE"]
+    assert [(s.column, s.overrides["local-epochs"], s.overrides["method"], s.overrides.get("lr")) for s in epochs_baseline] == [
+        ("FedAvg (labeled only)", 2, "supervised", None)] * 2  # fmt: skip
     assert reproduce.HASSLE_SWEEP["gamma 10, Eq. 12's sum form"] == {"hassle-gamma-form": "sum", "hassle-gamma": 10.0}
     assert len({s.run_id for s in specs}) == len(specs)
     assert reproduce.PAPER["hassle-sweep"][("preset", "HASSLE EM", "*")] == 84.04
