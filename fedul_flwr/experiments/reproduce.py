@@ -445,11 +445,11 @@ def hassle_sweep_specs(seeds: Sequence[int]) -> list[RunSpec]:
     specs = [RunSpec("hassle-sweep", row, "HASSLE", "*", s, 20, "hassle", {**share, "method": "hassle", **HASSLE_EQUATIONS, **over})
              for row, over in HASSLE_SWEEP.items() for s in seeds]  # fmt: skip
     fedavg = "FedAvg (labeled only)"
-    lr_baseline = [RunSpec("hassle-sweep", row, fedavg, "*", s, 20, "hassle",
-                           {**share, **HASSLE_SWEEP_BASELINES[fedavg], **HASSLE_SWEEP[row]})
-                   for row in HASSLE_SWEEP_FEDAVG_ROWS for s in seeds]  # fmt: skip
+    row_baselines = [RunSpec("hassle-sweep", row, fedavg, "*", s, 20, "hassle",
+                             {**share, **HASSLE_SWEEP_BASELINES[fedavg], **HASSLE_SWEEP[row]})
+                     for row in HASSLE_SWEEP_FEDAVG_ROWS for s in seeds]  # fmt: skip
     return specs + [RunSpec("hassle-sweep", "preset", column, "*", s, 20, "hassle", {**share, **over})
-                    for column, over in HASSLE_SWEEP_BASELINES.items() for s in seeds] + lr_baseline  # fmt: skip
+                    for column, over in HASSLE_SWEEP_BASELINES.items() for s in seeds] + row_baselines  # fmt: skip
 
 
 # --------------------------------------------------------------------------- the GPU grids
