@@ -703,6 +703,22 @@ def test_tail_measure_is_the_mean_over_the_last_rounds_per_predictor() -> None:
     assert reproduce.record_value({"last-test-error": 0.2}, "last-test-error") == 0.2
 
 
+def test_hassle_equations_pin_every_open_choice_the_hassle_preset_sets() -> None:
+    """The result grids run HASSLE under the ``hassle`` preset with :data:`HASSLE_EQUATIONS`
+    on top: every HASSLE option the preset sets is pinned back to the method's default, so a
+    change of the preset leaves the equations' reading (and its records) as they were."""
+    from fedul_flwr.config import default_config, load_preset
+    from fedul_flwr.methods import METHODS
+
+    hassle_keys = {o.key for o in METHODS.get("hassle").options}
+    preset = {k for k in load_preset("hassle") if k in hassle_keys}
+    assert preset and preset <= set(reproduce.HASSLE_EQUATIONS)
+    defaults = default_config()
+    assert reproduce.HASSLE_EQUATIONS == {k: defaults[k] for k in reproduce.HASSLE_EQUATIONS}
+    resolved = resolve_config({"preset": "hassle", "method": "hassle", "dataset": "mnist-sample", **reproduce.HASSLE_EQUATIONS}).as_dict()
+    assert {k: resolved[k] for k in hassle_keys} == {k: defaults[k] for k in hassle_keys}
+
+
 def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path: Path) -> None:
     """Every sweep row is HASSLE at Fashion-MNIST 10% with the preset's values plus its own
     (one factor; the Alg. 1 order once more with the same-round pairing it implies), on two

@@ -121,12 +121,12 @@ FEDDB_PROTOCOLS = {"cpu": ("feddb-cpu", 20), "paper": ("feddb", 100)}  # profile
 # at 10%) and the GRA / MPA ablation of Table 2, on 20 clients of the ``hassle`` preset. The 5%
 # layout is the one its extraction shows (2 partially labeled clients, 18 unlabeled).
 HASSLE_EQUATIONS: dict[str, Any] = {"hassle-phase-order": "residual-first", "hassle-pairing": "previous",
-                                     "hassle-shared-init": False}  # fmt: skip
+                                     "hassle-shared-init": False, "hassle-gamma-form": "mean", "hassle-gamma": 0.01}  # fmt: skip
 """HASSLE as its equations read (each residual trained against the received dual models, the
-previous round's pairing of the text, separate initial weights): the setting the HASSLE runs of
-``hassle-table1``, ``hassle-table7``, ``hassle-ablation`` and ``hassle-sweep``'s ``preset`` row
-were recorded with, pinned so that their records stay theirs whatever the ``hassle`` preset
-holds."""
+previous round's pairing of the text, separate initial weights, gamma 0.01 as FedProx's mu, the
+method's defaults): the setting the HASSLE runs of ``hassle-table1``, ``hassle-table7``,
+``hassle-ablation`` and ``hassle-sweep``'s ``preset`` row were recorded with, pinned so that
+their records stay theirs whatever the ``hassle`` preset holds."""
 HASSLE_COLUMNS: dict[str, dict[str, Any]] = {
     "FedAvg (labeled only)": {"method": "supervised", "label-fraction": 1.0},
     "FedProx (labeled only)": {"method": "supervised", "label-fraction": 1.0, "strategy": "fedprox", "proximal-mu": 0.01},
