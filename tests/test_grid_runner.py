@@ -286,3 +286,16 @@ def test_stop_after_ends_a_grid_in_time_and_the_next_invocation_finishes_it(
     assert cli.main([*command, "--set", f"num-rounds={stopped + 1}"]) == 0  # resume may set num-rounds
     [record] = [json.loads(p.read_text()) for p in records.glob("*.json")]
     assert record["last-round"] == stopped + 1 and record.get("resumed-after-round", 0) == stopped
+
+
+def test_a_cell_of_one_seed_of_several_names_its_seed() -> None:
+    """On a grid of several seeds, a cell that holds one seed's value says which seed it is
+    (a failed or unrun seed 0 must not pass a seed-1 number off as seed 0's); a cell holding
+    every seed shows the mean, std and each seed."""
+    specs = [runner.RunSpec("g", row, "FedAvg", "*", seed, 2, "", {}) for row in ("a", "b") for seed in (0, 1)]
+    records = [{"spec": dataclasses.asdict(s), "last-test-error": 0.1 * (1 + s.seed)} for s in specs if s.row == "a" or s.seed == 1]
+    table = reproduce.render_table("g", specs, records, "last-test-error")
+    row_a = next(line for line in table.splitlines() if line.startswith("| a "))
+    row_b = next(line for line in table.splitlines() if line.startswith("| b "))
+    assert "15.00 (7.07; 10.00, 20.00)" in row_a and "(seed" not in row_a
+    assert "20.00 (seed 1)" in row_b

@@ -747,6 +747,7 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
             if value is not None:
                 values[(s["row"], label, s["sub"])].append(1.0 - value if accuracy else value)
                 seeds[(s["row"], label, s["sub"])].append(int(s.get("seed", 0)))
+    several = len({sp.seed for sp in specs}) > 1  # a cell of one seed then names it
     gap = next(((a, b) for a, b in GAPS if a in columns and b in columns), None)
     head = ["setting", *columns] + ([f"gap {gap[0]} - {gap[1]}"] if gap else [])
     lines = []
@@ -758,7 +759,9 @@ def render_table(grid: str, specs: Sequence[RunSpec], records: Sequence[Mapping[
             parts = []
             for sub in cell_subs:
                 ours = _fmt(values.get((row, col, sub), []))
-                ours += missing_seeds(seeds.get((row, col, sub), []), ran.get((row, shown[col][0], sub), []))
+                held = seeds.get((row, col, sub), [])
+                note = missing_seeds(held, ran.get((row, shown[col][0], sub), []))
+                ours += note or (f" (seed {held[0]})" if several and len(held) == 1 else "")
                 ref = paper.get((row, col, sub), paper.get((row, col, "*")))  # "*": one number per row
                 parts.append(ours if ref is None else f"{ours} [{ref:.2f}]")
             cells.append(" / ".join(parts))
