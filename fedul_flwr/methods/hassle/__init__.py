@@ -64,8 +64,8 @@ Choices the paper leaves open, made here (and in :mod:`.losses`):
   (``hassle-gamma-form = "sum"``, ``hassle-gamma = 100``): the best setting of the
   ``hassle-sweep`` grid at its lr 0.01 (Fashion-MNIST 10%, EM over the last 10 rounds, mean of
   seeds 0 and 1: 72.66% against 65.77% with the defaults above, which read the equations, and
-  70.15% without gamma 100; FedAvg on the labeled images alone 71.42%). At lr 0.1 the setting
-  without gamma 100 diverged (w_U's loss NaN by round 4), so the lr 0.1 presets
+  70.15% without gamma 100; FedAvg on the labeled images alone 71.42%). At lr 0.1 it diverged
+  at seed 0, with and without gamma 100 (w_U's loss NaN by round 5), so the lr 0.1 presets
   (``hassle-cifar10``, ``hassle-cifar100``) keep the defaults; docs/hassle.md has the runs.
 - **Warm-up** (``hassle-warmup-rounds`` = R, 0): in rounds 1..R no client pseudo-labels or
   trains w_U and r_{S-U} (an unlabeled client sends nothing); w_S and r_{U-S} train as usual.
