@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flower_harness import app_dir, superlink
+from tests.flower_harness import app_dir, printed_lines, superlink
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ray")]  # see tests/conftest.py
 
@@ -111,7 +111,7 @@ def test_readme_main_job_prints_one_line_per_round(tmp_path: Path) -> None:
                          "--run-config", f"output-dir='{out}'", timeout=1200)  # fmt: skip
     text = proc.stdout + proc.stderr
     assert proc.returncode == 0, text[-3000:]
-    assert len(text.splitlines()) <= 40, text
+    assert len(printed_lines(text)) <= 40, text
     rounds = [int(r) for r in re.findall(r"round (\d+)/20: test-accuracy \d+\.\d\d%", text)]
     assert rounds == list(range(21)), text
     assert len(re.findall(r"round \d+/20: test-accuracy [0-9.]+%, [0-9.]+s, ETA ", text)) == 20
