@@ -54,6 +54,8 @@ __all__ = [
     "OUTPUT_KEYS",
     "RESUME_FREE_KEYS",
     "check_before_round_one",
+    "check_dataset",
+    "check_label_layout",
     "check_federation_size",
     "check_resume",
     "check_setting",
@@ -155,11 +157,17 @@ def validate_config(cfg: RunConfig) -> RunConfig:
         Naming the key and the offending value (and the closest valid name).
     """
     d = cfg.as_dict()
+    from fedul_flwr.data.datasets import DATASETS, DatasetError
+
+    try:
+        DATASETS.get(cfg.dataset)  # a name, or a registered prefix (hf:...)
+    except DatasetError as exc:
+        raise ConfigError(f"dataset={cfg.dataset!r}: {exc}") from None
     for key, allowed in registry_choices().items():
         if key == "method" and ":" in d[key]:
             continue  # an import path "module:Class", checked when imported below
-        if key == "dataset" and d[key].startswith("hf:"):
-            continue  # the user's own dataset, fedul_flwr.data.user_datasets
+        if key == "dataset":
+            continue  # checked above, by the registry itself
         _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}{closest(d[key], allowed)}")
     from fedul_flwr.methods import get_method
 
@@ -260,9 +268,7 @@ def check_setting(cfg: RunConfig) -> None:
     ConfigError
         Naming the key and value.
     """
-    from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
-
-    num_classes = len(any_dataset_info(cfg.dataset, UserDatasetOptions.from_values(cfg.as_dict())).class_names)
+    num_classes = len(_dataset_facts(cfg).class_names)
     if cfg.client_setting == "usets":
         short = sorted({m for m in cfg.num_sets if m < num_classes})
         _check(
@@ -322,13 +328,89 @@ def check_federation_size(cfg: RunConfig, num_nodes: int) -> None:
             f'run it with --federation-config "num-supernodes={needed}", or give {key} for {num_nodes} clients'
         )
     if cfg.client_setting == "pu":
-        from fedul_flwr.data.datasets import dataset_info
         from fedul_flwr.data.pu import parse_positive_classes
 
         try:
-            parse_positive_classes(cfg.positive_classes, num_nodes, len(dataset_info(cfg.dataset).class_names))
+            parse_positive_classes(cfg.positive_classes, num_nodes, len(_dataset_facts(cfg).class_names))
         except ValueError as exc:
             raise ConfigError(f"{exc} (the federation has {num_nodes} nodes)") from None
+    if cfg.client_setting == "annotation-heterogeneity":
+        check_label_layout(cfg, num_nodes)
+
+
+def check_label_layout(cfg: RunConfig, num_nodes: int) -> None:
+    """HASSLE's clients (``client-setting=annotation-heterogeneity``) as the partition of the
+    run's dataset into ``num_nodes`` clients gives them: the partially labeled clients'
+    fraction solves to a value in (0, 1), and each of them gets at least one labeled and one
+    unlabeled image (:func:`fedul_flwr.data.annotation.label_fractions`; a fraction is
+    rounded to whole images as :func:`~fedul_flwr.data.annotation.labeled_rows` rounds it).
+    Loads the dataset (cached).
+
+    Raises
+    ------
+    ConfigError
+        In one line naming ``label-layout`` and ``labeled-share``, the client and its counts.
+    """
+    from fedul_flwr.data.annotation import parse_layout
+    from fedul_flwr.data.simulated import client_label_fractions, client_rows
+
+    try:
+        fractions = client_label_fractions(cfg, num_nodes)
+    except ValueError as exc:
+        raise ConfigError(f"label-layout={cfg.label_layout!r}: {exc}") from None
+    kinds = parse_layout(cfg.label_layout, num_nodes, cfg.labeled_share)
+    for k, (kind, fraction) in enumerate(zip(kinds, fractions, strict=True)):
+        n = len(client_rows(cfg, k, num_nodes)[0])
+        labeled = int(round(fraction * n))
+        partial = kind == "P" or (isinstance(kind, float) and 0.0 < kind < 1.0)
+        _check(
+            not partial or 0 < labeled < n,
+            f"label-layout={cfg.label_layout!r} with labeled-share={cfg.labeled_share}: partially labeled client {k} "
+            f"holds {n} images and would label {labeled} of them (fraction {fraction:.3f}); it needs at least one "
+            "labeled and one unlabeled image",
+        )
+
+
+def _dataset_facts(cfg: RunConfig) -> Any:
+    """The run's :class:`~fedul_flwr.data.datasets.DatasetInfo` (a refusal as a ConfigError)."""
+    from fedul_flwr.data.datasets import DatasetError, run_dataset_info
+
+    try:
+        return run_dataset_info(cfg.as_dict())
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def check_dataset(cfg: RunConfig) -> int:
+    """Every image of the run's dataset, decoded and checked once (cached per process: the
+    run then uses the same tensors), and the method's models against its image size: an
+    unreadable or truncated file, an image of another size, one class only, an empty class,
+    images smaller than a model accepts (:func:`fedul_flwr.models.check_input_size`).
+
+    Returns
+    -------
+    int
+        The number of images read (training and test split).
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the file, row or key and the cause.
+    """
+    from fedul_flwr.data.datasets import DatasetError, run_dataset
+    from fedul_flwr.methods import get_method
+    from fedul_flwr.models import check_input_size
+
+    try:
+        data = run_dataset(cfg.as_dict())
+    except DatasetError as exc:
+        raise ConfigError(str(exc)) from None
+    for spec in get_method(cfg.method)(cfg).model_specs():
+        try:
+            check_input_size(spec.arch or cfg.model, data.image_size)
+        except ValueError as exc:
+            raise ConfigError(f"dataset={cfg.dataset!r}: {exc}") from None
+    return len(data.train_y) + len(data.test_y)
 
 
 def federation_nodes(grid: object, settle: float = 1.0, timeout: float = 60.0) -> int:
@@ -417,7 +499,8 @@ def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
 
 def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     """The checks of the settings that need no node's data, run by the ServerApp before
-    anything is written: :func:`validate_config`, and when ``grid`` simulates its clients
+    anything is written: :func:`validate_config`, :func:`check_dataset` (every image of the
+    run's dataset, which the server evaluates on), and when ``grid`` simulates its clients
     (:func:`is_simulation`) :func:`check_simulation` and, for settings that lay out their
     clients one by one, :func:`check_federation_size` against the grid's nodes. (With
     ``resume=true`` the ServerApp then runs :func:`check_resume` on the run folder.)
@@ -428,6 +511,7 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
         Naming the key(s) and value(s).
     """
     validate_config(cfg)
+    check_dataset(cfg)
     if is_simulation(grid):
         check_simulation(cfg)
         if laid_out_clients(cfg) is not None or cfg.client_setting == "pu":
@@ -463,14 +547,18 @@ def run(args: argparse.Namespace) -> int:
         values = parse_config_args(args.run_config) if args.run_config else {}
         composed, sources = compose_config(values)
         cfg = validate_config(config_from_values(composed))
-        note = ""
+        started = time.monotonic()
+        images = check_dataset(cfg)
+        note = f"; read {images} images of dataset={cfg.dataset!r} in {time.monotonic() - started:.1f}s"
         if args.simulation:
             check_simulation(cfg)
             num_nodes = _num_supernodes(args.federation_config)
             if num_nodes is not None:
                 check_federation_size(cfg, num_nodes)
             elif (laid_out := laid_out_clients(cfg)) is not None:
-                note = f" (needs a federation of {laid_out[1]} nodes: {laid_out[0]}={cfg.as_dict()[laid_out[0]]!r})"
+                if cfg.client_setting == "annotation-heterogeneity":
+                    check_label_layout(cfg, laid_out[1])
+                note += f" (needs a federation of {laid_out[1]} nodes: {laid_out[0]}={cfg.as_dict()[laid_out[0]]!r})"
         if cfg.resume:
             from fedul_flwr.outputs import run_folder
 

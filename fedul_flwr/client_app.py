@@ -1,7 +1,7 @@
 """The ClientApp: one client's local round of the run's method.
 
-Train: read the run's settings from the message (resolved once by the server), build the
-client's data (once per process) and the method's models with this round's weights (the
+Train: read the run's settings and dataset facts from the message (resolved once by the
+server), build the client's data (once per process; a deployed node reads only its own folder) and the method's models with this round's weights (the
 received exchanged models; the models the method keeps on the node from ``context.state``),
 let the strategy set up its client-side work (:mod:`fedul_flwr.client_update`), run the
 method's local update, and reply with the models the method sends, the metrics and uploads,
@@ -32,6 +32,7 @@ from fedul_flwr.client_update import prepare_client_update
 from fedul_flwr.config import RunConfig, config_from_json
 from fedul_flwr.console import set_verbose
 from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, NothingToTrain, RoundContext, get_method
 from fedul_flwr.models import build_model
@@ -87,10 +88,12 @@ def _client(msg: Message, context: Context) -> _Client:
             "the fedul-flwr ServerApp sends the resolved run configuration with every message"
         )
     cfg = config_from_json(text)
+    facts = config.get(wire.DATASET_FACTS)
     set_verbose(cfg.verbose)  # the node's console (a simulation's Ray actors print into the run's log)
     configure_threads(cfg.client_threads)
     method = get_method(cfg.method)(cfg)
-    data = client_from_node_config(cfg, context.node_config, method=cfg.method, parts=method.requires, uses=method.uses)
+    data = client_from_node_config(cfg, context.node_config, method=cfg.method, parts=method.requires, uses=method.uses,
+                                   facts=DatasetInfo.from_json(facts) if isinstance(facts, str) else None)  # fmt: skip
     device = pick_device(cfg.device)
     key = node_key(context.node_config, context.node_id)
     return _Client(cfg, method, data, device, key, loop_acceleration(cfg, device))
@@ -137,7 +140,7 @@ def train(msg: Message, context: Context) -> Message:
     c = _client(msg, context)
     cfg, method = c.cfg, c.method
     server_round = int(msg.content[wire.CONFIG][wire.SERVER_ROUND])  # a resumed run continues the numbering
-    broadcast = {k: v for k, v in msg.content[wire.CONFIG].items() if k not in (wire.RUN_CONFIG, wire.SERVER_ROUND)}
+    broadcast = {k: v for k, v in msg.content[wire.CONFIG].items() if k not in (wire.RUN_CONFIG, wire.DATASET_FACTS, wire.SERVER_ROUND)}
     ctx = RoundContext(cfg.seed, server_round, c.key, c.device, broadcast)
     if method.sits_out(c.data):  # e.g. an unlabeled client under a method that trains on labels
         log(INFO, "%s sits round %d out: method %r needs %s, it holds %s", c.data.node, server_round, cfg.method,

@@ -356,11 +356,11 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
 
 
 def _parse_test_prior(value: Any, dataset: str, values: Mapping[str, Any]) -> tuple[float, ...]:
-    from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
+    from fedul_flwr.data.datasets import run_dataset_info
     from fedul_flwr.transition import parse_test_prior
 
     try:
-        num_classes = len(any_dataset_info(dataset, UserDatasetOptions.from_values(values)).class_names)
+        num_classes = len(run_dataset_info({**values, "dataset": dataset}).class_names)
     except ValueError as exc:  # an unknown dataset: the registry's message names the valid ones
         raise ConfigError(str(exc)) from exc
     try:
@@ -495,10 +495,6 @@ def check_values(cfg: RunConfig) -> None:
     check_run_name(cfg.run_name)
     _check(bool(cfg.run_name) or not cfg.resume,
            "resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")  # fmt: skip
-    _check(
-        cfg.dataset == "mnist-sample" or cfg.dataset.startswith("hf:") or bool(cfg.data_dir),
-        f"dataset={cfg.dataset!r} needs data-dir=/absolute/path (a torchvision root)",
-    )
     _check(cfg.image_size >= 0, f"image-size={cfg.image_size} must be >= 0 (0 keeps the dataset's image size)")
     _check(
         not cfg.data_dir or os.path.isabs(os.path.expanduser(cfg.data_dir)),

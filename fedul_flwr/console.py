@@ -13,7 +13,9 @@ intended) and Ray's tip about accelerator variables for actors with ``num_gpus=0
 A run the project refuses (a configuration error, :func:`print_in_one_line`) is told in one
 line by the ServerApp; Flower then logs the same exception with its traceback ("Simulation
 raised an exception" / "ServerApp raised an exception"): the console handler drops that
-traceback (the line stays).
+traceback (the line stays). So does a run that stops mid-way (failed replies, a crash): its
+``status=failed`` summary is the one line (:func:`mark_reported`); ``verbose=true`` keeps the
+traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import warnings
 
 from flwr.common.logger import FLOWER_LOGGER, console_handler
 
-__all__ = ["PROGRESS", "RoundClock", "print_in_one_line", "set_verbose"]
+__all__ = ["PROGRESS", "RoundClock", "mark_reported", "print_in_one_line", "set_verbose"]
 
 PROGRESS = logging.getLogger(f"{FLOWER_LOGGER.name}.fedul-flwr")
 """The progress lines of a run (one per round); shown whether or not ``verbose``."""
@@ -53,6 +55,7 @@ def set_verbose(verbose: bool) -> None:
     """Quiet (``False``: :class:`QuietFilter` on Flower's console handler, Ray's tip ignored)
     or Flower's full console log (``True``) for this process. Idempotent."""
     console_handler.removeFilter(_QUIET)
+    _ONE_LINE.verbose = verbose
     if verbose:
         warnings.filterwarnings("default", message=_RAY_TIP, category=FutureWarning)
         return
@@ -61,20 +64,34 @@ def set_verbose(verbose: bool) -> None:
 
 
 class OneLineErrors(logging.Filter):
-    """Removes the traceback from records whose exception is one of ``types`` (the record,
-    its message and level, stay)."""
+    """Removes the traceback from records whose exception is one of ``types``, or (unless
+    verbose) one the app has already told in one line (:func:`mark_reported`); the record,
+    its message and level, stay."""
 
     def __init__(self) -> None:
         super().__init__()
         self.types: tuple[type[BaseException], ...] = ()
+        self.verbose = False
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and isinstance(record.exc_info[1], self.types):
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and (isinstance(exc, self.types) or (getattr(exc, _REPORTED, False) and not self.verbose)):
             record.exc_info, record.exc_text, record.stack_info = None, None, None
         return True
 
 
+_REPORTED = "_fedul_reported"
 _ONE_LINE = OneLineErrors()
+
+
+def mark_reported(exc: BaseException) -> None:
+    """Mark ``exc`` as told in one line by the app (a run that stopped mid-way has written and
+    logged its ``status=failed`` summary): Flower's console then shows no traceback of it,
+    unless ``verbose=true``."""
+    try:
+        setattr(exc, _REPORTED, True)
+    except AttributeError:  # an exception type without a __dict__
+        pass
 
 
 def print_in_one_line(*types: type[BaseException]) -> None:

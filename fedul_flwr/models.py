@@ -242,6 +242,29 @@ class WideResNet(nn.Module):
         return self.classifier(self.features(x))
 
 
+MIN_IMAGE_SIZE: dict[str, int] = {"small-cnn": 16, "paper-cnn": 4, "resnet18": 4, "resnet8": 4, "wrn-28-2": 4}
+"""The smallest image side (pixels) each model accepts: LeNet's two 5x5 convolutions and 2x2
+poolings leave no pixel below 16; the others pool or stride to 1/4 of the side (``paper-cnn``
+also needs a side divisible by 4)."""
+
+
+def check_input_size(name: str, image_size: int) -> None:
+    """Whether model ``name`` can take ``image_size x image_size`` images (:data:`MIN_IMAGE_SIZE`).
+
+    Raises
+    ------
+    ValueError
+        Naming the model, its minimum (or divisor) and the size, with the ``image-size=N`` hint.
+    """
+    least = MIN_IMAGE_SIZE.get(name, 1)
+    if image_size < least:
+        raise ValueError(f"model={name!r} needs images of at least {least}x{least} pixels, got {image_size}x{image_size} "
+                         f"(set image-size={max(least, 32)} to resize them, or choose another model)")  # fmt: skip
+    if name == "paper-cnn" and image_size % 4:
+        raise ValueError(f"model={name!r} needs an image size divisible by 4, got {image_size} (set image-size="
+                         f"{image_size + (-image_size) % 4} to resize them)")  # fmt: skip
+
+
 def build_model(
     name: str, in_channels: int, num_classes: int, image_size: int, *, seed: int | None = None, width: float = 1.0
 ) -> nn.Module:
@@ -279,10 +302,7 @@ def build_model(
         if not width > 0 or "width" not in inspect.signature(factory).parameters:
             raise ValueError(f"model={name!r} cannot take width={width} (width factors: small-cnn, resnet8; > 0)")
         kwargs["width"] = width
-    if name == "paper-cnn" and image_size % 4:
-        raise ValueError(f"model={name!r} needs an image size divisible by 4, got {image_size}")
-    if name == "small-cnn" and image_size < 16:
-        raise ValueError(f"model={name!r} needs images of at least 16x16, got {image_size}")
+    check_input_size(name, image_size)
     if seed is None:
         return factory(in_channels, num_classes, image_size, **kwargs)
     with torch.random.fork_rng(devices=[]):

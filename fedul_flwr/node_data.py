@@ -48,10 +48,8 @@ import torch
 
 from fedul_flwr.checks import check_setting, resolve_config
 from fedul_flwr.config import ConfigError, RunConfig, check_keys, default_config
-from fedul_flwr.data.datasets import DatasetInfo
+from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
-from fedul_flwr.data.sources import dataset_facts, run_dataset_info
-from fedul_flwr.data.user_datasets import UserDatasetOptions
 
 __all__ = ["main", "write_nodes"]
 
@@ -104,9 +102,9 @@ def write_nodes(
     from fedul_flwr.data.simulated import client_usets, load_run_dataset
 
     if cfg.client_setting != "usets":
-        return _write_labeled_unlabeled_nodes(cfg, Path(out), num_nodes, max_set_size)
+        return _write_labeled_unlabeled_nodes(cfg, Path(out), num_nodes, max_set_size, image_format)
     data = load_run_dataset(cfg)
-    info = run_dataset_info(cfg)
+    info = run_dataset_info(cfg.as_dict())
     paths = []
     for i in range(num_nodes):
         usets, local_test = client_usets(cfg, i, num_nodes)
@@ -132,14 +130,15 @@ def write_nodes(
     return paths
 
 
-def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, max_size: int | None) -> list[Path]:
+def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, max_size: int | None,
+                                   image_format: str = "npy") -> list[Path]:  # fmt: skip
     """Node folders with a labeled and an unlabeled part (either may be absent: a fully labeled
     or an unlabeled client of the annotation-heterogeneity setting): node i holds what
     simulated client i of the run's ``client-setting`` holds (positive-unlabeled: plus
     ``class_prior.csv``), each part cut to ``max_size`` random images when given."""
     from fedul_flwr.data.simulated import SETTING_PARTS, load_client
 
-    info = run_dataset_info(cfg)
+    info = run_dataset_info(cfg.as_dict())
     parts = frozenset(SETTING_PARTS[cfg.client_setting])
     nodes = []
     for i in range(num_nodes):  # every node is built and checked before the first is written
@@ -172,7 +171,7 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
         paths.append(
             write_node_dir(
                 out / f"node-{i}", images, None, info.class_names, unlabeled=unlabeled, labeled=labeled,
-                class_prior=client.class_prior, test=test,
+                class_prior=client.class_prior, test=test, image_format=image_format,
                 meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
             )
         )  # fmt: skip
@@ -235,7 +234,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     w.add_argument("--num-nodes", type=int, required=True, help="number of nodes (= num-partitions)")
     w.add_argument("--dataset", help="shortcut for --run-config dataset=...")
     w.add_argument("--run-config", action="append", help=run_config_help)
-    w.add_argument("--format", choices=("npy", "png"), default="npy", help="images.npy per set, or PNG files")
+    w.add_argument("--format", choices=("npy", "png"), default="npy",
+                   help="images.npy per set and part, or PNG files (labeled/ as one folder per class)")
     w.add_argument("--max-set-size", type=int, default=None, help="keep at most this many random images per set")
     w.add_argument(
         "--labeled",
@@ -275,14 +275,14 @@ def run(args: argparse.Namespace) -> int:
                 labeled=args.labeled,
             )
             for path in paths:
-                print(validate_node_dir(path, *_facts(run_dataset_info(cfg))).summary())
+                print(validate_node_dir(path, *_facts(cfg.as_dict())).summary())
         return 0
     except (NodeDataError, ConfigError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
 
-def _validate_settings(text: list[str] | None, dataset: str | None) -> DatasetInfo:
+def _validate_settings(text: list[str] | None, dataset: str | None) -> dict[str, Any]:
     """The dataset facts ``validate`` checks against: ``dataset`` and ``class-names`` from the
     arguments (the project's default dataset otherwise); other known keys do not change them.
 
@@ -296,12 +296,14 @@ def _validate_settings(text: list[str] | None, dataset: str | None) -> DatasetIn
     """
     values = parse_run_config(text)
     check_keys(values)  # a typo such as 'datset' must not pass as a check against the default dataset
-    name = dataset or str(values.get("dataset", default_config()["dataset"]))
-    return dataset_facts(name, str(values.get("class-names", "")), UserDatasetOptions.from_values(values))
+    return {**values, "dataset": dataset or str(values.get("dataset", default_config()["dataset"]))}
 
 
-def _facts(info: DatasetInfo) -> tuple[tuple[str, ...], int, int]:
-    return info.class_names, info.image_size, info.channels
+def _facts(values: dict[str, Any]) -> tuple[tuple[str, ...], int, int, bool]:
+    """What a node folder is checked against: the run's dataset facts
+    (:func:`~fedul_flwr.data.datasets.run_dataset_info`) and whether ``image-size`` resizes."""
+    info = run_dataset_info(values)
+    return info.class_names, info.image_size, info.channels, int(values.get("image-size", 0)) > 0
 
 
 if __name__ == "__main__":

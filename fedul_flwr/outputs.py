@@ -198,12 +198,20 @@ def run_folder(cfg: RunConfig) -> Path:
     check_run_name(cfg.run_name)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     sets = "-".join(str(m) for m in cfg.num_sets)
-    name = cfg.run_name or f"{stamp}-{cfg.method}-{cfg.dataset}-{cfg.partition}-M{sets}-s{cfg.seed}"
+    name = cfg.run_name or f"{stamp}-{slug(cfg.method)}-{slug(cfg.dataset)}-{cfg.partition}-M{sets}-s{cfg.seed}"
     base = resolve_output_dir(cfg.output_dir)
     path = base / name
     if os.path.normpath(path.parent) != os.path.normpath(base):  # defensive: check_run_name guarantees it
         raise ConfigError(f"run-name={cfg.run_name!r}: the run folder {path} would lie outside output-dir {base}")
     return path
+
+
+def slug(text: str) -> str:
+    """``text`` as one safe folder-name component: every run of characters other than
+    letters, digits, ``.``, ``_`` and ``-`` becomes one ``-`` (``hf:/data/pets`` ->
+    ``hf-data-pets``), never empty, never ``.`` or ``..``."""
+    out = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.")
+    return out or "x"
 
 
 @dataclass

@@ -23,9 +23,9 @@ from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
 from fedul_flwr.checks import check_before_round_one, check_resume
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
-from fedul_flwr.console import PROGRESS, RoundClock, print_in_one_line, set_verbose
+from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
-from fedul_flwr.data.datasets import ImageDataset, normalize
+from fedul_flwr.data.datasets import DatasetError, ImageDataset, normalize, run_dataset_info
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
@@ -210,7 +210,8 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     strategy = build_strategy(cfg, method.aggregation())
     initial_arrays, start_round = resume_from(ckpt, models, strategy)
     num_nodes = len(list(grid.get_node_ids()))  # the nodes each round samples from (DP accounting)
-    settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json()})  # the clients use the server's resolution
+    # the clients use the server's resolution, and a deployed node reads its folder against the dataset's facts
+    settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json(), wire.DATASET_FACTS: run_dataset_info(cfg.as_dict()).to_json()})
     outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round)
     round_end: RoundEnd | None = None
     try:
@@ -234,6 +235,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
                 round_end.record_replies()  # the replies of the round that stopped the run
         finally:
             log(ERROR, "%s", outputs.finish(failure=exc))  # summary.txt, status=failed|stopped; the folder released
+            mark_reported(exc)  # that summary is the one line: Flower's console shows no traceback (unless verbose)
         raise
     outputs.finish()
     return outputs

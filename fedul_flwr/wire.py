@@ -31,6 +31,7 @@ CONFIG = "config"
 # train / evaluate config keys
 SERVER_ROUND = "server-round"
 RUN_CONFIG = "run-config"
+DATASET_FACTS = "dataset-facts"  # the run's DatasetInfo as JSON: what a deployed node's folder must match
 PROXIMAL_MU = "proximal-mu"  # set by Flower's FedProx
 SCAFFOLD_OPTION = "scaffold-option"
 

@@ -62,3 +62,29 @@ def test_round_clock_reports_seconds_and_eta() -> None:
     assert re.fullmatch(r"round 1/4: test-accuracy 80\.50%, \d+\.\ds, ETA \d+s", line), line
     resumed = RoundClock(num_rounds=10, start_round=8)
     assert resumed.line(8, 0.9).endswith("(initial model)") and "round 9/10" in resumed.line(9, 0.91)
+
+
+def test_a_run_that_stopped_midway_shows_its_summary_line_without_traceback() -> None:
+    """An exception the ServerApp has told in its ``status=failed`` summary loses its traceback
+    on Flower's console, unless verbose; an unmarked one keeps it."""
+    import logging
+
+    from fedul_flwr.console import _ONE_LINE, mark_reported, set_verbose
+
+    def record(exc: BaseException) -> logging.LogRecord:
+        return logging.LogRecord("flwr", logging.ERROR, __file__, 1, "ServerApp raised an exception", None,
+                                 (type(exc), exc, None))  # fmt: skip
+
+    told, untold = RuntimeError("round 3: no successful reply"), RuntimeError("a bug")
+    mark_reported(told)
+    try:
+        set_verbose(False)
+        kept, plain = record(told), record(untold)
+        _ONE_LINE.filter(kept), _ONE_LINE.filter(plain)
+        assert kept.exc_info is None and plain.exc_info is not None
+        set_verbose(True)
+        verbose = record(told)
+        _ONE_LINE.filter(verbose)
+        assert verbose.exc_info is not None
+    finally:
+        set_verbose(False)

@@ -179,7 +179,10 @@ def test_missing_part_names_method_part_and_node(tmp_path: Path) -> None:
     usets, _ = client_usets(resolve_config({"samples-per-client": 100}), 0, 2)
     node = write_node_dir(tmp_path / "node", data.train_x, usets, data.class_names, max_set_size=5)
     with pytest.raises(MissingPartError, match=rf"method 'supervised' needs the 'labeled' part.*{re.escape(str(node))}"):
-        client_from_node_config(cfg, {"data-dir": str(node)}, method="supervised", parts=["labeled"])
+        from fedul_flwr.data.datasets import run_dataset_info
+
+        client_from_node_config(cfg, {"data-dir": str(node)}, method="supervised", parts=["labeled"],
+                                facts=run_dataset_info(cfg))
 
 
 def test_apps_never_branch_on_a_method_name() -> None:

@@ -18,12 +18,14 @@ from fedul_flwr.checks import resolve_config
 from fedul_flwr.data.node_dir import (
     LAYOUTS,
     NodeDataError,
+    read_node_dir,
     load_node_dir,
     validate_node_dir,
     write_node_dir,
 )
 from fedul_flwr.data.simulated import client_usets, load_run_dataset
-from fedul_flwr.data.sources import client_from_node_config, run_dataset_info
+from fedul_flwr.data.datasets import run_dataset_info
+from fedul_flwr.data.sources import client_from_node_config
 from fedul_flwr.node_data import main as node_data_main
 from fedul_flwr.node_data import write_nodes
 
@@ -350,20 +352,24 @@ def test_unreadable_image(tmp_path: Path) -> None:
     root = _make_node(tmp_path / "n", fmt="png")
     bad = root / "sets" / "s1" / "img002.png"
     bad.write_bytes(b"not a png at all")
-    _expect(root, str(bad), "unreadable image")
+    _expect(root, str(bad), "unreadable or truncated image")
 
 
 def test_wrongly_sized_image(tmp_path: Path) -> None:
     root = _make_node(tmp_path / "n", fmt="png")
     bad = root / "sets" / "s0" / "img001.png"
     Image.fromarray(np.zeros((SIZE + 2, SIZE), dtype=np.uint8)).save(bad)
-    _expect(root, str(bad), "(1, 10, 8)", "(1, 8, 8)")
+    _expect(root, str(bad), "8x10 pixels", "8x8", "image-size=N")
 
 
-def test_wrong_channels_in_npy(node: Path) -> None:
-    bad = node / "sets" / "s0" / "images.npy"
-    np.save(bad, np.zeros((3, SIZE, SIZE, 3), dtype=np.uint8))
-    _expect(node, str(bad), "(3, 8, 8)")
+def test_npy_of_other_channels(node: Path) -> None:
+    """Colour images in a greyscale run are converted as image files are (one decoder); two
+    channels are no image."""
+    colour = node / "sets" / "s0" / "images.npy"
+    np.save(colour, np.full((3, SIZE, SIZE, 3), 200, dtype=np.uint8))
+    assert read_node_dir(node, CLASSES, SIZE, 1).unlabeled[:3].tolist() == np.full((3, 1, SIZE, SIZE), 200).tolist()
+    np.save(colour, np.zeros((3, SIZE, SIZE, 2), dtype=np.uint8))
+    _expect(node, str(colour), "C = 1 or 3")
 
 
 def test_npy_of_wrong_dtype(node: Path) -> None:
@@ -375,8 +381,8 @@ def test_npy_of_wrong_dtype(node: Path) -> None:
 def test_non_image_file_in_set(node: Path) -> None:
     (node / "sets" / "s1" / "images.npy").unlink()
     Image.fromarray(np.zeros((SIZE, SIZE), dtype=np.uint8)).save(node / "sets" / "s1" / "a.png")
-    (node / "sets" / "s1" / "scan.tiff").write_bytes(b"x")
-    _expect(node, "scan.tiff", "not an image file", "'s1'")
+    (node / "sets" / "s1" / "scan.txt").write_bytes(b"x")
+    _expect(node, "scan.txt", "not an image file", "'s1'")
 
 
 def test_row_not_summing_to_one(node: Path) -> None:
@@ -484,7 +490,8 @@ def test_round_trip_from_the_run_dataset(tmp_path: Path, fmt: str) -> None:
         report = validate_node_dir(path, info.class_names, info.image_size, info.channels)
         assert report.num_sets == 10 and report.num_test == len(local_test)
         np.testing.assert_allclose(report.priors, usets.priors, rtol=0, atol=1e-15)
-        client = client_from_node_config(cfg, {"data-dir": str(path)}, method="fedul", parts=("unlabeled", "usets"))
+        client = client_from_node_config(cfg, {"data-dir": str(path)}, method="fedul", parts=("unlabeled", "usets"),
+                                         facts=run_dataset_info(cfg))
         assert client.parts() == ("unlabeled", "usets")
         np.testing.assert_allclose(client.usets.priors, usets.priors, rtol=0, atol=1e-15)
         assert client.mean == tuple(info.mean) and client.std == tuple(info.std)
@@ -549,7 +556,8 @@ def test_cli_write_labeled(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         assert labels.dtype == np.int64 and labels.tolist() == data.train_y[torch.from_numpy(idx)].tolist()
         report = validate_node_dir(path, info.class_names, info.image_size, info.channels)
         assert report.num_labeled == len(idx) > report.num_images == 20
-        client = client_from_node_config(cfg, {"data-dir": str(path)}, method="supervised", parts=("labeled",))
+        client = client_from_node_config(cfg, {"data-dir": str(path)}, method="supervised", parts=("labeled",),
+                                         facts=run_dataset_info(cfg))
         torch.testing.assert_close(client.labeled.x, data.train_x[torch.from_numpy(idx)])
         torch.testing.assert_close(client.labeled.y, data.train_y[torch.from_numpy(idx)])
     # without --labeled no labeled part is written

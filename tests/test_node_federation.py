@@ -15,7 +15,8 @@ from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.data.simulated import client_usets
-from fedul_flwr.data.sources import node_key, run_dataset_info
+from fedul_flwr.data.datasets import run_dataset_info
+from fedul_flwr.data.sources import node_key
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.models import build_model
 from fedul_flwr.node_data import write_nodes
@@ -106,7 +107,7 @@ def test_reply_holds_only_f_arrays_and_scalar_metrics(node_dirs: list[Path], tmp
     model = build_model(cfg.model, info.channels, len(info.class_names), info.image_size)
     wire_state = {f"f.{k}": v for k, v in model.state_dict().items()}  # f's arrays, keyed as on the wire
     grid = InProcessGrid(client_app, 1, run_config, node_configs=[{"data-dir": str(node_dirs[0])}])
-    config = ConfigRecord({wire.SERVER_ROUND: 1, wire.RUN_CONFIG: cfg.to_json()})
+    config = ConfigRecord({wire.SERVER_ROUND: 1, wire.RUN_CONFIG: cfg.to_json(), wire.DATASET_FACTS: info.to_json()})
     content = RecordDict({"arrays": ArrayRecord(wire_state), "config": config})
     msg = grid.create_message(content, "train", dst_node_id=1, group_id="1")
     (reply,) = grid.send_and_receive([msg])

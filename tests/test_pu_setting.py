@@ -167,7 +167,7 @@ def test_shards_partition_deals_whole_class_sorted_shards() -> None:
 def test_pu_node_folder_round_trip_and_its_errors(tmp_path) -> None:
     from fedul_flwr.checks import resolve_config
     from fedul_flwr.data.node_dir import NodeDataError, load_node_dir
-    from fedul_flwr.data.sources import run_dataset_info
+    from fedul_flwr.data.datasets import run_dataset_info
     from fedul_flwr.node_data import write_nodes
 
     cfg = resolve_config({"client-setting": "pu", "positive-classes": "10"})  # one node labels every class

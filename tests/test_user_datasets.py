@@ -15,9 +15,8 @@ import pytest
 import torch
 
 from fedul_flwr.checks import resolve_config
-from fedul_flwr.data.datasets import DatasetError
+from fedul_flwr.data.datasets import DatasetError, DatasetOptions, clear_caches, load_dataset
 from fedul_flwr.data.node_dir import NodeDataError, load_node_dir, validate_node_dir
-from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset, load_user_dataset
 
 SIDE = 16
 PETS = ("cat", "dog", "emu")  # the image folder's class folders
@@ -75,7 +74,7 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, di
 @pytest.mark.parametrize("fmt", ["imagefolder", "save_to_disk", "parquet"])
 def test_each_format_loads_with_shapes_labels_and_class_names(sources, fmt: str) -> None:  # type: ignore[no-untyped-def]
     name, extra, classes, channels = sources[fmt]
-    ds = any_dataset(name, options=UserDatasetOptions.from_values(extra))
+    ds = load_dataset(name, options=DatasetOptions.from_values(extra))
     k = len(classes)
     assert ds.class_names == classes and ds.num_classes == k
     assert ds.train_x.dtype == torch.uint8 and ds.train_y.dtype == torch.int64
@@ -93,9 +92,9 @@ def test_each_format_loads_with_shapes_labels_and_class_names(sources, fmt: str)
     assert means == sorted(means)
     # the run's dataset facts come from the dataset's features
     cfg = resolve_config({"dataset": name, "num-sets": k, **extra})
-    from fedul_flwr.data.sources import run_dataset_info
+    from fedul_flwr.data.datasets import run_dataset_info
 
-    info = run_dataset_info(cfg)
+    info = run_dataset_info(cfg.as_dict())
     assert (info.class_names, info.channels, info.image_size) == (classes, channels, SIDE)
 
 
@@ -104,7 +103,7 @@ def test_image_folder_pixels_are_the_files(sources) -> None:  # type: ignore[no-
     from PIL import Image
 
     name, _, _, _ = sources["imagefolder"]
-    ds = any_dataset(name)
+    ds = load_dataset(name)
     folder = Path(name[3:])
     files = {np.asarray(Image.open(p)).tobytes() for p in folder.rglob("*.png")}
     assert len(files) == len(PETS) * PER_CLASS
@@ -158,9 +157,9 @@ def test_one_round_in_process_on_each_format(sources, tmp_path: Path, method: st
 
 
 def _one_line_error(name: str, match: str, **options: object) -> str:
-    load_user_dataset.cache_clear()
+    clear_caches()
     with pytest.raises(DatasetError, match=match) as info:
-        any_dataset(name, options=UserDatasetOptions(**options))  # type: ignore[arg-type]
+        load_dataset(name, options=DatasetOptions(**options))  # type: ignore[arg-type]
     message = str(info.value)
     assert "\n" not in message, message
     return message
@@ -175,7 +174,7 @@ def test_empty_class_folder_is_named(tmp_path: Path) -> None:
 def test_unreadable_image_is_named(tmp_path: Path) -> None:
     root = _image_folder(tmp_path / "imgs", per_class=5)
     (root / "dog" / "002.png").write_bytes(b"not a png")
-    _one_line_error(f"hf:{root}", re.escape(str(root / "dog" / "002.png")) + ".*unreadable image")
+    _one_line_error(f"hf:{root}", re.escape(str(root / "dog" / "002.png")) + ".*unreadable or truncated image")
 
 
 def test_truncated_image_is_named_when_decoded_and_the_facts_need_only_headers(tmp_path: Path) -> None:
@@ -188,7 +187,7 @@ def test_truncated_image_is_named_when_decoded_and_the_facts_need_only_headers(t
     bad.write_bytes(bad.read_bytes()[:-40])
     info = user_dataset_info(f"hf:{root}")
     assert (info.class_names, info.channels, info.image_size) == (PETS, 3, SIDE)
-    _one_line_error(f"hf:{root}", re.escape(str(bad)) + ".*unreadable image")
+    _one_line_error(f"hf:{root}", re.escape(str(bad)) + ".*unreadable or truncated image")
 
 
 def test_wrong_size_is_named_and_image_size_resizes(tmp_path: Path) -> None:
@@ -197,8 +196,8 @@ def test_wrong_size_is_named_and_image_size_resizes(tmp_path: Path) -> None:
     _save_png(bad, _image(2, 3, 3, side=20))
     message = _one_line_error(f"hf:{root}", re.escape(str(bad)))
     assert "20x20 pixels" in message and "16x16" in message and "image-size" in message
-    load_user_dataset.cache_clear()
-    ds = any_dataset(f"hf:{root}", options=UserDatasetOptions(image_size=12))
+    clear_caches()
+    ds = load_dataset(f"hf:{root}", options=DatasetOptions(image_size=12))
     assert tuple(ds.train_x.shape[1:]) == (3, 12, 12) and tuple(ds.test_x.shape[1:]) == (3, 12, 12)
 
 
@@ -208,8 +207,8 @@ def test_non_square_images_need_image_size(tmp_path: Path) -> None:
         for i in range(5):
             _save_png(root / name / f"{i}.png", _image(k, i, 3)[:, :12])
     _one_line_error(f"hf:{root}", "16x12|12x16", image_size=0)
-    load_user_dataset.cache_clear()
-    assert tuple(any_dataset(f"hf:{root}", options=UserDatasetOptions(image_size=8)).train_x.shape[1:]) == (3, 8, 8)
+    clear_caches()
+    assert tuple(load_dataset(f"hf:{root}", options=DatasetOptions(image_size=8)).train_x.shape[1:]) == (3, 8, 8)
 
 
 def test_missing_column_names_the_key(sources) -> None:  # type: ignore[no-untyped-def]
@@ -217,8 +216,8 @@ def test_missing_column_names_the_key(sources) -> None:  # type: ignore[no-untyp
     _one_line_error(name, re.escape("image-column='picture'") + ".*no such column.*'img'", image_column="picture",
                     label_column="fine")  # fmt: skip
     _one_line_error(name, re.escape("label-column='class'") + ".*no such column", image_column="img", label_column="class")
-    load_user_dataset.cache_clear()  # without the keys: the one Image and the one ClassLabel column
-    assert any_dataset(name).class_names == ("w", "x", "y", "z")
+    clear_caches()  # without the keys: the one Image and the one ClassLabel column
+    assert load_dataset(name).class_names == ("w", "x", "y", "z")
 
 
 @pytest.mark.parametrize("kind", ["text", "int"])
@@ -233,7 +232,7 @@ def test_labels_without_class_names(tmp_path: Path, kind: str) -> None:
     data = datasets.Dataset.from_dict({"image": images, "label": labels}, features=datasets.Features(
         {"image": datasets.Image(), "label": datasets.Value("string" if kind == "text" else "int64")}))  # fmt: skip
     data.save_to_disk(str(tmp_path / "d"))
-    ds = any_dataset(f"hf:{tmp_path / 'd'}")
+    ds = load_dataset(f"hf:{tmp_path / 'd'}")
     assert ds.class_names == (("a", "b", "c") if kind == "text" else ("0", "1", "2"))
     assert ds.in_channels == 1 and sorted(set(ds.train_y.tolist())) == [0, 1, 2]
     two = datasets.Features({"image": datasets.Image(), "copy": datasets.Image(), "label": data.features["label"]})
@@ -244,7 +243,7 @@ def test_labels_without_class_names(tmp_path: Path, kind: str) -> None:
 
 def test_missing_path_and_relative_path_and_bad_keys(tmp_path: Path) -> None:
     _one_line_error(f"hf:{tmp_path / 'nowhere'}", re.escape(f"{tmp_path / 'nowhere'}: no such file or folder"))
-    _one_line_error("hf:./imgs", "must be absolute")
+    _one_line_error("hf:./imgs", "neither an absolute local path")
     from fedul_flwr.config import ConfigError
 
     with pytest.raises(ConfigError, match="image-size=-1"):
@@ -255,9 +254,9 @@ def test_missing_path_and_relative_path_and_bad_keys(tmp_path: Path) -> None:
 
 
 def _facts(name: str) -> dict:
-    from fedul_flwr.data.sources import run_dataset_info
+    from fedul_flwr.data.datasets import run_dataset_info
 
-    info = run_dataset_info(resolve_config({"dataset": name, "num-sets": 3}))
+    info = run_dataset_info(resolve_config({"dataset": name, "num-sets": 3}).as_dict())
     return {"class_names": info.class_names, "image_size": info.image_size, "channels": info.channels}
 
 
@@ -291,16 +290,16 @@ def test_node_image_folder_bad_inputs_name_the_file(sources, tmp_path: Path) -> 
     facts = _facts(name)
     root = _image_folder(tmp_path / "node", per_class=2)
     (root / "emu" / "000.png").write_bytes(b"garbage")
-    _node_error(root, facts, re.escape(f"{root / 'emu' / '000.png'}: unreadable image"))
+    _node_error(root, facts, re.escape(f"{root / 'emu' / '000.png'}: unreadable or truncated image"))
     _save_png(root / "emu" / "000.png", _image(2, 0, 3, side=8))
-    _node_error(root, facts, re.escape(f"{root / 'emu' / '000.png'}: image of shape") + r".*\(3, 16, 16\)")
+    _node_error(root, facts, re.escape(f"{root / 'emu' / '000.png'}: image of 8x8 pixels, the run's images are 16x16"))
     _save_png(root / "emu" / "000.png", _image(2, 0, 3))
     (root / "owl").mkdir()
     _node_error(root, facts, re.escape(f"{root / 'owl'}: folder name 'owl' is not one of the run's classes"))
     (root / "owl").rmdir()
     for p in (root / "dog").iterdir():
         p.unlink()
-    _node_error(root, facts, re.escape(f"{root / 'dog'}: class folder 'dog' holds no image"))
+    _node_error(root, facts, re.escape(f"{root / 'dog'}: class folder holds no image"))
 
 
 def test_node_data_write_takes_a_user_dataset(sources, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -88,6 +88,7 @@ import numpy as np
 import torch
 
 from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
+from fedul_flwr.data.images import IMAGE_SUFFIXES, ImageError, ImageSpec, decode_array, decode_image, read_image_folder
 from fedul_flwr.data.usets import PriorMatrixError, USets, condition_number, validate_prior_matrix
 
 __all__ = [
@@ -112,7 +113,6 @@ UNLABELED_DIR = "unlabeled"
 ARRAY_FILE = "images.npy"
 LABELS_FILE = "labels.npy"
 CLASS_PRIOR_FILE = "class_prior.csv"
-IMAGE_SUFFIXES: tuple[str, ...] = (".png", ".jpg", ".jpeg")
 PRIOR_ROW_TOLERANCE = 1e-3
 """Largest accepted |sum of a priors.csv row - 1|; accepted rows are renormalised exactly."""
 LAYOUTS: tuple[str, ...] = (
@@ -357,59 +357,32 @@ def _read_class_prior(path: Path, class_names: Sequence[str]) -> np.ndarray:
     return np.asarray(values, dtype=np.float64)
 
 
-def _as_nchw(arr: np.ndarray, where: str, channels: int, image_size: int) -> np.ndarray:
-    """uint8 ``[n, H, W]`` / ``[n, H, W, C]`` -> ``[n, C, H, W]``, checking the shape."""
-    if arr.dtype != np.uint8:
-        raise NodeDataError(f"{where}: dtype {arr.dtype}, expected uint8 pixel values 0..255")
-    if arr.ndim == 3:
-        arr = arr[:, None, :, :]
-    elif arr.ndim == 4:
-        arr = np.moveaxis(arr, 3, 1)
-    else:
-        raise NodeDataError(f"{where}: shape {arr.shape}, expected [n, H, W] or [n, H, W, C]")
-    expected = (channels, image_size, image_size)
-    if tuple(arr.shape[1:]) != expected:
-        raise NodeDataError(
-            f"{where}: images of shape (C, H, W) = {tuple(arr.shape[1:])}, the run expects {expected}"
-        )
-    return arr
+def _images(call: Any, *args: Any) -> np.ndarray:
+    """``call(*args)`` of :mod:`fedul_flwr.data.images`, its :class:`ImageError` as a
+    :class:`NodeDataError` with the same one-line message."""
+    try:
+        return call(*args)
+    except ImageError as exc:
+        raise NodeDataError(str(exc)) from None
 
 
-def _read_npy(path: Path, channels: int, image_size: int) -> np.ndarray:
+def _read_npy(path: Path, spec: ImageSpec) -> np.ndarray:
     try:
         arr = np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise NodeDataError(f"{path}: unreadable .npy file ({exc})") from exc
-    arr = _as_nchw(arr, str(path), channels, image_size)
+    arr = _images(decode_array, arr, str(path), spec)
     if len(arr) == 0:
         raise NodeDataError(f"{path}: holds no images")
-    return np.ascontiguousarray(arr)
-
-
-_PIL_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4}
-
-
-def _read_image_file(path: Path, channels: int, image_size: int) -> np.ndarray:
-    """One PNG/JPEG file as uint8 ``[C, H, W]`` (PIL; 8-bit grey, RGB or with alpha)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as img:
-            img.load()
-            mode = img.mode
-            arr = np.asarray(img)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise NodeDataError(f"{path}: unreadable image ({exc})") from exc
-    if mode not in _PIL_CHANNELS:
-        raise NodeDataError(f"{path}: image mode {mode!r}; expected 8-bit grey ('L') or colour ('RGB') pixels")
-    arr = arr[None] if arr.ndim == 2 else np.moveaxis(arr, 2, 0)
-    shape = tuple(arr.shape)
-    if shape != (channels, image_size, image_size):
-        raise NodeDataError(f"{path}: image of shape (C, H, W) = {shape}, the run expects {(channels, image_size, image_size)}")
     return arr
 
 
-def _read_set(folder: Path, set_name: str, channels: int, image_size: int) -> tuple[np.ndarray, str]:
+def _read_image_file(path: Path, spec: ImageSpec) -> np.ndarray:
+    """One image file as uint8 ``[C, S, S]`` (:func:`fedul_flwr.data.images.decode_image`)."""
+    return _images(decode_image, path, str(path), spec)
+
+
+def _read_set(folder: Path, set_name: str, spec: ImageSpec) -> tuple[np.ndarray, str]:
     """Images of one set as uint8 ``[n, C, H, W]`` and their format (``npy`` / ``files``)."""
     if not folder.is_dir():
         raise NodeDataError(f"{folder}: missing; set {set_name!r} is a row of {PRIORS_FILE} but has no folder")
@@ -420,17 +393,17 @@ def _read_set(folder: Path, set_name: str, channels: int, image_size: int) -> tu
         if len(files) > 1:
             others = [p.name for p in files if p.name != ARRAY_FILE][:5]
             raise NodeDataError(f"{folder}: holds {ARRAY_FILE} and other files {others}; use one or the other")
-        return _read_npy(folder / ARRAY_FILE, channels, image_size), "npy"
+        return _read_npy(folder / ARRAY_FILE, spec), "npy"
     for p in files:
         if p.is_dir() or p.suffix.lower() not in IMAGE_SUFFIXES:
             raise NodeDataError(
                 f"{p}: not an image file of set {set_name!r}; a set folder holds only {list(IMAGE_SUFFIXES)} files "
                 f"or one {ARRAY_FILE}"
             )
-    return np.stack([_read_image_file(p, channels, image_size) for p in files]), "files"
+    return np.stack([_read_image_file(p, spec) for p in files]), "files"
 
 
-def _read_image_files(folder: Path, what: str, channels: int, image_size: int) -> np.ndarray:
+def _read_image_files(folder: Path, what: str, spec: ImageSpec) -> np.ndarray:
     """The image files of ``folder`` (sorted by name, hidden files ignored) as uint8
     ``[n, C, H, W]``; a folder without image or holding another file is an error."""
     files = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
@@ -439,39 +412,23 @@ def _read_image_files(folder: Path, what: str, channels: int, image_size: int) -
     for p in files:
         if p.is_dir() or p.suffix.lower() not in IMAGE_SUFFIXES:
             raise NodeDataError(f"{p}: not an image file; {what} holds only {list(IMAGE_SUFFIXES)} files")
-    return np.stack([_read_image_file(p, channels, image_size) for p in files])
+    return np.stack([_read_image_file(p, spec) for p in files])
 
 
-def _read_class_folders(
-    folder: Path, class_names: Sequence[str], channels: int, image_size: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """An image folder ``<folder>/<class name>/<image files>`` as uint8 ``[n, C, H, W]`` images
-    and int64 ``[n]`` labels (the class's index among ``class_names``), classes in the run's
-    order, files sorted by name.
+def _read_class_folders(folder: Path, class_names: Sequence[str], spec: ImageSpec) -> tuple[np.ndarray, np.ndarray]:
+    """An image folder ``<folder>/<class name>/<image files>`` as uint8 ``[n, C, S, S]`` images
+    and int64 ``[n]`` labels (the class's index among ``class_names``), read by the same reader
+    and decoder as an ``hf:`` image folder (:mod:`fedul_flwr.data.images`).
 
     Raises
     ------
     NodeDataError
         Naming the entry: a file beside the class folders, a folder not named as a class of
-        the run, a class folder without image, a file that is no image or of the wrong shape.
+        the run, a class folder without image, a file that is no image, unreadable or of the
+        wrong size.
     """
-    entries = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
-    if not entries:
-        raise NodeDataError(f"{folder}: empty; an image folder holds one folder per class {list(class_names)}")
-    for p in entries:
-        if not p.is_dir():
-            raise NodeDataError(f"{p}: not a class folder; an image folder holds only folders named as the run's "
-                                f"classes {list(class_names)}")  # fmt: skip
-        if p.name not in class_names:
-            raise NodeDataError(f"{p}: folder name {p.name!r} is not one of the run's classes {list(class_names)}")
-    by_name = {p.name: p for p in entries}
-    images, labels = [], []
-    for k, name in enumerate(class_names):
-        if name in by_name:
-            x = _read_image_files(by_name[name], f"class folder {name!r}", channels, image_size)
-            images.append(x)
-            labels.append(np.full(len(x), k, dtype=np.int64))
-    return np.concatenate(images), np.concatenate(labels)
+    files, labels = _images(read_image_folder, folder, class_names, False).splits["train"]
+    return np.stack([_read_image_file(p, spec) for p in files]), labels
 
 
 def _is_image_folder(root: Path, reserved: tuple[str, ...] = ()) -> bool:
@@ -497,9 +454,7 @@ def _check_meta(path: Path, class_names: Sequence[str], image_size: int, channel
     return meta
 
 
-def _read_labeled(
-    folder: Path, num_classes: int, channels: int, image_size: int, what: str
-) -> tuple[np.ndarray, np.ndarray] | None:
+def _read_labeled(folder: Path, num_classes: int, spec: ImageSpec, what: str) -> tuple[np.ndarray, np.ndarray] | None:
     """``images.npy`` + ``labels.npy`` of ``folder`` (the local test split or the labeled part).
 
     Returns
@@ -519,7 +474,7 @@ def _read_labeled(
     for have, missing in ((images, labels), (labels, images)):
         if have.exists() and not missing.exists():
             raise NodeDataError(f"{missing}: missing; {what} needs both {ARRAY_FILE} and {LABELS_FILE}")
-    x = _read_npy(images, channels, image_size)
+    x = _read_npy(images, spec)
     try:
         y = np.load(labels, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
@@ -569,9 +524,7 @@ class NodeImages:
     test: tuple[np.ndarray, np.ndarray] | None
 
 
-def _read_usets(
-    root: Path, class_names: Sequence[str], channels: int, image_size: int
-) -> tuple[list[str], np.ndarray, list[np.ndarray], list[str]]:
+def _read_usets(root: Path, class_names: Sequence[str], spec: ImageSpec) -> tuple[list[str], np.ndarray, list[np.ndarray], list[str]]:
     """``priors.csv`` and ``sets/``: (set names, priors ``[M, K]``, images per set, formats)."""
     set_names, priors = _read_priors(root / PRIORS_FILE, class_names)
     sets_dir = root / SETS_DIR
@@ -584,13 +537,14 @@ def _read_usets(
         )
     images, formats = [], []
     for name in set_names:
-        arr, fmt = _read_set(sets_dir / name, name, channels, image_size)
+        arr, fmt = _read_set(sets_dir / name, name, spec)
         images.append(arr)
         formats.append(fmt)
     return set_names, priors, images, formats
 
 
-def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int, channels: int) -> NodeImages:
+def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int, channels: int,
+                  resize: bool = False) -> NodeImages:  # fmt: skip
     """Read and check a node folder (read-only), returning its data and report.
 
     Parameters
@@ -603,6 +557,9 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
         Expected image height = width (pixels).
     channels : int
         Expected image channels C.
+    resize : bool
+        Resize every image to ``image_size x image_size`` (the run set ``image-size``), as
+        the run's own dataset is; else an image of another size is an error.
 
     Returns
     -------
@@ -625,6 +582,7 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
         raise NodeDataError(f"{root}: is not a folder")
     root = root.resolve()
     _check_meta(root / META_FILE, class_names, image_size, channels)
+    spec = ImageSpec(channels, image_size, resize)
 
     # which layouts are there: decided on names alone, before reading any data
     priors_path, sets_dir = root / PRIORS_FILE, root / SETS_DIR
@@ -657,7 +615,7 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
     cond = math.nan
     absent: tuple[str, ...] = ()
     if has_usets:
-        set_names, priors, images, formats = _read_usets(root, class_names, channels, image_size)
+        set_names, priors, images, formats = _read_usets(root, class_names, spec)
         sizes = tuple(len(a) for a in images)
         unlabeled = np.concatenate(images)
         set_index = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
@@ -672,25 +630,25 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
             raise NodeDataError(f"{unlabeled_dir / ARRAY_FILE}: missing; {unlabeled_dir} must hold one {ARRAY_FILE} "
                                 "or image files")  # fmt: skip
         if has_files and not (unlabeled_dir / ARRAY_FILE).exists():
-            unlabeled = _read_image_files(unlabeled_dir, what, channels, image_size)
+            unlabeled = _read_image_files(unlabeled_dir, what, spec)
         else:
             _check_part_folder(unlabeled_dir, (ARRAY_FILE,), what)
-            unlabeled = _read_npy(unlabeled_dir / ARRAY_FILE, channels, image_size)
+            unlabeled = _read_npy(unlabeled_dir / ARRAY_FILE, spec)
         num_unlabeled = len(unlabeled)
     labeled = None
     if image_folder:
-        labeled = _read_class_folders(root, class_names, channels, image_size)
+        labeled = _read_class_folders(root, class_names, spec)
     if labeled_dir.exists():
         what = f"the labeled part {LABELED_DIR}/"
         if labeled_dir.is_dir() and _is_image_folder(labeled_dir):
-            labeled = _read_class_folders(labeled_dir, class_names, channels, image_size)
+            labeled = _read_class_folders(labeled_dir, class_names, spec)
         else:
             _check_part_folder(labeled_dir, (ARRAY_FILE, LABELS_FILE), what)
-            labeled = _read_labeled(labeled_dir, num_classes, channels, image_size, what)
+            labeled = _read_labeled(labeled_dir, num_classes, spec, what)
         if labeled is None:
             raise NodeDataError(f"{labeled_dir}: empty; {what} needs {ARRAY_FILE} and {LABELS_FILE}, or one "
                                 "folder of image files per class")  # fmt: skip
-    test = _read_labeled(root / TEST_DIR, num_classes, channels, image_size, "the local test split")
+    test = _read_labeled(root / TEST_DIR, num_classes, spec, "the local test split")
     prior_path = root / CLASS_PRIOR_FILE
     class_prior = _read_class_prior(prior_path, class_names) if prior_path.exists() else None
     positives = () if labeled is None else tuple(class_names[c] for c in np.unique(labeled[1]))
@@ -714,13 +672,14 @@ def read_node_dir(path: str | Path, class_names: Sequence[str], image_size: int,
     return NodeImages(report, unlabeled, set_index, labeled, test)
 
 
-def validate_node_dir(path: str | Path, class_names: Sequence[str], image_size: int, channels: int) -> NodeDataReport:
+def validate_node_dir(path: str | Path, class_names: Sequence[str], image_size: int, channels: int,
+                      resize: bool = False) -> NodeDataReport:  # fmt: skip
     """Check a node folder against the run (read-only) and describe it.
 
     Same parameters and errors as :func:`read_node_dir`; returns only the
     :class:`NodeDataReport`.
     """
-    return read_node_dir(path, class_names, image_size, channels).report
+    return read_node_dir(path, class_names, image_size, channels, resize).report
 
 
 def load_node_dir(
@@ -731,6 +690,7 @@ def load_node_dir(
     channels: int,
     mean: Sequence[float],
     std: Sequence[float],
+    resize: bool = False,
 ) -> ClientData:
     """Validate a node folder and turn it into the client's data.
 
@@ -760,7 +720,7 @@ def load_node_dir(
     NodeDataError
         See :func:`read_node_dir`.
     """
-    node = read_node_dir(path, class_names, image_size, channels)
+    node = read_node_dir(path, class_names, image_size, channels, resize)
 
     def labeled(pair: tuple[np.ndarray, np.ndarray] | None) -> LabeledImages | None:
         return None if pair is None else LabeledImages(torch.from_numpy(pair[0]), torch.from_numpy(pair[1]))
@@ -793,13 +753,28 @@ def _to_nhwc(images: torch.Tensor | np.ndarray) -> np.ndarray:
     return arr[..., 0] if arr.shape[3] == 1 else arr
 
 
-def _write_labeled(folder: Path, pair: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray]) -> None:
-    """``folder/images.npy`` (uint8 ``[n, H, W(, C)]``) and ``folder/labels.npy`` (int64 ``[n]``)."""
+def _write_png(folder: Path, images: torch.Tensor | np.ndarray) -> None:
+    """One PNG file per image (``000000.png``, ...) in ``folder`` (created)."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for i, img in enumerate(_to_nhwc(torch.as_tensor(images))):
+        Image.fromarray(img).save(folder / f"{i:06d}.png")
+
+
+def _write_labeled(folder: Path, pair: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray],
+                   class_names: Sequence[str] = (), image_format: str = "npy") -> None:  # fmt: skip
+    """``folder/images.npy`` (uint8 ``[n, H, W(, C)]``) and ``folder/labels.npy`` (int64 ``[n]``),
+    or with ``image_format="png"`` one class folder of PNG files per class that occurs."""
     x, y = pair
     labels = np.asarray(torch.as_tensor(y), dtype=np.int64)
     images = _to_nhwc(torch.as_tensor(x))
     if labels.shape != images.shape[:1]:
         raise ValueError(f"{folder}: {labels.shape} labels for {len(images)} images")
+    if image_format == "png":
+        for k in np.unique(labels):
+            _write_png(folder / class_names[int(k)], torch.as_tensor(x)[torch.from_numpy(np.flatnonzero(labels == k))])
+        return
     folder.mkdir()
     np.save(folder / ARRAY_FILE, images)
     np.save(folder / LABELS_FILE, labels)
@@ -839,14 +814,15 @@ def write_node_dir(
     class_prior : np.ndarray or None
         ``[K]`` class prior written to ``class_prior.csv``.
     image_format : str
-        ``"npy"`` (one ``images.npy`` per set) or ``"png"`` (one PNG file per image).
+        ``"npy"`` (one ``images.npy`` per set or part) or ``"png"`` (one PNG file per image:
+        in each set folder, in ``unlabeled/`` and in one ``labeled/<class name>/`` folder per
+        class; the local test split stays ``images.npy`` + ``labels.npy``).
     max_set_size : int or None
         Keep at most this many images per set, drawn uniformly at random with ``rng``
         (a random subset of a set still follows the set's class priors): tiny demo nodes.
         Does not apply to ``labeled`` or ``test``.
     labeled : (images, labels) or None
-        Optional labeled part ``labeled/``: uint8 ``[n_l, C, H, W]`` and int ``[n_l]``
-        (written as ``images.npy`` + ``labels.npy``, like the test split).
+        Optional labeled part ``labeled/``: uint8 ``[n_l, C, H, W]`` and int ``[n_l]``.
     test : (images, labels) or None
         Optional labeled local test split: uint8 ``[n_t, C, H, W]`` and int ``[n_t]``.
     meta : dict or None
@@ -881,14 +857,16 @@ def write_node_dir(
     root.mkdir(parents=True, exist_ok=True)
     if usets is not None:
         _write_usets(root, all_images, usets, class_names, image_format, max_set_size, rng)
-    if unlabeled is not None:
+    if unlabeled is not None and image_format == "png":
+        _write_png(root / UNLABELED_DIR, unlabeled)
+    elif unlabeled is not None:
         (root / UNLABELED_DIR).mkdir()
         np.save(root / UNLABELED_DIR / ARRAY_FILE, _to_nhwc(torch.as_tensor(unlabeled)))
     if class_prior is not None:
         with (root / CLASS_PRIOR_FILE).open("w", newline="", encoding="utf-8") as fh:
             csv.writer(fh).writerows([list(class_names), [repr(float(v)) for v in class_prior]])
     if labeled is not None:
-        _write_labeled(root / LABELED_DIR, labeled)
+        _write_labeled(root / LABELED_DIR, labeled, class_names, image_format)
     if test is not None:
         _write_labeled(root / TEST_DIR, test)
     info = {"class_names": list(class_names), "image_size": int(height), "channels": int(channels), **(meta or {})}
@@ -909,15 +887,12 @@ def _write_usets(
         if max_set_size is not None and len(idx) > max_set_size:
             idx = np.sort(rng.choice(idx, size=max_set_size, replace=False))
         folder = root / SETS_DIR / name
-        folder.mkdir()
         chosen = all_images[torch.from_numpy(idx)]
         if image_format == "npy":
+            folder.mkdir()
             np.save(folder / ARRAY_FILE, _to_nhwc(chosen))
         else:
-            from PIL import Image
-
-            for i, img in enumerate(_to_nhwc(chosen)):
-                Image.fromarray(img).save(folder / f"{i:06d}.png")
+            _write_png(folder, chosen)
     with (root / PRIORS_FILE).open("w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(["set", *class_names])

@@ -1,6 +1,6 @@
 """The simulated source of client data: dataset -> partition -> the client's setting -> :class:`ClientData`.
 
-    dataset (uint8 x, y)        fedul_flwr.data.user_datasets.any_dataset
+    dataset (uint8 x, y)        fedul_flwr.data.datasets.load_dataset (the DATASETS registry)
       -> partition (indices)    fedul_flwr.data.partition.partition_pool
       -> the client's setting   ``client-setting`` (:data:`SETTINGS`):
                                 "usets": U sets + prior matrix (fedul_flwr.data.usets.build_usets)
@@ -36,12 +36,11 @@ from fedul_flwr import get_logger
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.annotation import label_fractions, labeled_rows, parse_layout
 from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
-from fedul_flwr.data.datasets import ImageDataset
+from fedul_flwr.data.datasets import ImageDataset, run_dataset
 from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
 from fedul_flwr.data.partition import holdout_split, partition_pool
 from fedul_flwr.data.prior_noise import noisy_priors
 from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
-from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset
 from fedul_flwr.data.usets import USets, build_usets, condition_number
 from fedul_flwr.registry import Registry
 
@@ -68,14 +67,9 @@ _PRIOR_NOISE_STREAM = 2
 _LABELED_POOL_STREAMS = (3, 4, 5)  # labels-at-clients: the labeled pool, its partition, the unlabeled one's
 
 
-@functools.lru_cache(maxsize=4)
-def _dataset(name: str, data_dir: str, download: bool, options: UserDatasetOptions) -> ImageDataset:
-    return any_dataset(name, data_dir, download, options)
-
-
 def load_run_dataset(cfg: RunConfig) -> ImageDataset:
-    """The run's dataset (cached per process)."""
-    return _dataset(cfg.dataset, cfg.data_dir, cfg.download, UserDatasetOptions.from_values(cfg.as_dict()))
+    """The run's dataset (:func:`fedul_flwr.data.datasets.run_dataset`; cached per process)."""
+    return run_dataset(cfg.as_dict())
 
 
 def _partition(cfg: RunConfig, labels: np.ndarray, num_partitions: int, seed: int) -> list[np.ndarray]:

@@ -3,7 +3,9 @@
 The one place that decides it, from ``context.node_config``:
 
 - ``data-dir`` set (deployment: ``flower-supernode --node-config "data-dir=/path"``): the node
-  folder of :mod:`fedul_flwr.data.node_dir`, checked against the run's dataset facts;
+  folder of :mod:`fedul_flwr.data.node_dir`, checked against the run's dataset facts, which
+  the ServerApp sends with every message (:data:`fedul_flwr.wire.DATASET_FACTS`): a node
+  never opens the server's dataset, only its own folder;
 - else ``partition-id`` / ``num-partitions`` (simulation): :mod:`fedul_flwr.data.simulated`.
 
 Both build the same :class:`~fedul_flwr.data.client_data.ClientData`; the method's required
@@ -12,7 +14,6 @@ parts are checked here, at the boundary, in both cases.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 from collections.abc import Iterable, Mapping
@@ -20,46 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from fedul_flwr import get_logger
-from fedul_flwr.config import ConfigError, RunConfig
+from fedul_flwr.config import RunConfig
 from fedul_flwr.data.client_data import ClientData, MissingPartError
 from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.node_dir import load_node_dir
 from fedul_flwr.data.simulated import SETTING_PARTS, load_client
-from fedul_flwr.data.user_datasets import UserDatasetOptions, any_dataset_info
 
-__all__ = ["client_from_node_config", "node_key", "run_dataset_info"]
+__all__ = ["client_from_node_config", "node_key"]
 
 log = get_logger(__name__)
-
-
-def run_dataset_info(cfg: RunConfig) -> DatasetInfo:
-    """The run's dataset facts a node must match: ``dataset`` with ``class-names`` applied
-    (:func:`dataset_facts`)."""
-    return dataset_facts(cfg.dataset, cfg.class_names, UserDatasetOptions.from_values(cfg.as_dict()))
-
-
-def dataset_facts(dataset: str, class_names: str = "", options: UserDatasetOptions | None = None) -> DatasetInfo:
-    """Class names, image size and channels of ``dataset``, with the comma-separated
-    ``class_names`` (the ``class-names`` key) replacing its own names when given. Needs no
-    dataset files (a user dataset ``hf:...`` is read with ``options``).
-
-    Raises
-    ------
-    ConfigError
-        If ``class_names`` does not list K distinct names (K of the dataset).
-    ValueError
-        On an unknown dataset name.
-    """
-    info = any_dataset_info(dataset, options or UserDatasetOptions())
-    if not class_names.strip():
-        return info
-    names = tuple(n.strip() for n in class_names.split(","))
-    if len(names) != len(info.class_names) or len(set(names)) != len(names) or not all(names):
-        raise ConfigError(
-            f"class-names={class_names!r}: expected {len(info.class_names)} distinct non-empty comma-separated "
-            f"names (K of dataset {dataset!r}), got {len(names)}"
-        )
-    return dataclasses.replace(info, class_names=names)
 
 
 def _dir_fingerprint(path: str) -> tuple[tuple[str, int], ...]:
@@ -71,17 +41,16 @@ def _dir_fingerprint(path: str) -> tuple[tuple[str, int], ...]:
 
 
 @functools.lru_cache(maxsize=16)
-def _load_node(cfg: RunConfig, path: str, fingerprint: tuple[tuple[str, int], ...]) -> ClientData:
-    info = run_dataset_info(cfg)
-    client = load_node_dir(
-        path, class_names=info.class_names, image_size=info.image_size, channels=info.channels, mean=info.mean, std=info.std
-    )
+def _load_node(facts: DatasetInfo, resize: bool, path: str, fingerprint: tuple[tuple[str, int], ...]) -> ClientData:
+    client = load_node_dir(path, class_names=facts.class_names, image_size=facts.image_size, channels=facts.channels,
+                           mean=facts.mean, std=facts.std, resize=resize)  # fmt: skip
     log.info("node data %s: parts %s", path, list(client.parts()))
     return client
 
 
 def client_from_node_config(
-    cfg: RunConfig, node_config: Mapping[str, Any], *, method: str, parts: Iterable[str], uses: Iterable[str] = ()
+    cfg: RunConfig, node_config: Mapping[str, Any], *, method: str, parts: Iterable[str], uses: Iterable[str] = (),
+    facts: DatasetInfo | None = None,
 ) -> ClientData:
     """The client's data, from a deployed node's folder or a simulated partition.
 
@@ -98,6 +67,9 @@ def client_from_node_config(
     uses : Iterable[str]
         The parts the method uses where a client has them (``Method.uses``); a simulated
         client builds them too.
+    facts : DatasetInfo, optional
+        The run's dataset facts as the server sent them; a node folder is read against them
+        (its images decoded to their channels and size, resized where ``image-size`` > 0).
 
     Returns
     -------
@@ -111,14 +83,18 @@ def client_from_node_config(
     MissingPartError
         If the client lacks a part the method needs (names method, part and node).
     ValueError
-        If ``node_config`` has neither ``data-dir`` nor ``partition-id``/``num-partitions``.
+        If ``node_config`` has neither ``data-dir`` nor ``partition-id``/``num-partitions``,
+        or names a ``data-dir`` and no ``facts`` came with the message.
     """
     needed = frozenset(parts)
     wanted = needed | frozenset(uses)
     data_dir = str(node_config.get("data-dir", "")).strip()
     if data_dir:
+        if facts is None:
+            raise ValueError("a node folder is read against the run's dataset facts, and the message carries none: "
+                             "the fedul-flwr ServerApp sends them with every message")  # fmt: skip
         path = str(Path(data_dir).expanduser().resolve())
-        client = _load_node(cfg, path, _dir_fingerprint(path))
+        client = _load_node(facts, cfg.image_size > 0, path, _dir_fingerprint(path))
     elif "partition-id" in node_config and "num-partitions" in node_config:
         client = load_client(cfg, int(node_config["partition-id"]), int(node_config["num-partitions"]), wanted)
     else:

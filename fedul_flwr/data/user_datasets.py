@@ -2,30 +2,40 @@
 
 A run names one with ``dataset="hf:<source>"``, where ``<source>`` is either
 
-- a Hugging Face Hub dataset name (``hf:uoft-cs/cifar10``), fetched and cached by
-  ``datasets.load_dataset`` (in ``data-dir`` when it is set, else the Hugging Face cache); or
+- a Hugging Face Hub dataset name ``owner/name`` (``hf:uoft-cs/cifar10``), fetched and cached
+  by ``datasets.load_dataset`` (in ``data-dir`` when it is set, else the Hugging Face cache).
+  Offline, only an exact cached copy is used: ``datasets`` would fall back to "the latest
+  cached version" of a name that it snake-cases (``Owner/MyData`` -> ``owner___my_data``),
+  which may be another dataset, so that fallback is refused; or
 - an absolute local path, read offline:
 
   * an image folder, one sub-folder per class (``<path>/<class>/<image>``, optionally under
-    split folders ``<path>/train/<class>/...`` and ``<path>/test/<class>/...``): the
-    ``imagefolder`` builder of ``datasets``; class names are the sub-folder names;
+    split folders ``<path>/train/<class>/...`` and ``<path>/test/<class>/...``), read by
+    :func:`fedul_flwr.data.images.read_image_folder` -- the same reader as a deployed
+    node's class folders; class names are the sub-folder names, sorted; splits come only from
+    split folders, never from file names;
   * a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``
     (``state.json`` or ``dataset_dict.json``): ``datasets.load_from_disk``;
   * a Parquet file (``.parquet``), a folder of Parquet files (``datasets`` infers the
     splits from the file names: ``train-*.parquet``, ``test-*.parquet``) or an Arrow file
     (``.arrow``).
 
+  A source that is not absolute is refused: a Hub name is ``owner/name``; a name that exists
+  as a local folder relative to the working folder gets the absolute-path hint (Flower runs
+  the app from its own copy, so a relative path would point elsewhere).
+
 The image column is the one ``Image`` feature (``image-column`` names another), the label
 column the one ``ClassLabel`` feature, else a column called ``label`` (``label-column``
 names another); class names are the ``ClassLabel`` names (integer labels: ``"0"`` ..
-``"K-1"``; text labels: the sorted distinct texts). The training split is ``train`` (or the
-only split); the test split is ``test``, else ``validation``, else a class-stratified
+``"K-1"``; text labels: the sorted distinct texts). A dataset of one class, or with a class
+that has no training image, is refused. The training split is ``train`` (or the only split);
+the test split is ``test``, else ``validation``, else a class-stratified
 :data:`TEST_FRACTION` of the training split drawn with seed :data:`TEST_SPLIT_SEED` (the same
-for every run, like a published test split). Images are decoded with PIL: greyscale modes
-become one channel, every other mode RGB (if any image has colour, greyscale images are
-repeated to three channels). With ``image-size=0`` every image must be square and of the
-first training image's size; ``image-size=S`` resizes each image to ``S x S`` (bilinear).
-Normalisation: mean 0.5, std 0.5 per channel.
+for every run, like a published test split). Images are decoded by the project's one decoder
+(:mod:`fedul_flwr.data.images`): if any image has colour every image becomes RGB, else
+greyscale; with ``image-size=0`` every image must be square and of the first training
+image's size; ``image-size=S`` resizes each image to ``S x S`` (bilinear). Normalisation:
+mean 0.5, std 0.5 per channel.
 
 The result is an :class:`~fedul_flwr.data.datasets.ImageDataset` (uint8 ``[N, C, H, W]``,
 int64 ``[N]``) like the torchvision datasets, so partitions, client settings and node folders
@@ -36,8 +46,8 @@ with a one-line message naming the file, row or key.
 from __future__ import annotations
 
 import functools
-import io
-from collections.abc import Mapping
+import logging
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,74 +55,35 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedul_flwr.data.datasets import DatasetError, DatasetInfo, ImageDataset, dataset_info, load_dataset
+from fedul_flwr.data.datasets import DATASETS, DatasetError, DatasetInfo, DatasetOptions, DatasetSource, ImageDataset
+from fedul_flwr.data.images import (
+    ImageError,
+    ImageSpec,
+    channels_of_mode,
+    decode_image,
+    read_image_folder,
+)
 from fedul_flwr.data.partition import holdout_split
 
 __all__ = [
     "PREFIX",
     "TEST_FRACTION",
     "TEST_SPLIT_SEED",
-    "UserDatasetOptions",
-    "any_dataset",
-    "any_dataset_info",
     "check_source",
-    "is_user_dataset",
     "load_user_dataset",
     "user_dataset_info",
 ]
 
 PREFIX = "hf:"
-"""``dataset`` values starting with this name a user dataset: ``hf:<Hub name or /absolute/path>``."""
+"""``dataset`` values starting with this name a user dataset: ``hf:<Hub owner/name or /absolute/path>``."""
 TEST_FRACTION = 0.2
 """Share of each class held out as the test split of a dataset without a ``test`` / ``validation`` split."""
 TEST_SPLIT_SEED = 0
 """Seed of that hold-out: the same test split for every run (it belongs to the dataset, not to a run)."""
 _TEST_SPLITS = ("test", "validation")
 _LABEL_NAMES = ("label", "labels")
-_GREY_MODES = frozenset({"1", "L", "LA", "I", "I;16", "I;16B", "I;16L", "F"})
 _MEAN, _STD = 0.5, 0.5
-
-
-@dataclass(frozen=True)
-class UserDatasetOptions:
-    """How to read a user dataset: the run-config keys ``image-column``, ``label-column`` and
-    ``image-size``.
-
-    Attributes
-    ----------
-    image_column : str
-        Column holding the images; ``""``: the dataset's one ``Image`` column.
-    label_column : str
-        Column holding the class labels; ``""``: the one ``ClassLabel`` column, else ``label``.
-    image_size : int
-        Side S in pixels every image is resized to (``S x S``); 0 keeps the size, which then
-        must be square and the same for every image.
-
-    cache_dir : str
-        Cache folder of ``datasets`` for Hub datasets (the run's ``data-dir``); ``""``: the
-        Hugging Face default.
-    """
-
-    image_column: str = ""
-    label_column: str = ""
-    image_size: int = 0
-    cache_dir: str = ""
-
-    @classmethod
-    def from_values(cls, values: Mapping[str, Any]) -> UserDatasetOptions:
-        """The options of a dashed-key mapping (a run config's ``as_dict()``); absent keys take
-        the defaults."""
-        return cls(
-            str(values.get("image-column", "")).strip(),
-            str(values.get("label-column", "")).strip(),
-            int(values.get("image-size", 0)),
-            str(values.get("data-dir", "")).strip(),
-        )
-
-
-def is_user_dataset(name: str) -> bool:
-    """True if ``name`` names a user dataset (``hf:...``)."""
-    return str(name).startswith(PREFIX)
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def check_source(name: str) -> str:
@@ -121,68 +92,87 @@ def check_source(name: str) -> str:
     Returns
     -------
     str
-        The Hub name or the absolute local path (``~`` expanded).
+        The Hub name ``owner/name`` or the absolute local path (``~`` expanded).
 
     Raises
     ------
     DatasetError
-        If the source is empty or a relative path (``./x``, ``../x``): Flower runs the app from
-        its own copy, so only absolute local paths point where the user means.
+        If the source is empty, a relative path, or neither an absolute path nor a Hub
+        name ``owner/name`` (a name that exists as a local folder gets the absolute-path hint).
     """
     source = str(name)[len(PREFIX) :].strip()
     if not source:
-        raise DatasetError(f"dataset={name!r}: give a Hugging Face Hub name or an absolute path after 'hf:'")
-    if source.startswith("."):
-        raise DatasetError(f"dataset={name!r}: a local dataset path must be absolute (hf:/data/my-images)")
-    return str(Path(source).expanduser()) if source.startswith("~") else source
+        raise DatasetError(f"dataset={name!r}: give a Hugging Face Hub name owner/name or an absolute path after 'hf:'")
+    if source.startswith("~"):
+        source = str(Path(source).expanduser())
+    if source.startswith("/"):
+        return source
+    if Path(source).exists():
+        raise DatasetError(f"dataset={name!r}: a local dataset path must be absolute: hf:{Path(source).resolve()} "
+                           "(Flower runs the app from its own copy)")  # fmt: skip
+    if source.startswith(".") or not _HUB_NAME.match(source):
+        raise DatasetError(f"dataset={name!r}: neither an absolute local path (hf:/data/my-images) nor a Hugging Face "
+                           "Hub name owner/name (hf:uoft-cs/cifar10)")  # fmt: skip
+    return source
 
 
 # --------------------------------------------------------------------------- opening
 
 
-def _class_folder_problem(folder: Path) -> str | None:
-    """Why an image folder's class sub-folder is unusable (no file in it), else ``None``."""
-    if not any(p.is_file() and not p.name.startswith(".") for p in folder.rglob("*")):
-        return f"{folder}: class folder holds no image"
-    return None
+class _FallbackWatch(logging.Handler):
+    """Notes ``datasets``' warning that it used "the latest cached version" of a Hub name."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.fell_back = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "latest cached version" in record.getMessage():
+            self.fell_back = True
 
 
-def _check_image_folder(root: Path) -> None:
-    """Refuse an image folder with an empty class folder (``datasets`` would drop the class)."""
-    subdirs = [p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.startswith(".")]
-    if not subdirs:
-        raise DatasetError(f"{root}: holds no class sub-folder; an image folder is <path>/<class name>/<image files>")
-    split_names = {"train", "test", "validation", "valid", "val", "dev", "training", "eval", "evaluation"}
-    class_dirs = subdirs
-    if all(p.name.lower() in split_names for p in subdirs):
-        class_dirs = [c for s in subdirs for c in sorted(s.iterdir()) if c.is_dir() and not c.name.startswith(".")]
-    for folder in class_dirs:
-        problem = _class_folder_problem(folder)
-        if problem:
-            raise DatasetError(problem)
+def _open_hub(source: str, data_dir: str) -> dict[str, Any]:
+    """The splits of Hub dataset ``source``, refusing ``datasets``' fallback to a cached copy
+    of a snake-cased name (which may be another dataset)."""
+    import datasets
+    from datasets.utils.py_utils import camelcase_to_snakecase
+
+    watch = _FallbackWatch()
+    logger = logging.getLogger("datasets")
+    logger.addHandler(watch)
+    try:
+        loaded = dict(datasets.load_dataset(source, cache_dir=data_dir or None))
+    except Exception as exc:  # noqa: BLE001 - network, auth and format errors of the Hub
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise DatasetError(
+            f"dataset='hf:{source}': Hugging Face datasets could not load it ({type(exc).__name__}: {first}); "
+            "offline, save it on an online machine with Dataset.save_to_disk and use dataset='hf:/that/folder'"
+        ) from exc
+    finally:
+        logger.removeHandler(watch)
+    owner, repo = source.split("/")
+    if watch.fell_back and camelcase_to_snakecase(repo) != repo:
+        raise DatasetError(
+            f"dataset='hf:{source}': the Hub cannot be reached and datasets offered its cached copy of "
+            f"'{owner}/{camelcase_to_snakecase(repo)}', which may be another dataset; go online once, or save the "
+            "dataset with Dataset.save_to_disk and use dataset='hf:/that/folder'"
+        )
+    return loaded
 
 
-def _open(source: str, cache_dir: str) -> dict[str, Any]:
-    """The splits of ``source`` as ``{split name: datasets.Dataset}``."""
+def _open(source: str, data_dir: str) -> dict[str, Any] | _Folder:
+    """The splits of ``source`` as ``{split name: datasets.Dataset}``, or an image folder."""
     import datasets
 
-    cache = cache_dir or None
-    if not source.startswith("/"):  # a Hub name
-        try:
-            return dict(datasets.load_dataset(source, cache_dir=cache))
-        except Exception as exc:  # noqa: BLE001 - network, auth and format errors of the Hub
-            raise DatasetError(
-                f"dataset='hf:{source}': Hugging Face datasets could not load it ({type(exc).__name__}: "
-                f"{str(exc).splitlines()[0] if str(exc) else ''}); offline, save it on an online machine with "
-                "Dataset.save_to_disk and use dataset='hf:/that/folder'"
-            ) from exc
+    if not source.startswith("/"):
+        return _open_hub(source, data_dir)
     path = Path(source)
     if not path.exists():
         raise DatasetError(f"{path}: no such file or folder (dataset='hf:{source}')")
     try:
         if path.is_file():
             if path.suffix == ".parquet":
-                return dict(datasets.load_dataset("parquet", data_files={"train": str(path)}, cache_dir=cache))
+                return dict(datasets.load_dataset("parquet", data_files={"train": str(path)}))
             if path.suffix == ".arrow":
                 return {"train": datasets.Dataset.from_file(str(path))}
             raise DatasetError(
@@ -192,14 +182,24 @@ def _open(source: str, cache_dir: str) -> dict[str, Any]:
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
             loaded = datasets.load_from_disk(str(path))
             return dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
-        if not any(p.suffix in (".parquet", ".arrow") for p in path.rglob("*") if p.is_file()):
-            _check_image_folder(path)
-        return dict(datasets.load_dataset(str(path), cache_dir=cache))
+        if any(p.suffix in (".parquet", ".arrow") for p in path.rglob("*") if p.is_file()):
+            return dict(datasets.load_dataset(str(path)))
     except DatasetError:
         raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many types for unreadable files
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise DatasetError(f"{path}: Hugging Face datasets cannot read it ({type(exc).__name__}: {first})") from exc
+    try:
+        return _Folder(read_image_folder(path))
+    except ImageError as exc:
+        raise DatasetError(str(exc)) from None
+
+
+@dataclass(frozen=True)
+class _Folder:
+    """An image folder (:func:`fedul_flwr.data.images.read_image_folder`)."""
+
+    folder: Any
 
 
 def _pick_splits(splits: dict[str, Any], where: str) -> tuple[str, str | None]:
@@ -229,7 +229,7 @@ def _column(features: Any, key: str, given: str, found: list[str], where: str) -
     return found[0]
 
 
-def _columns(ds: Any, options: UserDatasetOptions, where: str) -> tuple[str, str]:
+def _columns(ds: Any, options: DatasetOptions, where: str) -> tuple[str, str]:
     """The image and the label column of ``ds``."""
     import datasets
 
@@ -287,7 +287,7 @@ class _Part:
     """The rows of one split that make the training or the test set."""
 
     split: str
-    items: Any = field(repr=False)  # the image column's {"bytes", "path"} entries, not decoded
+    items: Any = field(repr=False)  # per row of the split: {"bytes", "path"}, not decoded
     rows: np.ndarray = field(repr=False)  # int64 row numbers in the split
     labels: np.ndarray = field(repr=False)  # int64 labels of those rows
 
@@ -302,19 +302,54 @@ class _Plan:
     test: _Part
 
 
+def _check_classes(where: str, names: tuple[str, ...], y_train: np.ndarray) -> None:
+    """A classifier needs at least two classes, each with a training image."""
+    if len(names) < 2:
+        raise DatasetError(f"{where}: only one class ({names[0] if names else 'none'!r}); a classifier needs at least two")
+    empty = [names[k] for k in np.flatnonzero(np.bincount(y_train, minlength=len(names)) == 0)]
+    if empty:
+        raise DatasetError(f"{where}: class {empty[0]!r} has no training image (empty classes: {empty[:5]})")
+
+
+def _split_parts(where: str, names: tuple[str, ...], train: tuple[str, Any, np.ndarray],
+                 test: tuple[str, Any, np.ndarray] | None) -> _Plan:  # fmt: skip
+    """The plan of a training split and a test split (or a held-out share of the training split)."""
+    _check_classes(where, names, train[2])
+    if test is not None:
+        return _Plan(where, names, _Part(train[0], train[1], np.arange(len(train[2])), train[2]),
+                     _Part(test[0], test[1], np.arange(len(test[2])), test[2]))  # fmt: skip
+    keep, held = holdout_split(train[2], TEST_FRACTION, TEST_SPLIT_SEED)  # a fixed class-stratified share
+    if not len(held):
+        raise DatasetError(f"{where}: no test split and too few images to hold out {TEST_FRACTION:.0%} of a class")
+    return _Plan(where, names, _Part(train[0], train[1], keep, train[2][keep]),
+                 _Part(train[0], train[1], held, train[2][held]))  # fmt: skip
+
+
 @functools.lru_cache(maxsize=4)
-def _plan(name: str, options: UserDatasetOptions) -> _Plan:
+def _plan(name: str, options: DatasetOptions, data_dir: str = "") -> _Plan:
     """Open the dataset, choose splits and columns, read the labels, hold out the test rows."""
     import datasets
 
     source = check_source(name)
     if options.image_size < 0:
         raise DatasetError(f"image-size={options.image_size}: must be >= 0 (0 keeps the images' size)")
-    splits = _open(source, options.cache_dir)
+    opened = _open(source, data_dir)
     where = f"dataset={name!r}"
-    train_name, test_name = _pick_splits(splits, where)
-    train = splits[train_name]
-    test = None if test_name is None else splits[test_name]
+    if isinstance(opened, _Folder):
+        if options.image_column or options.label_column:
+            raise DatasetError(f"{where}: an image folder has no columns; image-column and label-column apply to "
+                               "Parquet, Arrow, saved and Hub datasets")  # fmt: skip
+        folder = opened.folder
+
+        def split(name_: str) -> tuple[str, Any, np.ndarray]:
+            files, labels = folder.splits[name_]
+            return name_, [{"bytes": None, "path": str(f)} for f in files], labels
+
+        test_name = next((s for s in _TEST_SPLITS if s in folder.splits), None)
+        return _split_parts(where, folder.class_names, split("train"), None if test_name is None else split(test_name))
+    train_name, test_name = _pick_splits(opened, where)
+    train = opened[train_name]
+    test = None if test_name is None else opened[test_name]
     image_col, label_col = _columns(train, options, where)
     if test is not None:
         for col in (image_col, label_col):
@@ -327,66 +362,49 @@ def _plan(name: str, options: UserDatasetOptions) -> _Plan:
     def items(ds: Any) -> Any:
         return list(ds.cast_column(image_col, datasets.Image(decode=False))[image_col])
 
-    if test is not None:
-        return _Plan(where, class_names, _Part(train_name, items(train), np.arange(len(y_train)), y_train),
-                     _Part(str(test_name), items(test), np.arange(len(y_test)), y_test))  # type: ignore[arg-type]  # fmt: skip
-    keep, held = holdout_split(y_train, TEST_FRACTION, TEST_SPLIT_SEED)  # a fixed class-stratified share
-    if not len(held):
-        raise DatasetError(f"{where}: no test split and too few images to hold out {TEST_FRACTION:.0%} of a class")
-    both = items(train)
-    return _Plan(where, class_names, _Part(train_name, both, keep, y_train[keep]),
-                 _Part(train_name, both, held, y_train[held]))  # fmt: skip
+    return _split_parts(where, class_names, (train_name, items(train), y_train),
+                        None if test is None else (str(test_name), items(test), y_test))  # type: ignore[arg-type]  # fmt: skip
 
 
-def _origin(plan: _Plan, part: _Part, row: int, item: dict[str, Any]) -> str:
-    return f"{plan.where}: split {part.split!r}, row {row}" + (f" ({item['path']})" if item.get("path") else "")
-
-
-def _open_image(plan: _Plan, part: _Part, row: int) -> tuple[Any, str]:
-    """The PIL image (not yet decoded) of ``row`` of ``part`` and where it comes from."""
-    from PIL import Image, UnidentifiedImageError
-
+def _origin(plan: _Plan, part: _Part, row: int) -> tuple[Any, str]:
+    """The encoded image of ``row`` of ``part`` (bytes or a path) and where it comes from."""
     item = part.items[int(row)] or {}
-    origin = _origin(plan, part, int(row), item)
     data, path = item.get("bytes"), item.get("path")
+    origin = f"{path}" if path and data is None else f"{plan.where}: split {part.split!r}, row {row}" + (
+        f" ({path})" if path else "")  # fmt: skip
     if data is None and not path:
         raise DatasetError(f"{origin}: no image")
+    return (data if data is not None else path), origin
+
+
+def _decode(plan: _Plan, part: _Part, spec: ImageSpec) -> torch.Tensor:
+    """The images of ``part`` as uint8 ``[n, C, S, S]`` (:func:`fedul_flwr.data.images.decode_image`)."""
+    out = np.empty((len(part.rows), spec.channels, spec.size, spec.size), dtype=np.uint8)
     try:
-        return Image.open(io.BytesIO(data) if data is not None else path), origin
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise DatasetError(f"{origin}: unreadable image ({exc})") from exc
-
-
-def _decode(plan: _Plan, part: _Part, channels: int, side: int, resize: bool) -> torch.Tensor:
-    """The images of ``part`` as uint8 ``[n, channels, side, side]`` (resized when ``resize``,
-    else checked to be ``side x side``)."""
-    from PIL import Image, UnidentifiedImageError
-
-    out = np.empty((len(part.rows), channels, side, side), dtype=np.uint8)
-    for i, row in enumerate(part.rows):
-        img, origin = _open_image(plan, part, row)
-        try:
-            with img:
-                img.load()
-                img = img.convert("L" if channels == 1 else "RGB")
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-            raise DatasetError(f"{origin}: unreadable image ({exc})") from exc
-        if resize and img.size != (side, side):
-            img = img.resize((side, side), Image.Resampling.BILINEAR)
-        if img.size != (side, side):
-            raise DatasetError(
-                f"{origin}: image of {img.size[0]}x{img.size[1]} pixels, the dataset's images are {side}x{side}; "
-                "set image-size=N to resize every image to NxN"
-            )
-        arr = np.asarray(img, dtype=np.uint8)
-        out[i] = arr[None] if arr.ndim == 2 else np.moveaxis(arr, 2, 0)
+        for i, row in enumerate(part.rows):
+            out[i] = decode_image(*_origin(plan, part, row), spec)
+    except ImageError as exc:
+        raise DatasetError(str(exc)) from None
     return torch.from_numpy(out)
 
 
+def _header(source: Any, origin: str) -> tuple[str, tuple[int, int]]:
+    """(PIL mode, (width, height)) of an encoded image, from its header."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
+            return img.mode, img.size
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DatasetError(f"{origin}: unreadable or truncated image ({exc})") from exc
+
+
 @functools.lru_cache(maxsize=4)
-def user_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOptions()) -> DatasetInfo:
+def user_dataset_info(name: str, data_dir: str = "", options: DatasetOptions = DatasetOptions()) -> DatasetInfo:
     """The :class:`~fedul_flwr.data.datasets.DatasetInfo` of a user dataset, from its labels
-    and the images' headers (no image is decoded; a deployed node needs only this).
+    and the images' headers (no image is decoded; the ServerApp sends it to the nodes).
 
     Class names: the label column's (see the module doc); channels: 3 if any image is in a
     colour mode, else 1; image size: ``image-size``, else the first training image's side
@@ -398,15 +416,15 @@ def user_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOption
         As :func:`load_user_dataset` (a file PIL cannot identify, a non-square first image
         with ``image-size=0``, ...).
     """
-    plan = _plan(name, options)
+    plan = _plan(name, options, data_dir)
     grey, first = True, None
     for part in (plan.train, plan.test):
         for row in part.rows:
-            img, origin = _open_image(plan, part, row)
-            with img:
-                grey = grey and img.mode in _GREY_MODES
-                if first is None:
-                    first = (img.size, origin)
+            source, origin = _origin(plan, part, row)
+            mode, size = _header(source, origin)
+            grey = grey and channels_of_mode(mode) == 1
+            if first is None:
+                first = (size, origin)
     (width, height), origin = first  # type: ignore[misc]
     if not options.image_size and width != height:
         raise DatasetError(f"{origin}: image of {width}x{height} pixels is not square; set image-size=N to resize "
@@ -416,16 +434,21 @@ def user_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOption
                        (_STD,) * channels)  # fmt: skip
 
 
-@functools.lru_cache(maxsize=4)
-def load_user_dataset(name: str, options: UserDatasetOptions = UserDatasetOptions()) -> ImageDataset:
-    """Load a user dataset's training and test splits into memory.
+def load_user_dataset(name: str, data_dir: str = "", download: bool = False,
+                      options: DatasetOptions = DatasetOptions()) -> ImageDataset:  # fmt: skip
+    """Load a user dataset's training and test splits into memory (call it through
+    :func:`fedul_flwr.data.datasets.load_dataset`, which caches it per process).
 
     Parameters
     ----------
     name : str
-        ``hf:<Hub name or /absolute/path>`` (see the module doc for the formats).
-    options : UserDatasetOptions
-        Image and label columns, image size, cache folder.
+        ``hf:<Hub owner/name or /absolute/path>`` (see the module doc for the formats).
+    data_dir : str
+        The cache folder of ``datasets`` for a Hub dataset (``""``: Hugging Face's default).
+    download : bool
+        Unused (a Hub dataset is fetched when it is not cached).
+    options : DatasetOptions
+        Image and label columns, image size.
 
     Returns
     -------
@@ -433,23 +456,24 @@ def load_user_dataset(name: str, options: UserDatasetOptions = UserDatasetOption
         ``train_x`` uint8 ``[N, C, S, S]``, ``train_y`` int64 ``[N]``, ``test_x`` uint8
         ``[N_test, C, S, S]``, ``test_y`` int64 ``[N_test]``; C and S as
         :func:`user_dataset_info` says; class names from the label column; mean = std = 0.5
-        per channel. Cached per process: treat the tensors as read-only.
+        per channel.
 
     Raises
     ------
     DatasetError
-        One line naming the file, row or key: a missing path, an unreadable or missing file,
-        an empty class folder, a missing column, a label outside the classes, an image of
-        another size (with ``image-size=0``), or a Hub dataset that cannot be fetched.
+        One line naming the file, row or key: a missing path, an unreadable, truncated or
+        missing file, an empty class folder, one class only, a missing column, a label
+        outside the classes, an image of another size (with ``image-size=0``), or a Hub
+        dataset that cannot be fetched.
     """
-    info = user_dataset_info(name, options)
-    plan = _plan(name, options)
-    resize = bool(options.image_size)
+    info = user_dataset_info(name, data_dir, options)
+    plan = _plan(name, options, data_dir)
+    spec = ImageSpec(info.channels, info.image_size, resize=bool(options.image_size))
     return ImageDataset(
         name=name,
-        train_x=_decode(plan, plan.train, info.channels, info.image_size, resize),
+        train_x=_decode(plan, plan.train, spec),
         train_y=torch.from_numpy(plan.train.labels.astype(np.int64)),
-        test_x=_decode(plan, plan.test, info.channels, info.image_size, resize),
+        test_x=_decode(plan, plan.test, spec),
         test_y=torch.from_numpy(plan.test.labels.astype(np.int64)),
         class_names=plan.class_names,
         mean=info.mean,
@@ -457,30 +481,9 @@ def load_user_dataset(name: str, options: UserDatasetOptions = UserDatasetOption
     )
 
 
-def any_dataset(name: str, data_dir: str = "", download: bool = False,
-                options: UserDatasetOptions = UserDatasetOptions()) -> ImageDataset:  # fmt: skip
-    """The run's dataset, whichever kind: a user dataset ``hf:...`` (:func:`load_user_dataset`
-    with ``options``) or a built-in one (:func:`fedul_flwr.data.datasets.load_dataset` with
-    ``data_dir`` and ``download``).
-
-    Raises
-    ------
-    DatasetError
-        From the loader (one line naming the file, row or key).
-    """
-    if is_user_dataset(name):
-        return load_user_dataset(name, options)
-    return load_dataset(name, data_dir, download)
+def _clear() -> None:
+    _plan.cache_clear()
+    user_dataset_info.cache_clear()
 
 
-def any_dataset_info(name: str, options: UserDatasetOptions = UserDatasetOptions()) -> DatasetInfo:
-    """The :class:`~fedul_flwr.data.datasets.DatasetInfo` of any dataset: a user dataset's is
-    read from it (:func:`user_dataset_info`), a built-in one's needs no file
-    (:func:`fedul_flwr.data.datasets.dataset_info`).
-
-    Raises
-    ------
-    DatasetError
-        On an unknown name or an unreadable user dataset.
-    """
-    return user_dataset_info(name, options) if is_user_dataset(name) else dataset_info(name)
+DATASETS.add_prefix(PREFIX, DatasetSource(load_user_dataset, user_dataset_info, _clear))

@@ -584,7 +584,8 @@ def summary_line(record: Mapping[str, Any]) -> str:
 
 
 def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]]) -> None:
-    """Resolve every run's configuration.
+    """Resolve every run's configuration and check its dataset
+    (:func:`fedul_flwr.checks.check_dataset`: every image read once per dataset).
 
     Raises
     ------
@@ -592,12 +593,12 @@ def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]]) -> None:
         For the first invalid one, naming the run, the key and the value (and the flags that
         set them: ``--data-dir``, ``--set KEY=VALUE``).
     """
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.checks import check_dataset, resolve_config
     from fedul_flwr.config import ConfigError
 
     for spec, run_config in runs:
         try:
-            resolve_config(dict(run_config))
+            check_dataset(resolve_config(dict(run_config)))  # every image, once per dataset (cached)
         except ConfigError as exc:
             raise ConfigError(f"run {spec.run_id}: {exc} (data-dir is --data-dir, other keys --set KEY=VALUE)") from exc
 

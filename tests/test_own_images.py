@@ -1,0 +1,299 @@
+"""The user's own images as a new user brings them: PNG class folders with split folders, three
+image sizes, greyscale and colour mixed; a flat class folder; a Parquet file with other column
+names. Every method trains on them, every bad image is one line before round 1 (``fedul
+check``, ``fedul reproduce``, the ServerApp through ``flwr run``) with no run folder, and a
+deployed node with greyscale PNGs of another size trains without a copy of the server's
+dataset."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedul_flwr.checks import check_before_round_one, resolve_config
+from fedul_flwr.config import ConfigError
+from fedul_flwr.data.datasets import DatasetError, DatasetOptions, clear_caches, load_dataset
+
+CLASSES = ("cat", "dog", "emu")
+
+
+def _pixels(k: int, i: int, side: int, channels: int) -> np.ndarray:
+    """A uint8 image of class k (brightness grows with k: learnable), noise varying with i."""
+    rng = np.random.default_rng([k, i, side])
+    base = 40 + 70 * k + rng.integers(0, 30, size=(side, side, channels))
+    return np.clip(base, 0, 255).astype(np.uint8).squeeze()
+
+
+def _png(path: Path, arr: np.ndarray) -> Path:
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(arr).save(path)
+    return path
+
+
+def messy_folder(root: Path, per_class: int = 12, test_per_class: int = 3) -> Path:
+    """train/ and test/ split folders; sides 16, 20 and 24; greyscale and colour mixed."""
+    for split, n in (("train", per_class), ("test", test_per_class)):
+        for k, name in enumerate(CLASSES):
+            for i in range(n):
+                side, channels = (16, 20, 24)[i % 3], (1, 3)[(i + k) % 2]
+                _png(root / split / name / f"{i:03d}.png", _pixels(k, i, side, channels))
+    return root
+
+
+def flat_folder(root: Path, per_class: int = 10) -> Path:
+    """One folder per class; file names that `datasets` would read as split names."""
+    for k, name in enumerate(CLASSES):
+        for i in range(per_class):
+            prefix = ("test", "train", "validation", "img")[i % 4]
+            _png(root / name / f"{prefix}_{i:02d}.png", _pixels(k, i, 16, 3))
+    return root
+
+
+def parquet_file(path: Path, per_class: int = 12) -> Path:
+    """A Parquet file whose image column is ``picture`` and label column ``kind`` (texts)."""
+    import datasets
+    from PIL import Image
+
+    rows = [(Image.fromarray(_pixels(k, i, 16, 3)), CLASSES[k]) for k in range(3) for i in range(per_class)]
+    features = datasets.Features({"picture": datasets.Image(), "kind": datasets.Value("string"),
+                                  "other": datasets.Image()})  # fmt: skip
+    datasets.Dataset.from_dict({"picture": [r[0] for r in rows], "kind": [r[1] for r in rows],
+                                "other": [r[0] for r in rows]}, features=features).to_parquet(str(path))  # fmt: skip
+    return path
+
+
+@pytest.fixture(scope="module")
+def own(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[str, dict]]:
+    tmp = tmp_path_factory.mktemp("own-images")
+    return {
+        "folder": (f"hf:{messy_folder(tmp / 'pets')}", {"image-size": 16}),
+        "parquet": (f"hf:{parquet_file(tmp / 'pets.parquet')}", {"image-column": "picture", "label-column": "kind"}),
+    }
+
+
+# --------------------------------------------------------------------------- what the run sees
+
+
+def test_mixed_sizes_and_modes_become_the_runs_images(own) -> None:  # type: ignore[no-untyped-def]
+    name, extra = own["folder"]
+    ds = load_dataset(name, options=DatasetOptions.from_values(extra))
+    assert ds.class_names == CLASSES and tuple(ds.train_x.shape[1:]) == (3, 16, 16)  # colour present: RGB
+    assert np.bincount(ds.train_y.numpy()).tolist() == [12] * 3 and np.bincount(ds.test_y.numpy()).tolist() == [3] * 3
+    means = [float(ds.train_x[ds.train_y == c].float().mean()) for c in range(3)]
+    assert means == sorted(means)
+
+
+def test_flat_folder_uses_every_image_whatever_the_file_names(tmp_path: Path) -> None:
+    root = flat_folder(tmp_path / "flat")
+    ds = load_dataset(f"hf:{root}")
+    assert len(ds.train_y) + len(ds.test_y) == 30  # 24 trained, 6 held out: no file read as a split
+    assert np.bincount(ds.train_y.numpy()).tolist() == [8] * 3
+
+
+def test_default_run_folder_name_is_a_slug_of_the_dataset(own, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from fedul_flwr.outputs import run_folder
+
+    name, extra = own["folder"]
+    path = run_folder(resolve_config({"dataset": name, "output-dir": str(tmp_path), "num-sets": 3, **extra}))
+    assert path.parent == tmp_path and "/" not in path.name and "hf-" in path.name and ":" not in path.name
+
+
+SETTINGS = {
+    "fedul": {"num-sets": 3},
+    "supervised": {"num-sets": 3},
+    "fedpu": {"client-setting": "pu", "positive-classes": "2"},
+    "fixmatch": {"client-setting": "labels-at-clients", "num-labeled": 6, "fixmatch-mu": 2},
+    "feddb": {"client-setting": "labels-at-clients", "num-labeled": 6, "fixmatch-mu": 2},
+    "hassle": {"client-setting": "annotation-heterogeneity", "label-layout": "L,U", "labeled-share": 0.5},
+}
+
+
+@pytest.mark.parametrize("fmt", ["folder", "parquet"])
+@pytest.mark.parametrize("method", list(SETTINGS))
+def test_every_method_trains_two_rounds(own, tmp_path: Path, method: str, fmt: str) -> None:  # type: ignore[no-untyped-def]
+    """The real ServerApp and ClientApp (in process, as ``fedul reproduce`` runs them)."""
+    from fedul_flwr.experiments.runner import RunSpec, execute
+
+    name, extra = own[fmt]
+    rc = {"dataset": name, "method": method, "num-rounds": 2, "batch-size": 8, "output-dir": str(tmp_path),
+          "run-name": "r", **SETTINGS[method], **extra}  # fmt: skip
+    record = execute(RunSpec("own", fmt, method, "*", 0, 2, "", rc), rc)
+    rows = record["metrics"]
+    assert [r["round"] for r in rows] == [0, 1, 2]
+    assert all(np.isfinite(r["test-accuracy"]) for r in rows)
+
+
+# --------------------------------------------------------------------------- bad inputs
+
+
+def _bad(kind: str, root: Path) -> tuple[str, dict, str]:
+    """(dataset, extra settings, what the one line must say) of one bad input."""
+    folder = root / kind
+    if kind == "truncated":
+        flat_folder(folder)
+        bad = folder / "dog" / "img_03.png"
+        bad.write_bytes(bad.read_bytes()[:-60])
+        return f"hf:{folder}", {}, re.escape(str(bad)) + ": unreadable or truncated image"
+    if kind == "other-size":
+        flat_folder(folder)
+        bad = _png(folder / "emu" / "late.png", _pixels(2, 99, 20, 3))  # after the first image, which is 16x16
+        return f"hf:{folder}", {}, re.escape(str(bad)) + r": image of 20x20 pixels.*16x16.*image-size=N"
+    if kind == "too-small":
+        for k, name in enumerate(CLASSES):
+            for i in range(5):
+                _png(folder / name / f"{i}.png", _pixels(k, i, 8, 1))
+        return f"hf:{folder}", {}, r"model='small-cnn' needs images of at least 16x16 pixels, got 8x8.*image-size="
+    if kind == "one-class":
+        for i in range(5):
+            _png(folder / "cat" / f"{i}.png", _pixels(0, i, 16, 1))
+        return f"hf:{folder}", {}, r"only one class \('cat'\)"
+    if kind == "empty-class":
+        flat_folder(folder)
+        (folder / "fox").mkdir()
+        return f"hf:{folder}", {}, re.escape(str(folder / "fox")) + ": class folder holds no image"
+    if kind == "relative":
+        flat_folder(folder)
+        return f"hf:{kind}", {}, r"must be absolute: hf:/"  # run from `root`, where `relative/` exists
+    if kind == "not-a-hub-name":
+        return "hf:B", {}, r"neither an absolute local path.*owner/name"
+    if kind == "hassle-layout":
+        flat_folder(folder)
+        return (f"hf:{folder}", {"method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "L,P",
+                                 "labeled-share": 0.3}, r"label-layout='L,P'.*labeled-share=0.3")  # fmt: skip
+    raise AssertionError(kind)
+
+
+BAD = ["truncated", "other-size", "too-small", "one-class", "empty-class", "relative", "not-a-hub-name", "hassle-layout"]
+
+
+@pytest.mark.parametrize("kind", BAD)
+def test_bad_input_is_one_line_before_round_one(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``fedul check`` and through the ServerApp's checks on a simulated grid: one line,
+    nothing written."""
+    from fedul_flwr.checks import main as check_main
+    from fedul_flwr.inprocess import InProcessGrid
+    from fedul_flwr.client_app import app
+
+    monkeypatch.chdir(tmp_path)
+    clear_caches()
+    dataset, extra, message = _bad(kind, tmp_path)
+    runs = tmp_path / "runs"
+    settings = {"dataset": dataset, "num-sets": 3, "output-dir": str(runs), **extra}
+    typed = " ".join(f"{k}={json.dumps(v)}" for k, v in settings.items())
+    code = check_main(["--run-config", typed, "--federation-config", "num-supernodes=2"])
+    assert code == 1
+    with pytest.raises(ConfigError) as refused:
+        check_before_round_one(resolve_config(settings), InProcessGrid(app, 2, settings))
+    assert re.search(message, str(refused.value)) and "\n" not in str(refused.value), str(refused.value)
+    assert not runs.exists()
+
+
+def test_fedul_check_reads_every_image_and_says_how_many(own, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    from fedul_flwr.checks import main as check_main
+
+    name, extra = own["folder"]
+    assert check_main(["--run-config", f'dataset="{name}" image-size=16 num-sets=3']) == 0
+    assert "read 45 images" in capsys.readouterr().out
+
+
+def test_builtin_dataset_refuses_options_it_cannot_honour() -> None:
+    with pytest.raises(DatasetError, match=r"image-size=32: dataset 'mnist-sample' has 28x28 images"):
+        load_dataset("mnist-sample", options=DatasetOptions(image_size=32))
+    with pytest.raises(ConfigError, match=r"Dataset 'mnist' needs data-dir"):
+        check_before_round_one(resolve_config({"dataset": "mnist"}), object())
+
+
+def test_fedul_reproduce_refuses_a_bad_dataset_in_one_line(tmp_path: Path) -> None:
+    clear_caches()
+    dataset, _, message = _bad("truncated", tmp_path)
+    out = tmp_path / "grid"
+    proc = subprocess.run(
+        [shutil.which("fedul") or "fedul", "reproduce", "--grid", "smoke", "--out", str(out), "--set",
+         f"dataset={dataset}", "--set", "num-sets=3"], capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    err = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert any(re.search(message, line) for line in err), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert not any(p.is_dir() and (p / "metrics.json").exists() for p in out.rglob("*")) if out.exists() else True
+
+
+# --------------------------------------------------------------------------- Flower runtimes
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_flwr_run_refuses_bad_images_in_one_line(tmp_path: Path) -> None:
+    """``flwr run .`` through a real SuperLink: a truncated image and images too small for the
+    model are refused before round 1 with the project's one line, no traceback, no run folder."""
+    from tests.flower_harness import superlink
+
+    runs = tmp_path / "runs"
+    with superlink(tmp_path) as link:
+        for kind in ("truncated", "too-small"):
+            dataset, _, message = _bad(kind, tmp_path)
+            run_id = link.submit(f"dataset='{dataset}' num-sets=3 num-rounds=1 output-dir='{runs}'",
+                                 "num-supernodes=2 client-resources-num-cpus=1")  # fmt: skip
+            record, log = link.wait(run_id, 300)
+            assert record.get("status") == "finished:failed", log[-3000:]
+            assert re.search("run refused before round 1, nothing written: .*" + message, log), log[-3000:]
+            assert "Traceback" not in log, log[-3000:]
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+@pytest.mark.slow
+def test_deployed_nodes_with_greyscale_pngs_of_another_size_and_no_copy_of_the_dataset(tmp_path: Path) -> None:
+    """Two real SuperNodes whose ``data-dir`` is all they can read (the server's dataset folder
+    is hidden from them by a private mount namespace where the machine allows one): greyscale
+    PNGs of 20x20 pixels in a colour run of ``image-size=16`` train FixMatch two rounds."""
+    from tests.test_deployment import _Federation
+
+    dataset = flat_folder(tmp_path / "server-pets", per_class=8)
+    nodes = []
+    for n in range(2):
+        node = tmp_path / f"node-{n}"
+        for k, name in enumerate(CLASSES[n:n + 2]):
+            for i in range(4):
+                _png(node / "labeled" / name / f"{i}.png", _pixels(k + n, i, 20, 1))
+        for i in range(8):
+            _png(node / "unlabeled" / f"{i:02d}.png", _pixels(i % 3, 40 + i, 20, 1))
+        nodes.append(node)
+    hide = subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
+
+    class Hidden(_Federation):
+        def _start(self, name: str, cmd: list[str]) -> None:
+            if name.startswith("supernode") and hide:
+                from tests.test_deployment import VENV_BIN
+
+                line = " ".join(f"'{c}'" for c in [str(VENV_BIN / cmd[0]), *cmd[1:]])
+                cmd = ["unshare", "--mount", "sh", "-c", f"mount -t tmpfs none '{dataset}' && exec {line}"]
+                log = (self.tmp / f"{name}.log").open("a")
+                self.procs[name] = subprocess.Popen(cmd, env=self.env, cwd=self.tmp, stdout=log,
+                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                    start_new_session=True)  # fmt: skip
+                return
+            super()._start(name, cmd)
+
+    fed = Hidden(tmp_path, nodes)
+    runs = tmp_path / "runs"
+    try:
+        run_id = fed.submit(f'dataset="hf:{dataset}" image-size=16 method="fixmatch" client-setting="labels-at-clients" '
+                            f'batch-size=4 fixmatch-mu=2 num-rounds=2 min-available-nodes=2 min-train-nodes=2 '
+                            f'device="cpu" verbose=true output-dir="{runs}" run-name="grey"')  # fmt: skip
+        status, log = fed.wait(run_id)
+    finally:
+        fed.close()
+    assert status == "finished:completed", log[-4000:]
+    assert re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log) == [("2", "0")] * 2, log[-4000:]
+    assert [row["round"] for row in json.loads((runs / "grey" / "metrics.json").read_text())] == [0, 1, 2]
+    if hide:
+        assert os.listdir(dataset)  # hidden from the nodes only
