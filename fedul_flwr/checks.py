@@ -176,6 +176,12 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     method.check_options(cfg)
+    classes = len(_dataset_facts(cfg).class_names)
+    _check(
+        len(cfg.test_prior) == classes,
+        f"test-prior={','.join(f'{v:g}' for v in cfg.test_prior)!r}: {len(cfg.test_prior)} values for the "
+        f"{classes} classes of dataset={cfg.dataset!r}",
+    )
     _check(
         not cfg.resume or cfg.strategy in RESUMABLE_STRATEGIES,
         f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
@@ -335,6 +341,7 @@ def check_federation_size(cfg: RunConfig, num_nodes: int) -> None:
         except ValueError as exc:
             raise ConfigError(f"{exc} (the federation has {num_nodes} nodes)") from None
     if cfg.client_setting == "annotation-heterogeneity":
+        check_dataset(cfg)  # the layout is checked on the partition of the (checked) dataset
         check_label_layout(cfg, num_nodes)
 
 
@@ -404,7 +411,7 @@ def check_dataset(cfg: RunConfig) -> int:
     try:
         data = run_dataset(cfg.as_dict())
     except DatasetError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(str(exc) if "dataset=" in str(exc) else f"dataset={cfg.dataset!r}: {exc}") from None
     for spec in get_method(cfg.method)(cfg).model_specs():
         try:
             check_input_size(spec.arch or cfg.model, data.image_size)
@@ -511,11 +518,11 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
         Naming the key(s) and value(s).
     """
     validate_config(cfg)
-    check_dataset(cfg)
     if is_simulation(grid):
         check_simulation(cfg)
         if laid_out_clients(cfg) is not None or cfg.client_setting == "pu":
             check_federation_size(cfg, federation_nodes(grid))
+    check_dataset(cfg)
 
 
 # --------------------------------------------------------------------------- command line
@@ -547,9 +554,7 @@ def run(args: argparse.Namespace) -> int:
         values = parse_config_args(args.run_config) if args.run_config else {}
         composed, sources = compose_config(values)
         cfg = validate_config(config_from_values(composed))
-        started = time.monotonic()
-        images = check_dataset(cfg)
-        note = f"; read {images} images of dataset={cfg.dataset!r} in {time.monotonic() - started:.1f}s"
+        note = ""
         if args.simulation:
             check_simulation(cfg)
             num_nodes = _num_supernodes(args.federation_config)
@@ -559,6 +564,9 @@ def run(args: argparse.Namespace) -> int:
                 if cfg.client_setting == "annotation-heterogeneity":
                     check_label_layout(cfg, laid_out[1])
                 note += f" (needs a federation of {laid_out[1]} nodes: {laid_out[0]}={cfg.as_dict()[laid_out[0]]!r})"
+        started = time.monotonic()
+        images = check_dataset(cfg)
+        note = f"; read {images} images of dataset={cfg.dataset!r} in {time.monotonic() - started:.1f}s{note}"
         if cfg.resume:
             from fedul_flwr.outputs import run_folder
 

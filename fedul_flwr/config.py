@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from fedul_flwr import get_logger
 from fedul_flwr.registry import closest
 
@@ -356,13 +358,21 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
 
 
 def _parse_test_prior(value: Any, dataset: str, values: Mapping[str, Any]) -> tuple[float, ...]:
-    from fedul_flwr.data.datasets import run_dataset_info
+    """The test prior as K numbers. Only ``"uniform"`` needs K from the dataset (on the server;
+    the clients get the numbers, so a deployed node never opens the dataset to parse them);
+    the count of given numbers is checked against K with the registries
+    (:func:`fedul_flwr.checks.validate_config`)."""
     from fedul_flwr.transition import parse_test_prior
 
-    try:
-        num_classes = len(run_dataset_info({**values, "dataset": dataset}).class_names)
-    except ValueError as exc:  # an unknown dataset: the registry's message names the valid ones
-        raise ConfigError(str(exc)) from exc
+    if str(value).strip().lower() == "uniform":
+        from fedul_flwr.data.datasets import run_dataset_info
+
+        try:
+            num_classes = len(run_dataset_info({**values, "dataset": dataset}).class_names)
+        except ValueError as exc:  # an unknown dataset: the registry's message names the valid ones
+            raise ConfigError(str(exc)) from exc
+    else:
+        num_classes = len(str(value).split(",")) if isinstance(value, str) else len(np.atleast_1d(value))
     try:
         return tuple(float(v) for v in parse_test_prior(value, num_classes))
     except ValueError as exc:

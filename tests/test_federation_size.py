@@ -36,9 +36,14 @@ def test_preset_hassle_on_five_nodes_is_refused_before_round_1_naming_twenty(tmp
 
 
 def test_a_layout_of_the_federations_size_passes() -> None:
-    cfg = resolve_config({**HASSLE, "label-layout": "L,P,P,U,U"})
+    cfg = resolve_config({**HASSLE, "label-layout": "L,P,P,U,U", "labeled-share": 0.3})
     assert laid_out_clients(cfg) == ("label-layout", 5)
     check_before_round_one(cfg, InProcessGrid(client_app, 5, {}))
+    # at a labeled share below the fully labeled client's own, the partially labeled ones would
+    # label a negative fraction: refused before round 1, naming the layout and the counts
+    few = resolve_config({**HASSLE, "label-layout": "L,P,P,U,U", "labeled-share": 0.1})
+    with pytest.raises(ConfigError, match=r"label-layout='L,P,P,U,U'.*labeled-share=0.1.*fraction -0.250"):
+        check_before_round_one(few, InProcessGrid(client_app, 5, {}))
     with pytest.raises(ConfigError, match=r"lays out 5 clients, the federation has 4 nodes"):
         check_before_round_one(cfg, InProcessGrid(client_app, 4, {}))
     assert laid_out_clients(resolve_config({"num-sets": 10})) is None  # FedUL's U sets fit any number of clients
@@ -58,7 +63,7 @@ def test_deployment_nodes_bring_their_own_layout(tmp_path: Path) -> None:
 
 
 def test_fedul_check_takes_the_federation_config(capsys: pytest.CaptureFixture[str]) -> None:
-    settings = ["--run-config", "preset='hassle' data-dir='/data'"]
+    settings = ["--run-config", "preset='hassle' dataset='mnist-sample'"]  # fedul check reads the dataset
     assert fedul(["check", *settings, "--federation-config", "num-supernodes=5"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: label-layout='ALL' (preset='hassle') lays out 20 clients, the federation has 5 nodes")

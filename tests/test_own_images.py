@@ -253,20 +253,23 @@ def test_flwr_run_refuses_bad_images_in_one_line(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_deployed_nodes_with_greyscale_pngs_of_another_size_and_no_copy_of_the_dataset(tmp_path: Path) -> None:
     """Two real SuperNodes whose ``data-dir`` is all they can read (the server's dataset folder
-    is hidden from them by a private mount namespace where the machine allows one): greyscale
-    PNGs of 20x20 pixels in a colour run of ``image-size=16`` train FixMatch two rounds."""
+    is hidden from them by a private mount namespace where the machine allows one): one node's
+    folder is the organisation's own image folder (two of the three classes), the other's
+    ``labeled/<class>/`` and ``unlabeled/`` images; greyscale PNGs of 20x20 pixels in a colour
+    run of ``image-size=16`` train FixMatch two rounds with both nodes in every round."""
     from tests.test_deployment import _Federation
 
     dataset = flat_folder(tmp_path / "server-pets", per_class=8)
-    nodes = []
-    for n in range(2):
-        node = tmp_path / f"node-{n}"
-        for k, name in enumerate(CLASSES[n:n + 2]):
-            for i in range(4):
-                _png(node / "labeled" / name / f"{i}.png", _pixels(k + n, i, 20, 1))
-        for i in range(8):
-            _png(node / "unlabeled" / f"{i:02d}.png", _pixels(i % 3, 40 + i, 20, 1))
-        nodes.append(node)
+    own, mixed = tmp_path / "hospital-a", tmp_path / "hospital-b"  # an image folder; labeled/ + unlabeled/
+    for k, name in enumerate(CLASSES[:2]):
+        for i in range(6):
+            _png(own / name / f"{i}.png", _pixels(k, i, 20, 1))
+    for k, name in enumerate(CLASSES[1:]):
+        for i in range(3):
+            _png(mixed / "labeled" / name / f"{i}.png", _pixels(k + 1, i, 20, 1))
+    for i in range(12):
+        _png(mixed / "unlabeled" / f"{i:02d}.png", _pixels(i % 3, 40 + i, 20, 1))
+    nodes = [own, mixed]
     hide = subprocess.run(["unshare", "--mount", "true"], capture_output=True).returncode == 0
 
     class Hidden(_Federation):

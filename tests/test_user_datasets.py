@@ -335,35 +335,6 @@ def test_flwr_run_trains_a_round_on_an_image_folder(tmp_path: Path) -> None:
     assert json.loads((out / "pets" / "config.json").read_text())["dataset"] == f"hf:{folder}"
 
 
-@pytest.mark.slow
-def test_deployed_nodes_train_on_their_own_image_folders(tmp_path: Path) -> None:
-    """A real SuperLink and two SuperNodes: one node's ``data-dir`` is the organisation's own
-    image folder (two of the three classes), the other a node folder of ``labeled/<class>/``
-    and ``unlabeled/`` images; FixMatch trains two rounds with both nodes in every round, the
-    server evaluating on the run's image-folder dataset."""
-    from tests.test_deployment import _Federation
-
-    dataset = _image_folder(tmp_path / "pets", per_class=10)
-    own = _image_folder(tmp_path / "hospital-a", classes=PETS[:2], per_class=6)
-    other = tmp_path / "hospital-b"
-    _image_folder(other / "labeled", classes=PETS[1:], per_class=3)
-    for i in range(12):
-        _save_png(other / "unlabeled" / f"{i:02d}.png", _image(i % 3, 50 + i, 3))
-    fed = _Federation(tmp_path, [own, other])
-    runs = tmp_path / "runs"
-    try:
-        run_id = fed.submit(f'dataset="hf:{dataset}" method="fixmatch" client-setting="labels-at-clients" batch-size=4 '
-                            f'fixmatch-mu=2 num-rounds=2 min-available-nodes=2 min-train-nodes=2 device="cpu" '
-                            f'verbose=true output-dir="{runs}" run-name="own"')  # fmt: skip
-        status, log = fed.wait(run_id)
-    finally:
-        fed.close()
-    assert status == "finished:completed", log[-4000:]
-    assert re.findall(r"aggregate_train: Received (\d+) results and (\d+) failures", log) == [("2", "0")] * 2, log[-4000:]
-    metrics = json.loads((runs / "own" / "metrics.json").read_text())
-    assert [row["round"] for row in metrics] == [0, 1, 2]
-
-
 def test_the_datasets_page_commands_run_as_printed(tmp_path: Path) -> None:
     """The "Your own images" commands of docs/datasets.md, with /data/pets replaced by a tiny
     image folder: the run settings of the `flwr run` line resolve, and `fedul node-data write`

@@ -885,6 +885,3 @@ def run_dataset_info(values: Any) -> DatasetInfo:
                            f"comma-separated names (K of dataset {name!r}), got {len(names)}")  # fmt: skip
     return dataclasses.replace(info, class_names=names)
 
-
-# the user's own datasets register the "hf:" prefix (imported last: it builds on this module)
-from fedul_flwr.data import user_datasets as _user_datasets  # noqa: E402,F401

@@ -10,7 +10,7 @@ plus optional metadata and a local test split::
                                   per U set: the set's name, then its K class priors
                                   Pi_c[m, :] (non-negative, summing to 1 within 1e-3)
     <dir>/sets/<set name>/        one folder per row of priors.csv, holding EITHER image
-                                  files (``*.png``, ``*.jpg``, ``*.jpeg``; any file names)
+                                  files (:data:`IMAGE_SUFFIXES`; any file names)
                                   OR one ``images.npy``: uint8 ``[n, H, W]`` or ``[n, H, W, C]``
 
     labeled images ("labeled" part; optional):
@@ -19,7 +19,7 @@ plus optional metadata and a local test split::
 
     <dir>/labeled/<class name>/   or, instead of the two files: one folder per class (named
                                   as the run's classes; a node may hold some of them) of
-                                  image files (``*.png``, ``*.jpg``, ``*.jpeg``)
+                                  image files (:data:`IMAGE_SUFFIXES`)
 
     plain unlabeled images ("unlabeled" part without set structure; optional):
     <dir>/unlabeled/images.npy    uint8 ``[n_u, H, W]`` or ``[n_u, H, W, C]``, or image files;
@@ -53,7 +53,10 @@ occur in its labels); ``unlabeled/`` provides ``unlabeled``; ``class_prior.csv``
 
 The row order of ``priors.csv`` gives the set index m, i.e. the surrogate label ybar = m of
 every image in ``sets/<name of row m>/`` (Lu et al., ICLR 2022, Eq. 6). Image files of a
-set are decoded with PIL (8-bit grey ``L`` or colour ``RGB``) in sorted file-name order.
+set are read in sorted file-name order. Every image (a file or a row of ``images.npy``) is
+decoded by the project's one decoder, :mod:`fedul_flwr.data.images`, with the rules of the
+run's own dataset: converted to the run's channels, resized to its image size when the run
+sets ``image-size`` (``resize``), else of exactly that size.
 Hidden files (``.*``) are ignored; any other file in ``sets/<name>/``, ``labeled/`` or
 ``unlabeled/`` is an error, so no image is silently skipped. Images stay uint8 (the model
 input is computed per batch, :meth:`ClientData.to_input`).
