@@ -176,12 +176,13 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     method.check_options(cfg)
-    classes = len(_dataset_facts(cfg).class_names)
-    _check(
-        len(cfg.test_prior) == classes,
-        f"test-prior={','.join(f'{v:g}' for v in cfg.test_prior)!r}: {len(cfg.test_prior)} values for the "
-        f"{classes} classes of dataset={cfg.dataset!r}",
-    )
+    if cfg.test_prior:  # () is uniform
+        classes = len(_dataset_facts(cfg).class_names)
+        _check(
+            len(cfg.test_prior) == classes,
+            f"test-prior={','.join(f'{v:g}' for v in cfg.test_prior)!r}: expected {classes} values (the classes of "
+            f"dataset={cfg.dataset!r}), got {len(cfg.test_prior)}",
+        )
     _check(
         not cfg.resume or cfg.strategy in RESUMABLE_STRATEGIES,
         f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "

@@ -202,7 +202,7 @@ class RunConfig:
 
 
 def _format_test_prior(prior: tuple[float, ...]) -> str:
-    if len(set(prior)) == 1:
+    if len(set(prior)) <= 1:
         return "uniform"
     return ",".join(repr(v) for v in prior)
 
@@ -357,24 +357,18 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
         raise ConfigError(f"{key}={value!r} is not a valid {kind.__name__}") from exc
 
 
-def _parse_test_prior(value: Any, dataset: str, values: Mapping[str, Any]) -> tuple[float, ...]:
-    """The test prior as K numbers. Only ``"uniform"`` needs K from the dataset (on the server;
-    the clients get the numbers, so a deployed node never opens the dataset to parse them);
-    the count of given numbers is checked against K with the registries
-    (:func:`fedul_flwr.checks.validate_config`)."""
+def _parse_test_prior(value: Any) -> tuple[float, ...]:
+    """The test prior: ``()`` for ``"uniform"`` (1/K each, K known where it is used), else the
+    given numbers, checked on their own; their count is checked against the dataset's K with
+    the registries (:func:`fedul_flwr.checks.validate_config`). Needs no dataset, so a
+    deployed node never opens one to read its settings."""
     from fedul_flwr.transition import parse_test_prior
 
-    if str(value).strip().lower() == "uniform":
-        from fedul_flwr.data.datasets import run_dataset_info
-
-        try:
-            num_classes = len(run_dataset_info({**values, "dataset": dataset}).class_names)
-        except ValueError as exc:  # an unknown dataset: the registry's message names the valid ones
-            raise ConfigError(str(exc)) from exc
-    else:
-        num_classes = len(str(value).split(",")) if isinstance(value, str) else len(np.atleast_1d(value))
+    if isinstance(value, str) and value.strip().lower() == "uniform":
+        return ()
+    count = len(value.split(",")) if isinstance(value, str) else len(np.atleast_1d(value))
     try:
-        return tuple(float(v) for v in parse_test_prior(value, num_classes))
+        return tuple(float(v) for v in parse_test_prior(value, count))
     except ValueError as exc:
         raise ConfigError(f"test-prior: {exc}") from exc
 
@@ -411,7 +405,7 @@ def config_from_values(values: Mapping[str, Any]) -> RunConfig:
             kwargs[field.name] = value  # parsed below, once the dataset is known
         else:
             kwargs[field.name] = coerce_value(key, value, _FIELD_TYPES[str(field.type)])
-    kwargs["test_prior"] = _parse_test_prior(kwargs["test_prior"], str(kwargs["dataset"]), values)
+    kwargs["test_prior"] = _parse_test_prior(kwargs["test_prior"])
     extra = tuple(
         (key, coerce_value(key, values[key], type(defaults[key]))) for key in sorted(defaults) if key not in CORE_KEYS
     )

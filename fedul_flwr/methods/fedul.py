@@ -43,7 +43,9 @@ class FedUL(Method):
         pibar_c ``[M_c]`` and the test prior pi ``[K]``; it never leaves the client.
         """
         assert client.usets is not None and client.unlabeled is not None  # ``requires``
-        q = TransitionLayer(client.usets.priors, client.usets.surrogate_prior, np.asarray(self.cfg.test_prior))
+        k = client.usets.priors.shape[1]
+        test_prior = np.asarray(self.cfg.test_prior) if self.cfg.test_prior else np.full(k, 1.0 / k)  # () = uniform
+        q = TransitionLayer(client.usets.priors, client.usets.surrogate_prior, test_prior)
         q = q.to(ctx.device)
         kind = self.option("loss")
 
