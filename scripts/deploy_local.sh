@@ -13,7 +13,10 @@
 #                        writing simulated ones (see `fedul node-data write --help`)
 #   --max-set-size K     images per U set of the simulated nodes (default 20)
 #   --run-config "..."   extra run settings for `flwr run`, e.g. "num-rounds=3 lr=0.0005"
-#                        (default "num-rounds=2")
+#                        (default "num-rounds=2"); a key given here replaces the script's
+#                        own: min-available-nodes=N min-train-nodes=N (every round needs all
+#                        N nodes), device="cpu", output-dir="<workdir>/runs". A run that goes
+#                        on when a node dies: "min-available-nodes=2 min-train-nodes=2"
 #   --timeout S          give up after S seconds of run time (default 600)
 #   --tls                TLS on every connection and SuperNode authentication: makes a CA,
 #                        a server certificate and N+1 SuperNode key pairs
@@ -50,7 +53,7 @@ while [[ $# -gt 0 ]]; do
     --run-config) RUN_CONFIG="$2"; shift 2 ;;
     --timeout) TIMEOUT="$2"; shift 2 ;;
     --tls) TLS=1; shift ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) echo "unknown option: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -151,10 +154,14 @@ if [[ $TLS == 1 ]]; then  # a SuperNode whose key was never registered must be r
   echo "a SuperNode with an unregistered key was refused (see $WORKDIR/intruder.log)"
 fi
 
-# 4. submit the run (all N nodes take part in every round); the settings are checked first,
-# since Flower refuses an unknown key without naming it
+# 4. submit the run (by default all N nodes take part in every round); the settings are
+# checked first, since Flower refuses an unknown key without naming it. A key of --run-config
+# replaces the default (Flower refuses a key given twice)
 cd "$REPO"
-SETTINGS="min-available-nodes=$NODES min-train-nodes=$NODES device=\"cpu\" output-dir=\"$WORKDIR/runs\" $RUN_CONFIG"
+SETTINGS="$RUN_CONFIG"
+for setting in "min-available-nodes=$NODES" "min-train-nodes=$NODES" 'device="cpu"' "output-dir=\"$WORKDIR/runs\""; do
+  [[ " $RUN_CONFIG" =~ [[:space:]]${setting%%=*}= ]] || SETTINGS="$setting $SETTINGS"
+done
 fedul check --no-simulation --run-config "$SETTINGS" > /dev/null
 SUBMIT="$(flwr run . "$CONNECTION" --format json --run-config "$SETTINGS")"
 RUN_ID="$(python -c 'import json,sys; print(json.load(sys.stdin)["run-id"])' <<< "$SUBMIT")"

@@ -346,64 +346,185 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
     assert failed and "clients=1 " in summary, summary  # the nodes that trained: the good one
 
 
-# --------------------------------------------------------------------------- the docs' one-host recipe
+# --------------------------------------------------------------------------- the docs' commands
+
+
+DEPLOYMENT_MD = REPO / "docs" / "deployment.md"
+
+
+def _section(page: Path, heading: str) -> str:
+    """The text under ``## <heading>`` of ``page``, up to the next ``## `` heading."""
+    return page.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def _blocks(page: Path, heading: str, lang: str = "bash") -> list[str]:
+    """The ```<lang> blocks under ``## <heading>`` of ``page``, in order."""
+    return re.findall(rf"^```{lang}\n(.*?)^```", _section(page, heading), re.M | re.S)
 
 
 def _documented_block(page: Path, heading: str) -> str:
     """The first ```bash block under ``## <heading>`` of ``page``."""
-    section = page.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return _blocks(page, heading)[0]
+
+
+def _on_free_ports(text: str, ports: dict[str, str]) -> str:
+    """``text`` with each port number of ``ports`` (as a whole word) replaced."""
+    return re.sub(r"\b(" + "|".join(map(re.escape, ports)) + r")\b", lambda m: ports[m.group(1)], text)
+
+
+def _run_in_own_session(script: Path, env: dict[str, str], timeout: float) -> tuple[int, str, list[int]]:
+    """Run ``bash script`` in a session of its own; its exit code, output and the processes
+    of that session still alive 30 s after it ended (then killed)."""
+    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        ended = time.monotonic()
+        while _session(proc.pid) and time.monotonic() < ended + 30:
+            time.sleep(0.5)
+        left = _session(proc.pid)
+        print(f"{script.name}: its processes gone {time.monotonic() - ended:.1f} s after it ended")  # shown with -s
+    finally:
+        for pid in _session(proc.pid):
+            os.kill(pid, 9)
+    return proc.returncode, out, left
 
 
 def test_every_documented_supernode_has_its_own_port() -> None:
     """docs/deployment.md and the README start every SuperNode with ``--port`` (Flower's
     default 9094 would make a second SuperNode on the same host fail), and the one-host
     block gives its three SuperNodes three different ports."""
-    pages = [REPO / "README.md", REPO / "docs" / "deployment.md"]
+    pages = [REPO / "README.md", DEPLOYMENT_MD]
     for page in pages:
         commands = re.findall(r"^flower-supernode (?:.*\\\n)*.*", page.read_text(), re.M)
         assert commands, page
         assert all(" --port " in c for c in commands), (page, [c for c in commands if " --port " not in c])
-    block = _documented_block(REPO / "docs" / "deployment.md", "Three SuperNodes on one host")
+    block = _documented_block(DEPLOYMENT_MD, "Three SuperNodes on one host")
     ports = re.findall(r"^flower-supernode .* --port (\d+)", block, re.M)
     assert len(ports) == 3 and len(set(ports)) == 3, block
 
 
+def test_documented_commands_are_ordered_and_use_absolute_paths() -> None:
+    """docs/deployment.md waits for the SuperLink's ``/health`` in the sections that start one
+    or submit a run (before ``flwr run``); the TLS section configures the connection over TLS
+    and waits for the SuperLink over TLS before it registers a node, names the certificates
+    by absolute paths and says who must own the keys (``--owner``); the runs of the
+    separate-machines and one-host examples include ones that go on when a node dies
+    (``min-available-nodes`` and ``min-train-nodes`` below the node count); the one-host
+    recipe keeps the PID of every process it starts and the stop block stops them."""
+    text = DEPLOYMENT_MD.read_text()
+    for heading in ("2. Start the SuperLink and the SuperNodes", "3. Run and monitor", "Three SuperNodes on one host"):
+        body = "\n".join(_blocks(DEPLOYMENT_MD, heading))
+        assert "/health" in body, heading
+    run_block = _documented_block(DEPLOYMENT_MD, "3. Run and monitor")
+    assert run_block.index("/health") < run_block.index("flwr run ")
+    tls = _section(DEPLOYMENT_MD, "TLS and SuperNode authentication")
+    assert tls.index('root-certificates = "/srv/fedul-certs/ca.crt"') < tls.index("flwr supernode register")
+    assert tls.index("https://server.example.org:9092/health") < tls.index("flwr supernode register")
+    for flag in ("--root-certificates", "--auth-supernode-private-key", "--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"):
+        paths = re.findall(rf"{flag} (\S+)", tls)
+        assert paths and all(p.startswith("/") for p in paths), (flag, paths)
+    assert "--owner" in tls
+    runs = re.findall(r"^flwr run .*", text, re.M)
+    tolerant = [r for r in runs if re.search(r"min-available-nodes=2 min-train-nodes=2", r)]
+    assert len(tolerant) >= 2, runs  # the separate-machines example and the one-host one
+    one_host = _documented_block(DEPLOYMENT_MD, "Three SuperNodes on one host")
+    started = re.findall(r"^flower-super(?:link|node) .*&$", one_host, re.M)
+    assert len(started) == 4 and one_host.count("echo $! > /tmp/fedul-") == 4, one_host
+    (stop,) = _blocks(DEPLOYMENT_MD, "Stop everything")
+    assert "/tmp/fedul-superlink.pid" in stop and "/tmp/fedul-supernode-*.pid" in stop
+
+
 def test_three_supernodes_on_one_host_as_documented(tmp_path: Path) -> None:
-    """docs/deployment.md's block "Three SuperNodes on one host", run by bash as printed but
-    for its ports (free ones instead) and folders (temporary ones): a real SuperLink and three
-    SuperNodes on loopback, the run finishes as completed with all three nodes in every round,
-    and the block's own ``kill`` stops them."""
+    """docs/deployment.md's blocks "Three SuperNodes on one host" (start a SuperLink and three
+    SuperNodes, one run on all three; then a run with min-available-nodes=2
+    min-train-nodes=2 in which SuperNode 2 is stopped by its PID in round 2) and "Stop
+    everything", run by bash as printed but for their ports (free ones instead) and folders
+    (temporary ones): the first run completes with all three nodes in every round; the second
+    gets an error reply for the stopped node in round 2, trains round 3 on the other two and
+    completes, with the node on record; the stop block leaves no process running."""
     from tests.flower_harness import app_dir, flower_env, free_port
 
-    block = _documented_block(REPO / "docs" / "deployment.md", "Three SuperNodes on one host")
-    for port in sorted(set(re.findall(r"\b(909\d)\b", block))):
-        block = block.replace(port, str(free_port()))
-    block = block.replace("/tmp/fedul-", f"{tmp_path}/fedul-").replace("flwr run . ", f"flwr run {app_dir()} ")
+    blocks = _blocks(DEPLOYMENT_MD, "Three SuperNodes on one host") + _blocks(DEPLOYMENT_MD, "Stop everything")
+    assert len(blocks) == 3
+    script_text = "\n".join(blocks)
+    script_text = _on_free_ports(script_text, {p: str(free_port()) for p in ("9092", "9094", "9095", "9096")})
+    script_text = script_text.replace("/tmp/fedul-", f"{tmp_path}/fedul-").replace("flwr run . ", f"flwr run {app_dir()} ")
     home = tmp_path / "flwr-home"
     home.mkdir()
     script = tmp_path / "one-host.sh"
-    script.write_text(f"cd {REPO}\n{block}")
+    script.write_text(f"cd {REPO}\n{script_text}")
     env = {**flower_env(home), "COLUMNS": "250"}  # `flwr ls` prints a table as wide as the terminal
-    proc = subprocess.Popen(["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=600)
-        deadline = time.monotonic() + 30  # the block's `kill` (SIGTERM): give the processes time to exit
-        while _session(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        left = _session(proc.pid)
-    finally:
-        for pid in _session(proc.pid):
-            os.kill(pid, 9)
+    returncode, out, left = _run_in_own_session(script, env, timeout=900)
     logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(tmp_path.glob("*.log")))
-    assert proc.returncode == 0, f"{out[-4000:]}\n{logs}"
-    assert "finished:completed" in out, f"{out[-4000:]}\n{logs}"
-    (run_dir,) = list((tmp_path / "fedul-runs").iterdir())
-    summary = (run_dir / "summary.txt").read_text()
+    assert returncode == 0, f"{out[-4000:]}\n{logs}"
+    assert out.count("finished:completed") == 2, f"{out[-4000:]}\n{logs}"
+    runs = tmp_path / "fedul-runs"
+    (first,) = [d for d in runs.iterdir() if d.name != "one-node-dies"]
+    summary = (first / "summary.txt").read_text()
     assert "clients=3 " in summary and "failed-replies=0 " in summary and "rounds=2 " in summary, summary
-    assert [row["round"] for row in json.loads((run_dir / "metrics.json").read_text())] == [0, 1, 2]
-    assert left == [], "processes left running after the block's kill"
+    assert [row["round"] for row in json.loads((first / "metrics.json").read_text())] == [0, 1, 2]
+
+    rows = json.loads((runs / "one-node-dies" / "metrics.json").read_text())
+    trained = {r["round"]: set(r["trained-nodes"]) for r in rows if "trained-nodes" in r}
+    assert [len(trained[r]) for r in (1, 2, 3)] == [3, 2, 2], trained
+    (dead,) = trained[1] - trained[3]
+    summary = (runs / "one-node-dies" / "summary.txt").read_text()
+    assert f"failed-replies=1 failed-nodes={dead}(NODE_UNAVAILABLE) " in summary, summary
+    assert "clients=3 " in summary and "rounds=3 " in summary and summary.rstrip().endswith("status=ok"), summary
+    assert f"fedul-flwr: round 2: 1 of 3 training replies failed: node {dead} (NODE_UNAVAILABLE)" in out, out[-4000:]
+    assert summary.strip() in out  # the last line of `flwr log`
+    nodes = out.rsplit("Listing all nodes", 1)[1]  # `flwr supernode ls`: the two nodes left, online
+    assert nodes.count(" online ") == 2 and str(dead) not in nodes, nodes
+    assert not list(tmp_path.glob("fedul-*.pid")), "the stop block removes the PID files"
+    assert left == [], "processes left running 30 s after the stop block"
+
+
+def test_tls_blocks_as_documented(tmp_path: Path) -> None:
+    """docs/deployment.md's TLS section on loopback, its commands run by bash as printed but
+    for the server's addresses (``127.0.0.1`` for ``server.example.org`` and ``0.0.0.0``,
+    ``localhost`` for ``10.0.0.5``), the ports (free ones) and the folders (temporary ones): make_certs.sh, the
+    SuperLink over TLS with node authentication, the TLS connection, the health wait, the
+    three registrations and organisation 0's SuperNode, which then is ``online``."""
+    if not shutil.which("openssl") or not shutil.which("ssh-keygen"):
+        pytest.skip("needs openssl and ssh-keygen")
+    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.node_data import write_nodes
+    from tests.flower_harness import flower_env, free_port
+
+    (node_dir,) = write_nodes(resolve_config({"num-sets": 10}), tmp_path / "nodes", 1, max_set_size=4)
+    certs, bash_blocks = tmp_path / "certs", _blocks(DEPLOYMENT_MD, "TLS and SuperNode authentication")
+    (toml,) = _blocks(DEPLOYMENT_MD, "TLS and SuperNode authentication", "toml")
+    make_certs, superlink, register, supernode = bash_blocks
+    ports = {"9092": str(free_port()), "9094": str(free_port())}
+
+    def local(text: str) -> str:
+        text = text.replace("server.example.org", "127.0.0.1").replace("10.0.0.5", "localhost")
+        text = text.replace("0.0.0.0", "127.0.0.1").replace("/srv/fedul-certs", str(certs))
+        return _on_free_ports(text.replace("/data/fedul-node", str(node_dir)), ports)
+
+    home = tmp_path / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(local(toml))
+
+    def in_background(block: str, log: str) -> str:  # the foreground command of a block, started with `&`
+        return block.rstrip().replace("\\\n", " ") + f" > {tmp_path / log} 2>&1 &\n"
+
+    script = tmp_path / "tls.sh"
+    script.write_text(
+        f"set -e\ncd {REPO}\n{local(make_certs)}{in_background(local(superlink), 'superlink.log')}{local(register)}"
+        f"{in_background(local(supernode), 'supernode.log')}"
+        "timeout 60 bash -c 'until flwr supernode ls fedul-prod --format json | grep -q \"online\"; do sleep 1; done'\n"
+        f"flwr supernode ls fedul-prod --format json > {tmp_path / 'nodes.json'}\n"
+        "kill $(jobs -p)\n"
+    )
+    returncode, out, left = _run_in_own_session(script, flower_env(home), timeout=300)
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted(tmp_path.glob("*.log")))
+    assert returncode == 0, f"{out[-4000:]}\n{logs}"
+    nodes = json.loads((tmp_path / "nodes.json").read_text())["nodes"]
+    assert sum(n["status"] == "online" for n in nodes) == 1, nodes  # organisation 0's, registered and active
+    assert "Failed to activate" not in logs
+    assert left == [], "processes left running 30 s after the SuperLink and SuperNode were stopped"
 
 
 def _session(sid: int) -> list[int]:
