@@ -54,6 +54,7 @@ __all__ = [
     "OUTPUT_KEYS",
     "RESUME_FREE_KEYS",
     "check_before_round_one",
+    "check_clients",
     "check_dataset",
     "check_label_layout",
     "check_federation_size",
@@ -379,6 +380,30 @@ def check_label_layout(cfg: RunConfig, num_nodes: int) -> None:
         )
 
 
+def check_clients(cfg: RunConfig, num_nodes: int) -> None:
+    """Every simulated client of a federation of ``num_nodes`` built as its node will build it
+    (:func:`fedul_flwr.data.simulated.load_client`, cached per process), so what the
+    partition and ``client-setting`` cannot make of the dataset -- more U sets than a
+    client's images, more labels than a class holds -- is refused before round 1 instead of
+    failing every client in it. Needs the checked dataset (:func:`check_dataset`).
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the client and the cause.
+    """
+    from fedul_flwr.data.simulated import load_client
+    from fedul_flwr.methods import get_method
+
+    method = get_method(cfg.method)
+    wanted = frozenset(method.requires) | frozenset(getattr(method, "uses", ()))
+    for i in range(num_nodes):
+        try:
+            load_client(cfg, i, num_nodes, wanted)
+        except ValueError as exc:
+            raise ConfigError(f"client {i} of {num_nodes} (client-setting={cfg.client_setting!r}): {exc}") from None
+
+
 def _dataset_facts(cfg: RunConfig) -> Any:
     """The run's :class:`~fedul_flwr.data.datasets.DatasetInfo` (a refusal as a ConfigError)."""
     from fedul_flwr.data.datasets import DatasetError, run_dataset_info
@@ -509,6 +534,7 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     """The checks of the settings that need no node's data, run by the ServerApp before
     anything is written: :func:`validate_config`, :func:`check_dataset` (every image of the
     run's dataset, which the server evaluates on), and when ``grid`` simulates its clients
+    :func:`check_clients` (every client built as its node will build it),
     (:func:`is_simulation`) :func:`check_simulation` and, for settings that lay out their
     clients one by one, :func:`check_federation_size` against the grid's nodes. (With
     ``resume=true`` the ServerApp then runs :func:`check_resume` on the run folder.)
@@ -521,9 +547,12 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     validate_config(cfg)
     if is_simulation(grid):
         check_simulation(cfg)
+        num_nodes = federation_nodes(grid)
         if laid_out_clients(cfg) is not None or cfg.client_setting == "pu":
-            check_federation_size(cfg, federation_nodes(grid))
+            check_federation_size(cfg, num_nodes)
     check_dataset(cfg)
+    if is_simulation(grid):
+        check_clients(cfg, num_nodes)
 
 
 # --------------------------------------------------------------------------- command line
@@ -555,7 +584,7 @@ def run(args: argparse.Namespace) -> int:
         values = parse_config_args(args.run_config) if args.run_config else {}
         composed, sources = compose_config(values)
         cfg = validate_config(config_from_values(composed))
-        note = ""
+        note, num_nodes = "", None
         if args.simulation:
             check_simulation(cfg)
             num_nodes = _num_supernodes(args.federation_config)
@@ -567,7 +596,14 @@ def run(args: argparse.Namespace) -> int:
                 note += f" (needs a federation of {laid_out[1]} nodes: {laid_out[0]}={cfg.as_dict()[laid_out[0]]!r})"
         started = time.monotonic()
         images = check_dataset(cfg)
-        note = f"; read {images} images of dataset={cfg.dataset!r} in {time.monotonic() - started:.1f}s{note}"
+        read = f"; read {images} images of dataset={cfg.dataset!r} in {time.monotonic() - started:.1f}s"
+        if args.simulation:
+            laid_out = laid_out_clients(cfg)
+            clients = num_nodes if num_nodes is not None else None if laid_out is None else laid_out[1]
+            if clients is not None:
+                check_clients(cfg, clients)
+                read += f", built its {clients} simulated clients"
+        note = read + note
         if cfg.resume:
             from fedul_flwr.outputs import run_folder
 

@@ -300,3 +300,38 @@ def test_deployed_nodes_with_greyscale_pngs_of_another_size_and_no_copy_of_the_d
     assert [row["round"] for row in json.loads((runs / "grey" / "metrics.json").read_text())] == [0, 1, 2]
     if hide:
         assert os.listdir(dataset)  # hidden from the nodes only
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"num-sets": 10}, r"client \d of 2 \(client-setting='usets'\): .*cannot be split into 10 non-empty sets"),
+        ({"method": "feddb", "client-setting": "labels-at-clients", "num-labeled": 100},
+         r"client-setting='labels-at-clients'.*num-labeled=100"),
+    ],
+    ids=["more-sets-than-images", "more-labels-than-images"],
+)
+def test_clients_that_cannot_be_built_are_refused_before_round_one(tmp_path: Path, settings: dict, message: str) -> None:
+    """What the partition and the client setting cannot make of a small dataset is one line
+    before round 1 (``fedul check`` and the ServerApp), not a failure of every client in it."""
+    from fedul_flwr.checks import main as check_main
+    from fedul_flwr.client_app import app
+    from fedul_flwr.inprocess import InProcessGrid
+
+    root = flat_folder(tmp_path / "small", per_class=5)  # 12 training images
+    full = {"dataset": f"hf:{root}", "output-dir": str(tmp_path / "runs"), **settings}
+    typed = " ".join(f"{k}={json.dumps(v)}" for k, v in full.items())
+    assert check_main(["--run-config", typed, "--federation-config", "num-supernodes=2"]) == 1
+    with pytest.raises(ConfigError, match=message):
+        check_before_round_one(resolve_config(full), InProcessGrid(app, 2, full))
+    assert not (tmp_path / "runs").exists()
+
+
+def test_hub_name_offline_without_a_cached_copy_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(DatasetError) as refused:
+        load_dataset("hf:someone/no-such-dataset", str(tmp_path / "cache"))
+    assert str(refused.value).startswith("dataset='hf:someone/no-such-dataset': Hugging Face datasets could not load it")
+    assert "\n" not in str(refused.value)

@@ -135,7 +135,7 @@ def _open_hub(source: str, data_dir: str) -> dict[str, Any]:
     """The splits of Hub dataset ``source``, refusing ``datasets``' fallback to a cached copy
     of a snake-cased name (which may be another dataset)."""
     import datasets
-    from datasets.utils.py_utils import camelcase_to_snakecase
+    from datasets.naming import camelcase_to_snakecase
 
     watch = _FallbackWatch()
     logger = logging.getLogger("datasets")
