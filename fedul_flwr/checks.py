@@ -349,9 +349,9 @@ def check_federation_size(cfg: RunConfig, num_nodes: int) -> None:
 
 def check_label_layout(cfg: RunConfig, num_nodes: int) -> None:
     """HASSLE's clients (``client-setting=annotation-heterogeneity``) as the partition of the
-    run's dataset into ``num_nodes`` clients gives them: the partially labeled clients'
-    fraction solves to a value in (0, 1), and each of them gets at least one labeled and one
-    unlabeled image (:func:`fedul_flwr.data.annotation.label_fractions`; a fraction is
+    run's dataset into ``num_nodes`` clients gives them: some client holds labels, the
+    partially labeled clients' fraction solves to a value in (0, 1), and each of them gets at
+    least one labeled and one unlabeled image (:func:`fedul_flwr.data.annotation.label_fractions`; a fraction is
     rounded to whole images as :func:`~fedul_flwr.data.annotation.labeled_rows` rounds it).
     Loads the dataset (cached).
 
@@ -368,6 +368,8 @@ def check_label_layout(cfg: RunConfig, num_nodes: int) -> None:
     except ValueError as exc:
         raise ConfigError(f"label-layout={cfg.label_layout!r}: {exc}") from None
     kinds = parse_layout(cfg.label_layout, num_nodes, cfg.labeled_share)
+    _check(any(f > 0 for f in fractions), f"label-layout={cfg.label_layout!r} with labeled-share={cfg.labeled_share}: "
+           "no client holds a labeled image; a semi-supervised federation needs labels somewhere")  # fmt: skip
     for k, (kind, fraction) in enumerate(zip(kinds, fractions, strict=True)):
         n = len(client_rows(cfg, k, num_nodes)[0])
         labeled = int(round(fraction * n))

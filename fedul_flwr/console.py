@@ -37,12 +37,25 @@ _PROJECT_CAUSED = ("fraction_evaluate is set to 0.0",)
 _RAY_TIP = r"Tip: In future versions of Ray, Ray will no longer override accelerator"
 
 
+_WAITING = "Waiting for nodes to connect"
+"""Flower's line (every second) while a round waits for ``min-available-nodes``: shown once per
+count, so a run waiting for a dead node does not look like one that trains."""
+
+
 class QuietFilter(logging.Filter):
-    """Keeps warnings and errors (but :data:`_PROJECT_CAUSED`) and the :data:`PROGRESS` lines."""
+    """Keeps warnings and errors (but :data:`_PROJECT_CAUSED`), the :data:`PROGRESS` lines, and
+    Flower's :data:`_WAITING` line once per node count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiting: object = None
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == PROGRESS.name:
             return True
+        if str(record.msg).startswith(_WAITING):
+            seen, self._waiting = self._waiting, record.args
+            return record.args != seen
         if record.levelno < logging.WARNING:
             return False
         return not str(record.msg).startswith(_PROJECT_CAUSED)

@@ -88,3 +88,13 @@ def test_a_run_that_stopped_midway_shows_its_summary_line_without_traceback() ->
         assert verbose.exc_info is not None
     finally:
         set_verbose(False)
+
+
+def test_waiting_for_nodes_is_shown_once_per_count(console: io.StringIO) -> None:
+    """Flower logs its wait for ``min-available-nodes`` every second at INFO: the quiet console
+    shows it once per node count, so a run waiting for a dead node says so."""
+    set_verbose(False)
+    for count in (2, 2, 2, 1, 1):
+        log(logging.INFO, "Waiting for nodes to connect: %d connected (minimum required: %d).", count, 3)
+    lines = [line for line in console.getvalue().splitlines() if "Waiting for nodes" in line]
+    assert len(lines) == 2 and "2 connected" in lines[0] and "1 connected" in lines[1]

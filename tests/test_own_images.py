@@ -169,10 +169,15 @@ def _bad(kind: str, root: Path) -> tuple[str, dict, str]:
         flat_folder(folder)
         return (f"hf:{folder}", {"method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "L,P",
                                  "labeled-share": 0.3}, r"label-layout='L,P'.*labeled-share=0.3")  # fmt: skip
+    if kind == "hassle-no-labels":
+        flat_folder(folder)
+        return (f"hf:{folder}", {"method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "U,U",
+                                 "labeled-share": 0.0}, r"label-layout='U,U'.*no client holds a labeled image")  # fmt: skip
     raise AssertionError(kind)
 
 
-BAD = ["truncated", "other-size", "too-small", "one-class", "empty-class", "relative", "not-a-hub-name", "hassle-layout"]
+BAD = ["truncated", "other-size", "too-small", "one-class", "empty-class", "relative", "not-a-hub-name", "hassle-layout",
+       "hassle-no-labels"]
 
 
 @pytest.mark.parametrize("kind", BAD)

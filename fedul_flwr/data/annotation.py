@@ -84,7 +84,8 @@ def parse_layout(text: str, num_clients: int | None, share: float, key: str = "l
             raise ValueError(f"{len(values)} clients in the layout for {num_clients} clients")
         return values
     except ValueError as exc:
-        raise ValueError(f"{key}={text!r}: {exc} (names: {sorted(LAYOUTS)}; kinds L, P, U; or fractions)") from None
+        raise ValueError(f"{key}={text!r}: {exc} (names: {sorted(LAYOUTS)}; comma-separated kinds L, P, U "
+                         "such as 'L,P*2,U'; or comma-separated fractions)") from None
 
 
 def label_fractions(layout: Sequence[str | float], sizes: Sequence[int], share: float) -> list[float]:
