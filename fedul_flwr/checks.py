@@ -53,6 +53,8 @@ __all__ = [
     "DEVICE_FREE_PRECISION",
     "OUTPUT_KEYS",
     "RESUME_FREE_KEYS",
+    "aggregation_contract",
+    "check_aggregation_contract",
     "check_before_round_one",
     "check_clients",
     "check_dataset",
@@ -184,6 +186,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
             f"test-prior={','.join(f'{v:g}' for v in cfg.test_prior)!r}: expected {classes} values (the classes of "
             f"dataset={cfg.dataset!r}), got {len(cfg.test_prior)}",
         )
+    check_aggregation_contract(cfg)
     _check(
         not cfg.resume or cfg.strategy in RESUMABLE_STRATEGIES,
         f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
@@ -224,6 +227,35 @@ def resolve_config(
     if log_sources:
         get_logger(__name__).info("%s", describe_sources(values, sources))
     return cfg
+
+
+def aggregation_contract(cfg: RunConfig) -> Any:
+    """The run's method's aggregation contract (:mod:`fedul_flwr.strategies.contract`): the
+    ``contract`` of its aggregation mixin (``Method.aggregation()``), ``None`` when it has none
+    (the strategy aggregates as it is), :data:`~fedul_flwr.strategies.contract.MISSING_CONTRACT`
+    when the mixin declares none."""
+    from fedul_flwr.methods import get_method
+    from fedul_flwr.strategies.contract import MISSING_CONTRACT
+
+    mixin = get_method(cfg.method)(cfg).aggregation()
+    return None if mixin is None else getattr(mixin, "contract", MISSING_CONTRACT)
+
+
+def check_aggregation_contract(cfg: RunConfig) -> None:
+    """``differential-privacy``, ``dp-noise-multiplier`` and ``aggregation-weights`` against how
+    the run's strategy and method combine the replies
+    (:func:`fedul_flwr.strategies.contract.dp_refusal`).
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the keys, their values and why the combination is refused.
+    """
+    from fedul_flwr.strategies.contract import dp_refusal
+
+    why = dp_refusal(cfg.differential_privacy, cfg.aggregation_weights, cfg.strategy, cfg.method,
+                     aggregation_contract(cfg), cfg.dp_noise_multiplier)  # fmt: skip
+    _check(why is None, str(why))
 
 
 # --------------------------------------------------------------------------- simulation

@@ -140,7 +140,7 @@ def train(msg: Message, context: Context) -> Message:
     c = _client(msg, context)
     cfg, method = c.cfg, c.method
     server_round = int(msg.content[wire.CONFIG][wire.SERVER_ROUND])  # a resumed run continues the numbering
-    broadcast = {k: v for k, v in msg.content[wire.CONFIG].items() if k not in (wire.RUN_CONFIG, wire.DATASET_FACTS, wire.SERVER_ROUND)}
+    broadcast = {k: v for k, v in msg.content[wire.CONFIG].items() if k not in (*wire.RUN_SETTINGS, wire.SERVER_ROUND)}
     ctx = RoundContext(cfg.seed, server_round, c.key, c.device, broadcast)
     if method.sits_out(c.data):  # e.g. an unlabeled client under a method that trains on labels
         log(INFO, "%s sits round %d out: method %r needs %s, it holds %s", c.data.node, server_round, cfg.method,

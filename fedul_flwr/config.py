@@ -143,6 +143,7 @@ class RunConfig:
     dp_sensitivity: float
     dp_epsilon: float
     dp_delta: float
+    dp_publish_unnoised_train_metrics: bool
     output_dir: str
     run_name: str
     resume: bool
@@ -298,10 +299,35 @@ def compose_config(
     preset = load_preset(preset_name)
     values = {**defaults, **preset, **user}
     sources = {k: "user" if k in user else "preset" if k in preset else "default" for k in values}
-    if str(values["differential-privacy"]).startswith("server") and sources["aggregation-weights"] != "user":
-        # the server's DP noise z C / n assumes equal client weights (fedul_flwr.privacy)
-        values["aggregation-weights"], sources["aggregation-weights"] = "uniform", SERVER_DP
+    server_dp_weights(values, sources)
     return values, sources
+
+
+def server_dp_weights(values: dict[str, Any], sources: dict[str, str]) -> bool:
+    """Under server-side DP (``differential-privacy=server-*``), ``aggregation-weights='uniform'``
+    wherever the user did not type the key (a default, a preset's or a grid's value): the
+    server's noise z C / n protects each client with multiplier z only under equal weights
+    (:mod:`fedul_flwr.privacy`). Sets it in ``values`` (in place) with the source
+    :data:`SERVER_DP` (named in the run's configuration line, :func:`describe_sources`); a
+    typed value is left for the checks to accept or refuse.
+
+    Parameters
+    ----------
+    values : dict[str, Any]
+        Dashed-key settings.
+    sources : dict[str, str]
+        Where each came from; ``"user"``: typed by the user.
+
+    Returns
+    -------
+    bool
+        Whether it changed ``aggregation-weights``.
+    """
+    if not str(values["differential-privacy"]).startswith("server") or sources.get("aggregation-weights") == "user":
+        return False
+    changed = values["aggregation-weights"] != "uniform"
+    values["aggregation-weights"], sources["aggregation-weights"] = "uniform", SERVER_DP
+    return changed
 
 
 def check_keys(keys: Iterable[str]) -> None:
@@ -549,18 +575,6 @@ def _validate_robustness(cfg: RunConfig) -> None:
     _check(0.0 < cfg.dp_delta < 1.0, f"dp-delta={cfg.dp_delta} must be in (0, 1)")
     _check(0.0 <= cfg.dp_target_clipped_quantile <= 1.0,
            f"dp-target-clipped-quantile={cfg.dp_target_clipped_quantile} must be in [0, 1]")  # fmt: skip
-    _check(
-        not (cfg.differential_privacy.startswith("server") and cfg.strategy == "scaffold"),
-        f"differential-privacy={cfg.differential_privacy!r} with strategy='scaffold': Flower's server-side clipping "
-        "handles one ArrayRecord per reply and SCAFFOLD sends its control variates beside the model; use "
-        "differential-privacy=client-local",
-    )
-    _check(
-        not (cfg.differential_privacy.startswith("server") and cfg.aggregation_weights != "uniform"),
-        f"aggregation-weights={cfg.aggregation_weights!r} with differential-privacy={cfg.differential_privacy!r}: the "
-        "server's noise z C / n protects every client with noise multiplier z only when the clients weigh the same; "
-        "use aggregation-weights='uniform' (what server-side DP sets when the key is not typed)",
-    )
     _check(
         not (cfg.resume and cfg.differential_privacy == "server-adaptive"),
         "resume=true with differential-privacy='server-adaptive': the adapted clipping norm is not checkpointed",

@@ -419,14 +419,17 @@ class RunOutputs:
     def _privacy(self, row: Mapping[str, Any]) -> str:
         """``epsilon=... delta=... epsilon-round=... neighbours=... `` of a DP run's row ("" without
         them): the composed bound, its delta, the exact epsilon of one round and the guarantee
-        they are for (:data:`fedul_flwr.privacy.NEIGHBOURS`)."""
+        they are for (:data:`fedul_flwr.privacy.NEIGHBOURS`); ``unnoised-train-metrics=published``
+        when a server-DP run records its clients' train metrics, which the epsilon does not cover."""
         if wire.PRIVACY_EPSILON not in row:
             return ""
         from fedul_flwr.privacy import NEIGHBOURS
 
+        published = self.cfg.dp_publish_unnoised_train_metrics and self.cfg.differential_privacy.startswith("server")
         return (f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "
                 f"epsilon-round={row.get(wire.PRIVACY_EPSILON_ROUND, math.nan):.4g} "
-                f"neighbours={NEIGHBOURS[self.cfg.differential_privacy]} ")  # fmt: skip
+                f"neighbours={NEIGHBOURS[self.cfg.differential_privacy]} "
+                + ("unnoised-train-metrics=published " if published else ""))  # fmt: skip
 
     def summary(self) -> str:
         """One line: method, dataset, clients (the distinct nodes that trained), sets, rounds,

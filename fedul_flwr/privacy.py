@@ -1,61 +1,56 @@
-"""Differential privacy switches: Flower's DP strategy wrappers and ``LocalDpMod``, by config.
+"""Differential privacy switches: Flower's DP strategy wrappers and ``LocalDpMod``'s mechanism, by config.
 
-``differential-privacy`` selects one of Flower's mechanisms; nothing here re-implements them:
+``differential-privacy`` selects one mechanism:
 
 - ``server-fixed``: :class:`~flwr.serverapp.strategy.DifferentialPrivacyServerSideFixedClipping`
   (McMahan et al., "Learning Differentially Private Recurrent Language Models", ICLR 2018):
   the server clips each client's update Delta_c = w_c - w to L2 norm at most C
-  (``dp-clipping-norm``), averages, and adds Gaussian noise N(0, (z C / n)^2) per coordinate
-  (z = ``dp-noise-multiplier``, n = the number of clipped updates). It protects the
-  *released* global model against inference about any one client's participation; the
-  server itself still sees every unclipped update.
+  (``dp-clipping-norm``), averages with equal weights, and adds Gaussian noise
+  N(0, (z C / n)^2) per coordinate (z = ``dp-noise-multiplier``, n = the number of clipped
+  updates). It protects the *released* global model against inference about any one client's
+  participation; the server itself still sees every unclipped update.
 - ``server-adaptive``: :class:`~flwr.serverapp.strategy.DifferentialPrivacyServerSideAdaptiveClipping`
   (Andrew et al., "Differentially Private Learning with Adaptive Clipping", NeurIPS 2021): as
   above, with C tracking the update norms so that a ``dp-target-clipped-quantile`` share of
   them is clipped (geometric step ``dp-clip-norm-lr``), starting from ``dp-clipping-norm``.
-- ``client-local``: Flower's :class:`~flwr.clientapp.mod.LocalDpMod` on every node: the
-  client clips its own update to ``dp-clipping-norm`` and adds Gaussian noise of standard
-  deviation ``dp-sensitivity * sqrt(2 ln(1.25 / dp-delta)) / dp-epsilon`` before the reply
-  leaves the node (the Gaussian mechanism), so neither the server nor the network sees the
+- ``client-local``: the Gaussian mechanism of Flower's :class:`~flwr.clientapp.mod.LocalDpMod`
+  on every node (:func:`local_dp_mod`): the client clips its own update to ``dp-clipping-norm``
+  and adds Gaussian noise of standard deviation ``dp-sensitivity * sqrt(2 ln(1.25 / dp-delta)) /
+  dp-epsilon`` before the reply leaves the node, so neither the server nor the network sees the
   exact update. It costs far more accuracy than central DP for the same (epsilon, delta).
 
-Fitting them to this project's messages (the mechanisms are Flower's, unchanged):
+Which strategies and methods a mode may run with is declared in
+:mod:`fedul_flwr.strategies.contract` and checked before round 1.
 
-- The number of clients n that Flower's server-side wrappers divide the noise by is set each
-  round to the number of updates actually clipped (sampled clients minus the ones that sat
-  the round out), not fixed at construction.
-- A client that sits a round out (no arrays) has no update to clip and is left out before
-  clipping; a failed reply is left out too (Flower's wrappers would drop the whole round).
-- Flower's server-side clipping compares a reply's arrays *positionally* with the whole global
-  ArrayRecord, so it needs replies that carry every exchanged model and nothing else. HASSLE's
-  clients send only the models their data trains, and SCAFFOLD adds control-variate records:
-  there the server-side wrappers stop with a :class:`ValueError` naming the node, and
-  ``client-local`` (which clips each reply against the received copy of exactly the models it
-  sends) is the switch that composes.
-- ``LocalDpMod`` privatizes the model arrays of the reply; uploaded statistics (FedDB's APP-U,
-  scalar metrics) and SCAFFOLD's control variates travel as they are.
+The server-side wrappers are Flower's classes (construction, sampling, evaluation), their
+aggregation this module's (:class:`ClippableReplies`), because Flower's, measured in
+``tests/test_privacy_robustness.py`` and ``tests/test_dp_contract.py``:
 
-Where this departs from Flower 1.42, measured in ``tests/test_privacy_robustness.py``:
+- divides by the update's norm (a zero update crashed the run; a NaN one passed unclipped):
+  here :func:`clip_update` leaves a zero update zero, and a non-finite update becomes a failed
+  reply of its node;
+- adds the noise after the strategy's server step (FedAvgM, FedOpt), where one client moves
+  the release by more than C / n: here :class:`NoisedMean` adds it to the clipped mean, before
+  the step;
+- draws the noise from numpy's global generator: here each release draws from its own
+  :func:`release_generator`, seeded from the OS CSPRNG, so no seed, record or folder of the
+  run regenerates it and no global state is touched;
+- moves the adaptive norm away from its target. Andrew et al. (Alg. 1) update
+  C <- C exp(-eta (b - gamma)) with b the fraction of updates *not* clipped and gamma its
+  target; Flower passes the fraction that *was* clipped as b (measured: 1e-3 -> 0.82e-3 in 2
+  rounds when every update is clipped). :class:`QuantileTracking` applies the paper's rule,
+  C <- C exp(eta (clipped - ``dp-target-clipped-quantile``)).
 
-- **The adaptive norm's direction.** Andrew et al. (Alg. 1) update C <- C exp(-eta (b - gamma))
-  with b the fraction of updates *not* clipped and gamma its target. Flower passes the
-  fraction that *was* clipped as b, so C moves away from its target: when every update is
-  clipped C shrinks (measured: 1e-3 -> 0.82e-3 in 2 rounds) and keeps shrinking.
-  :class:`QuantileTracking` applies the paper's rule with b = 1 - clipped fraction and
-  gamma = 1 - ``dp-target-clipped-quantile``, i.e. C <- C exp(eta (clipped - target)).
-- **Noise nobody can regenerate.** Flower draws the Gaussian noise from numpy's global
-  generator. Every noise draw here (the server's, on the aggregate and on the adaptive
-  clipped count, and ``LocalDpMod``'s on a node) runs under :func:`os_entropy`: numpy's global
-  generator is seeded from 256 bits of the operating system's CSPRNG (``os.urandom``) for that
-  draw only, and its previous state is put back afterwards. The run's ``seed``, its records and
-  its folder cannot reproduce the noise (with a seeded noise, anyone who knows the seed
-  subtracts it and recovers the exact update); the training draws stay seeded, so a DP run is
-  not bit-reproducible, and only its noise differs between two runs with the same seed.
-- **Equal client weights.** Flower's noise z C / n on the average of n clipped updates gives
-  each client the noise multiplier z only when the clients weigh the same (Flower's own
-  accountant refuses other weights). Under server-side DP the run therefore aggregates with
-  ``aggregation-weights=uniform``: :func:`fedul_flwr.config.compose_config` sets it (with a
-  notice) where it was not typed, and a typed ``num-examples`` is refused.
+Fitting them to this project's messages: n is set each round to the number of updates actually
+clipped (sampled clients minus the ones that sat the round out or failed); replies must carry
+exactly the global arrays in their order (a guard: the contract refuses HASSLE and SCAFFOLD
+under server DP before round 1); the clients' aggregated train metrics are not recorded under
+server DP unless ``dp-publish-unnoised-train-metrics`` is set (they are outside the epsilon).
+Under ``client-local`` uploaded statistics (FedDB's APP-U, scalar metrics) and SCAFFOLD's control
+variates travel as they are. Under server-side DP the run aggregates with
+``aggregation-weights=uniform`` (:func:`fedul_flwr.config.server_dp_weights` sets it, with a
+notice, where it was not typed; a typed ``num-examples`` is refused): z C / n on the mean gives
+every client noise multiplier z only under equal weights.
 
 The privacy spent: :func:`privacy_spent` gives (epsilon, delta) after each round, an upper
 bound for the sampling Flower performs (a fixed number of nodes drawn without replacement),
@@ -89,26 +84,28 @@ workflow API rather than the Message-API strategies used here, and is not wired 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
-from collections.abc import Iterable, Iterator
-from logging import INFO
+import secrets
+from collections.abc import Iterable
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 from flwr.app import (
+    Array,
     ArrayRecord,
+    Error,
     Context,
     Message,
     MessageType,
     MetricRecord,
     RecordDict,
 )
-from flwr.clientapp.mod import LocalDpMod
+from flwr.common.constant import ErrorCode
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
+from flwr.supercore.differential_privacy import compute_stdv, get_norm
 from flwr.serverapp.strategy import (
     DifferentialPrivacyServerSideAdaptiveClipping,
     DifferentialPrivacyServerSideFixedClipping,
@@ -119,7 +116,10 @@ from flwr.serverapp.strategy import (
 from fedul_flwr import wire
 from fedul_flwr.config import CHOICES, RunConfig, config_from_json
 
-__all__ = ["ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "local_dp_mod", "os_entropy", "privacy_spent", "with_server_dp"]
+__all__ = [
+    "ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "NoisedMean", "NonFiniteUpdateError", "add_noise", "clip_update",
+    "local_dp_mod", "privacy_spent", "release_generator", "with_server_dp",
+]  # fmt: skip
 
 DP_MODES: tuple[str, ...] = CHOICES["differential-privacy"]
 """Values of ``differential-privacy``: none, server-fixed, server-adaptive, client-local."""
@@ -132,25 +132,79 @@ NEIGHBOURS: dict[str, str] = {
 """The guarantee each accounted mode's epsilon is for, as the summary line names it
 (``neighbours=...``): whom it protects, the neighbouring relation, and (central DP) the
 sampling assumed."""
-_ENTROPY_BYTES = 32  # 256 bits from the OS CSPRNG seed numpy's generator for one noise draw
+_ENTROPY_BITS = 256  # from the OS CSPRNG, seed of one release's generator
 
 
-@contextlib.contextmanager
-def os_entropy() -> Iterator[None]:
-    """numpy's global generator, from which Flower's DP noise is drawn, seeded from 256 bits of
-    the operating system's CSPRNG (``os.urandom``) inside the block; its previous state is put
-    back on leaving, so the seeded (training) draws around the block go on as without it.
+def release_generator() -> np.random.Generator:
+    """A fresh generator for one release's noise: numpy's ``Generator`` on ``PCG64``, seeded with
+    256 bits of the operating system's CSPRNG (:func:`secrets.randbits`, i.e. ``os.urandom``).
 
-    The noise drawn inside can be reproduced from nothing the run keeps (its ``seed``, records
-    or folder). One process runs one node or the server at a time (Flower's runtimes, the
-    in-process grid): no other thread draws from the global generator meanwhile.
+    No state is shared with numpy's global generator or with any other release, and nothing the
+    run keeps (its ``seed``, records, folder) can regenerate the draws. PCG64 itself is not a
+    cryptographic generator: its 256-bit seed, drawn per release and never stored, is what no
+    one can know.
     """
-    state = np.random.get_state()
-    np.random.seed(np.frombuffer(os.urandom(_ENTROPY_BYTES), dtype=np.uint32))
-    try:
-        yield
-    finally:
-        np.random.set_state(state)
+    return np.random.Generator(np.random.PCG64(secrets.randbits(_ENTROPY_BITS)))
+
+
+def add_noise(arrays: list[np.ndarray], std: float, generator: np.random.Generator) -> list[np.ndarray]:
+    """``arrays`` plus i.i.d. Gaussian noise N(0, std^2) per coordinate, each array in its own dtype.
+
+    Parameters
+    ----------
+    arrays : list[np.ndarray]
+        Any shapes (float arrays; an integer array gets the noise rounded away by the cast, as
+        Flower's ``add_gaussian_noise_inplace`` does).
+    std : float
+        Standard deviation (>= 0), in the arrays' units.
+    generator : np.random.Generator
+        Where the noise comes from (:func:`release_generator`).
+
+    Returns
+    -------
+    list[np.ndarray]
+        New arrays; ``arrays`` are left as they are.
+    """
+    return [a + generator.normal(0.0, std, a.shape).astype(a.dtype) for a in arrays]
+
+
+def clip_update(update: list[np.ndarray], clipping_norm: float) -> tuple[list[np.ndarray], bool]:
+    """An update scaled to L2 norm at most C (the flat clip of McMahan et al., ICLR 2018):
+    Delta min(1, C / ||Delta||), the norm taken over every array together (Flower's ``get_norm``).
+
+    A zero update stays zero (Flower's clipping divides by its norm).
+
+    Parameters
+    ----------
+    update : list[np.ndarray]
+        The update's arrays, finite (:class:`NonFiniteUpdateError` otherwise).
+    clipping_norm : float
+        C > 0, in the update's units.
+
+    Returns
+    -------
+    (list[np.ndarray], bool)
+        The clipped arrays (new ones, same dtypes) and whether they were scaled down.
+
+    Raises
+    ------
+    NonFiniteUpdateError
+        If an array holds NaN or an infinity: there is no norm to clip to.
+    """
+    bad = sum(int(np.size(a) - np.count_nonzero(np.isfinite(a))) for a in update)
+    if bad:
+        total = sum(int(np.size(a)) for a in update)
+        raise NonFiniteUpdateError(f"the update holds {bad} non-finite values (NaN or inf) of {total}: no norm to clip to")
+    norm = get_norm([np.asarray(a, dtype=np.float64) for a in update])
+    if norm <= clipping_norm:
+        return [np.array(a, copy=True) for a in update], False
+    scale = clipping_norm / norm
+    return [(np.asarray(a, dtype=np.float64) * scale).astype(np.asarray(a).dtype) for a in update], True
+
+
+class NonFiniteUpdateError(ValueError):
+    """A reply's model update holds NaN or an infinity (:func:`clip_update`); under DP the
+    reply counts as a failed one of its node."""
 
 
 def noise_multiplier(cfg: RunConfig) -> float:
@@ -258,104 +312,202 @@ def privacy_spent(cfg: RunConfig, rounds: int, num_nodes: int) -> dict[str, floa
     }
 
 
+class NoisedMean:
+    """Mixin for Flower's FedAvg, placed right above it in the strategy's MRO
+    (:func:`fedul_flwr.strategies.strict`): server-side DP's Gaussian noise goes on the mean of
+    the clipped updates that ``FedAvg.aggregate_train`` computes, *before* a subclass takes its
+    server step on it (FedAvgM's momentum, FedAdam / FedAdagrad / FedYogi's adaptive step).
+
+    The mean of n updates clipped to C, with equal weights, moves by at most C / n when one
+    client is added or removed; N(0, (z C / n)^2) per coordinate makes it the Gaussian
+    mechanism with noise multiplier z, and the server step, a function of the noised mean and
+    the server's own state only, is post-processing (DP-FedAvg with server momentum, McMahan et
+    al., ICLR 2018, Alg. 1; adaptive server optimizers, Reddi et al., ICLR 2021, Alg. 2). Flower's
+    wrappers add the noise after the step instead, where one client's influence is the step's.
+
+    Attributes
+    ----------
+    dp_noise_std : float | None
+        The standard deviation z C / n of this round's noise, set by the DP wrapper before each
+        aggregation (:class:`ClippableReplies`); ``None``: no noise (no server-side DP).
+    dp_release : ArrayRecord | None
+        The latest noised mean (what the epsilon covers), ``None`` before the first.
+    """
+
+    dp_noise_std: float | None = None
+    dp_release: ArrayRecord | None = None
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
+        if arrays is None or self.dp_noise_std is None:
+            return arrays, metrics
+        noisy = add_noise(arrays.to_numpy_ndarrays(), self.dp_noise_std, release_generator())
+        arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(arrays.keys(), noisy, strict=True)})
+        # a copy: the server step may empty the record it is handed (FedAvgM does)
+        self.dp_release = ArrayRecord({k: Array(np.array(v)) for k, v in zip(arrays.keys(), noisy, strict=True)})
+        return arrays, metrics
+
+
+def _failed(reply: Message, instruction: Message | None, why: str) -> Message:
+    """An error reply in place of ``reply`` (to ``instruction``, the message it answers)."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"NonFiniteUpdateError: {why}"),
+                   reply_to=instruction if instruction is not None else reply)  # fmt: skip
+
+
 class ClippableReplies:
-    """Mixin for Flower's server-side DP wrappers: put the round's replies on record and apply
-    the failure limits first (the strict strategy's ``screen``, which also leaves out the
-    clients that had nothing to train), hand the wrappers only replies with an update to
-    clip, check each carries exactly the global model's arrays in their order (the ClientApp sends
-    them in the order of the method's model specs), and set the wrapper's
-    ``num_sampled_clients`` (the noise's divisor) to their number.
+    """Mixin for Flower's server-side DP wrappers: their aggregation, done so that it holds for
+    every reply and every accepted strategy.
+
+    Per round: a reply whose update (reply minus global arrays) holds NaN or an infinity becomes
+    a failed reply of its node (``NonFiniteUpdateError``, on record with the round's other
+    failures); the strict strategy's ``screen`` applies the failure limits and leaves out the
+    clients that had nothing to train; every remaining update is clipped to L2 norm C
+    (:func:`clip_update`: a zero update stays zero); ``num_sampled_clients``, the noise's
+    divisor n, is set to their number; the adaptive wrapper updates C from the noisy clipped
+    count; the strategy aggregates with the noise z C / n added to the mean before any server
+    step (:class:`NoisedMean`, C the norm the updates were clipped to). The aggregated client
+    metrics (the train loss, ...) are returned and recorded only with
+    ``dp-publish-unnoised-train-metrics=true``: they are outside the epsilon.
 
     Raises
     ------
     ValueError
         If a reply carries other array records than ``"arrays"`` (SCAFFOLD) or only some of
-        the global arrays (HASSLE): Flower's clipping would pair the wrong arrays.
+        the global arrays (HASSLE): the checks before round 1 refuse such runs
+        (:mod:`fedul_flwr.strategies.contract`); this is the last guard.
+    RuntimeError
+        If the strategy aggregated without the noise (one whose aggregation never reaches
+        FedAvg's mean).
     """
 
     current_arrays: ArrayRecord
     num_sampled_clients: int
+    clipping_norm: float
+    noise_multiplier: float
+    publish_train_metrics: bool = False
+
+    def _clip(self, server_round: int, reply: Message, current: list[np.ndarray], expected: list[str]) -> bool:
+        """Clip ``reply``'s update in place; False if it cannot be clipped (non-finite). Replies
+        of another layout are left for :meth:`_check_layout`."""
+        if reply.has_error() or list(reply.content.array_records.keys()) != [wire.ARRAYS]:
+            return True
+        record = reply.content[wire.ARRAYS]
+        if list(record.keys()) != expected:
+            return True
+        sent = record.to_numpy_ndarrays()
+        clipped, was_clipped = clip_update([np.subtract(x, y) for x, y in zip(sent, current, strict=True)],
+                                           self.clipping_norm)  # fmt: skip
+        reply.content[wire.ARRAYS] = ArrayRecord(
+            {k: Array(np.asarray(c + u)) for k, c, u in zip(expected, current, clipped, strict=True)}
+        )
+        self._clipped += int(was_clipped)
+        return True
+
+    @staticmethod
+    def _check_layout(server_round: int, reply: Message, expected: list[str]) -> None:
+        records = list(reply.content.array_records.keys())
+        if records != [wire.ARRAYS]:
+            raise ValueError(
+                f"round {server_round}: node {reply.metadata.src_node_id} replied with array records {records}; "
+                "server-side DP clips one record of the whole model (SCAFFOLD's control variates cannot be "
+                "clipped with it): use differential-privacy=client-local"
+            )
+        sent = list(reply.content[wire.ARRAYS].keys())
+        if sent != expected:  # the update pairs the reply's arrays with the global ones by position
+            missing = sorted({k.split(".", 1)[0] for k in expected} - {k.split(".", 1)[0] for k in sent})
+            detail = f"models missing: {missing}" if missing else "in another order"
+            raise ValueError(
+                f"round {server_round}: node {reply.metadata.src_node_id} sent {len(sent)} of the "
+                f"{len(expected)} global arrays ({detail}); server-side DP clips whole-model updates: use "
+                "differential-privacy=client-local"
+            )
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        kept = []
-        expected = list(self.current_arrays.keys())
         inner: Any = self.strategy  # type: ignore[attr-defined]
-        screened = inner.screen(server_round + getattr(inner, "round_offset", 0), replies)  # failures on record first
+        expected = list(self.current_arrays.keys())
+        current = self.current_arrays.to_numpy_ndarrays()
+        instructions = {m.metadata.message_id: m for m in getattr(inner, "_instructions", [])}
+        self._clipped = 0
+        checked = []
+        for reply in replies:
+            try:
+                self._clip(server_round, reply, current, expected)
+                checked.append(reply)
+            except NonFiniteUpdateError as exc:
+                log(WARNING, "round %d: node %d: %s; its reply counts as failed", server_round,
+                    reply.metadata.src_node_id, exc)  # fmt: skip
+                instruction = instructions.get(reply.metadata.reply_to_message_id)
+                checked.append(_failed(reply, instruction, f"node {reply.metadata.src_node_id}: {exc}"))
+        screened = inner.screen(server_round + getattr(inner, "round_offset", 0), checked)  # failures on record first
+        kept = []
         for reply in screened:
             if reply.has_error():
                 log(INFO, "round %d: node %d failed (%s); its reply is left out", server_round,
                     reply.metadata.src_node_id, reply.error.reason)  # fmt: skip
                 continue
-            records = list(reply.content.array_records.keys())
-            if records != [wire.ARRAYS]:
-                raise ValueError(
-                    f"round {server_round}: node {reply.metadata.src_node_id} replied with array records {records}; "
-                    "server-side DP clips one record of the whole model (SCAFFOLD's control variates cannot be "
-                    "clipped with it): use differential-privacy=client-local"
-                )
-            sent = list(reply.content[wire.ARRAYS].keys())
-            if sent != expected:  # Flower pairs the reply's arrays with the global ones by position
-                missing = sorted({k.split(".", 1)[0] for k in expected} - {k.split(".", 1)[0] for k in sent})
-                detail = f"models missing: {missing}" if missing else "in another order"
-                raise ValueError(
-                    f"round {server_round}: node {reply.metadata.src_node_id} sent {len(sent)} of the "
-                    f"{len(expected)} global arrays ({detail}); server-side DP clips whole-model updates: use "
-                    "differential-privacy=client-local"
-                )
+            self._check_layout(server_round, reply, expected)
             kept.append(reply)
         self.num_sampled_clients = max(1, len(kept))
-        return super().aggregate_train(server_round, kept)  # type: ignore[misc]
+        clipping_norm = self.clipping_norm  # the norm this round's updates were clipped to
+        if kept and hasattr(self, "_geometric_update"):  # the adaptive wrapper
+            self._geometric_update(self._noisy_fraction(self._clipped, len(kept)))  # type: ignore[attr-defined]
+        inner.dp_noise_std = compute_stdv(self.noise_multiplier, clipping_norm, self.num_sampled_clients)
+        inner.dp_release = None
+        arrays, metrics = inner.aggregate_train(server_round, kept)
+        if arrays is not None and inner.dp_release is None:
+            raise RuntimeError(f"round {server_round}: {type(inner).__name__} aggregated without server-side DP's "
+                               "noise (its aggregation does not take FedAvg's mean)")  # fmt: skip
+        if not self.publish_train_metrics:  # unnoised client statistics stay on the server
+            inner.last_train_metrics = None
+            metrics = None
+        return arrays, metrics
 
 
 class QuantileTracking:
     """Mixin for Flower's adaptive-clipping wrapper: the clipping-norm update of Andrew et al.
     (NeurIPS 2021, Alg. 1), C <- C exp(-eta (b - gamma)), with b = 1 - (clipped fraction) and
     gamma = 1 - q (q = ``dp-target-clipped-quantile``), i.e. C <- C exp(eta (clipped - q)):
-    C grows while more than a share q of the updates is clipped and shrinks otherwise."""
+    C grows while more than a share q of the updates is clipped and shrinks otherwise. The
+    clipped count's noise N(0, sigma_b^2) comes from :func:`release_generator`."""
 
     clipping_norm: float
     clip_norm_lr: float
     target_clipped_quantile: float
+    clipped_count_stddev: float
 
     def _geometric_update(self, clipped_fraction: float) -> None:
         self.clipping_norm *= math.exp(self.clip_norm_lr * (clipped_fraction - self.target_clipped_quantile))
 
-
-class SecretNoise:
-    """Mixin for Flower's server-side DP wrappers: each of their noise draws (on the aggregate;
-    on the clipped count of the adaptive wrapper) under :func:`os_entropy`, so no seed or record
-    regenerates it."""
-
-    def _add_noise_to_aggregated_arrays(self, aggregated_arrays: ArrayRecord) -> ArrayRecord:
-        with os_entropy():
-            return super()._add_noise_to_aggregated_arrays(aggregated_arrays)  # type: ignore[misc]
-
-    def _noisy_fraction(self, count: int, total: int) -> float:  # the adaptive wrapper's only
-        with os_entropy():
-            return super()._noisy_fraction(count, total)  # type: ignore[misc]
+    def _noisy_fraction(self, count: int, total: int) -> float:
+        return float(release_generator().normal(count, self.clipped_count_stddev)) / float(total)
 
 
 @functools.cache
 def _wrapper(base: type[Strategy]) -> type[Strategy]:
     adaptive = base is DifferentialPrivacyServerSideAdaptiveClipping
-    mixins = (SecretNoise, ClippableReplies, *((QuantileTracking,) if adaptive else ()))
+    mixins = (ClippableReplies, *((QuantileTracking,) if adaptive else ()))
     return type(f"Clippable{base.__name__}", (*mixins, base), {"__module__": __name__})
 
 
 def with_server_dp(strategy: FedAvg, cfg: RunConfig) -> Strategy:
     """``strategy`` wrapped in Flower's server-side DP wrapper that ``differential-privacy``
-    names (``server-fixed`` or ``server-adaptive``); ``strategy`` itself otherwise.
+    names (``server-fixed`` or ``server-adaptive``), aggregating as :class:`ClippableReplies`
+    says; ``strategy`` itself otherwise.
 
     Parameters
     ----------
     strategy : FedAvg
-        The run's (strict) strategy; the wrapper delegates sampling and aggregation to it.
+        The run's (strict) strategy, with :class:`NoisedMean` above FedAvg; the wrapper
+        delegates sampling and aggregation to it.
     cfg : RunConfig
         Uses ``differential-privacy``, ``dp-noise-multiplier`` (z, unitless),
         ``dp-clipping-norm`` (C, L2 norm of a whole-model update; the initial C when
-        adaptive), ``dp-target-clipped-quantile`` and ``dp-clip-norm-lr``.
+        adaptive), ``dp-target-clipped-quantile``, ``dp-clip-norm-lr`` and
+        ``dp-publish-unnoised-train-metrics``.
 
     Returns
     -------
@@ -363,16 +515,19 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig) -> Strategy:
         The wrapper (its ``.strategy`` is ``strategy``) or ``strategy``.
     """
     if cfg.differential_privacy == "server-fixed":
-        return _wrapper(DifferentialPrivacyServerSideFixedClipping)(
+        wrapper = _wrapper(DifferentialPrivacyServerSideFixedClipping)(
             strategy, noise_multiplier=cfg.dp_noise_multiplier, clipping_norm=cfg.dp_clipping_norm, num_sampled_clients=1
         )  # fmt: skip
-    if cfg.differential_privacy == "server-adaptive":
-        return _wrapper(DifferentialPrivacyServerSideAdaptiveClipping)(
+    elif cfg.differential_privacy == "server-adaptive":
+        wrapper = _wrapper(DifferentialPrivacyServerSideAdaptiveClipping)(
             strategy, noise_multiplier=cfg.dp_noise_multiplier, num_sampled_clients=1,
             initial_clipping_norm=cfg.dp_clipping_norm, target_clipped_quantile=cfg.dp_target_clipped_quantile,
             clip_norm_lr=cfg.dp_clip_norm_lr,
         )  # fmt: skip
-    return strategy
+    else:
+        return strategy
+    wrapper.publish_train_metrics = cfg.dp_publish_unnoised_train_metrics
+    return wrapper
 
 
 def _run_config(msg: Message) -> RunConfig | None:
@@ -382,18 +537,21 @@ def _run_config(msg: Message) -> RunConfig | None:
 
 
 def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
-    """Client-side mod: Flower's ``LocalDpMod`` on the train reply when the run says
-    ``differential-privacy=client-local`` (a pass-through otherwise).
+    """Client-side mod for ``differential-privacy=client-local`` (a pass-through otherwise): the
+    Gaussian mechanism of Flower's ``LocalDpMod`` on the train reply, with its clipping and its
+    sigma = ``dp-sensitivity`` sqrt(2 ln(1.25 / dp-delta)) / ``dp-epsilon``, the noise drawn from
+    :func:`release_generator`.
 
-    The reply's model arrays are clipped against the received copy of exactly the models the
-    client sends (HASSLE's partial replies included) and noised by ``LocalDpMod``, its noise
-    drawn under :func:`os_entropy` (never from the run's seed); a client that sat the round out
-    and failed replies pass unchanged.
+    The update (reply minus the received copy of exactly the models the client sends, HASSLE's
+    partial replies included) is clipped to ``dp-clipping-norm`` (:func:`clip_update`: a zero
+    update stays zero), added back to the received arrays and noised; a client that sat the
+    round out and failed replies pass unchanged.
 
     Raises
     ------
-    RuntimeError
-        If ``LocalDpMod`` rejects the reply (the ClientApp then replies with the error).
+    NonFiniteUpdateError
+        If the update holds NaN or an infinity (the ClientApp replies with the error, so the
+        server records a failed reply of this node).
     """
     cfg = _run_config(msg) if msg.metadata.message_type == MessageType.TRAIN else None
     if cfg is None or cfg.differential_privacy != "client-local":
@@ -403,17 +561,14 @@ def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
         return reply
     sent = reply.content[wire.ARRAYS]
     received = msg.content[wire.ARRAYS]
-    mod = LocalDpMod(cfg.dp_clipping_norm, cfg.dp_sensitivity, cfg.dp_epsilon, cfg.dp_delta)
-    # LocalDpMod needs one ArrayRecord with the same keys in and out: show it just those
-    view = Message(RecordDict({wire.ARRAYS: ArrayRecord({k: received[k] for k in sent.keys()})}),
-                   dst_node_id=msg.metadata.dst_node_id, message_type=MessageType.TRAIN)  # fmt: skip
-
-    def inner(_: Message, __: Context) -> Message:
-        return Message(RecordDict({wire.ARRAYS: sent}), reply_to=view)
-
-    with os_entropy():  # the noise: from the OS CSPRNG, never from the run's seed
-        out: Any = mod(view, context, inner)
-    if out.has_error():
-        raise RuntimeError(f"LocalDpMod failed on node {context.node_id}: {out.error.reason}")
-    reply.content[wire.ARRAYS] = out.content[wire.ARRAYS]
+    keys = list(sent.keys())
+    base = [received[k].numpy() for k in keys]
+    try:
+        clipped, _ = clip_update([np.subtract(sent[k].numpy(), b) for k, b in zip(keys, base, strict=True)],
+                                 cfg.dp_clipping_norm)  # fmt: skip
+    except NonFiniteUpdateError as exc:
+        raise NonFiniteUpdateError(f"node {context.node_id}: {exc}") from None
+    sigma = cfg.dp_sensitivity * math.sqrt(2 * math.log(1.25 / cfg.dp_delta)) / cfg.dp_epsilon
+    noisy = add_noise([b + c for b, c in zip(base, clipped, strict=True)], sigma, release_generator())
+    reply.content[wire.ARRAYS] = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(keys, noisy, strict=True)})
     return reply

@@ -32,6 +32,7 @@ CONFIG = "config"
 SERVER_ROUND = "server-round"
 RUN_CONFIG = "run-config"
 DATASET_FACTS = "dataset-facts"  # the run's DatasetInfo as JSON: what a deployed node's folder must match
+RUN_SETTINGS = (RUN_CONFIG, DATASET_FACTS)  # what every message to a node carries (a method's own messages too)
 PROXIMAL_MU = "proximal-mu"  # set by Flower's FedProx
 SCAFFOLD_OPTION = "scaffold-option"
 

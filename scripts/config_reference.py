@@ -221,6 +221,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "dp-delta": "client-local: the delta in `LocalDpMod`'s noise formula; server-fixed and client-local: the delta "
         "at which the run records the epsilon it has spent (`privacy-epsilon`, an upper bound, and "
         "`privacy-epsilon-round` in metrics.csv; the summary line)",
+        "dp-publish-unnoised-train-metrics": "server-fixed / server-adaptive: `true` records the clients' aggregated "
+        "train metrics (the train loss, ...) every round; no DP noise covers them, so they are outside the recorded "
+        "epsilon, and the summary line says so",
     },
     "Outputs and runtime": {
         "verbose": "`false`: the run prints one line per round (test accuracy, seconds, ETA) and the summary line; "

@@ -4,6 +4,7 @@ federation, with the clipping they promise checked on the global model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -17,7 +18,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.checks import resolve_config
-from fedul_flwr.config import SERVER_DP, ConfigError, compose_config, describe_sources
+from fedul_flwr.config import SERVER_DP, ConfigError, RunConfig, compose_config, describe_sources
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import get_method
 from fedul_flwr.privacy import privacy_spent
@@ -27,11 +28,18 @@ from fedul_flwr.strategies import build_strategy, inner_strategy
 CHEAP = {"samples-per-client": 200, "batch-size": 64, "min-available-nodes": 3, "min-train-nodes": 3}
 
 
-def _two_rounds(run_config: dict) -> tuple[ArrayRecord, ArrayRecord, object, InProcessGrid]:
+def _resolved(rc: dict, noiseless: bool) -> RunConfig:
+    """The checked configuration; ``noiseless``: its dp-noise-multiplier set to 0 after the checks
+    (which refuse z = 0 to users), to measure what the clipping alone does."""
+    cfg = resolve_config(rc)
+    return dataclasses.replace(cfg, dp_noise_multiplier=0.0) if noiseless else cfg
+
+
+def _two_rounds(run_config: dict, noiseless: bool = False) -> tuple[ArrayRecord, ArrayRecord, object, InProcessGrid]:
     """Two rounds of the real ClientApp on 3 nodes through ``build_strategy``; the initial and
     the final global arrays, the strategy and the grid."""
     rc = {**CHEAP, **run_config}
-    cfg = resolve_config(rc)
+    cfg = _resolved(rc, noiseless)
     grid = InProcessGrid(client_app, 3, rc)
     initial = ArrayRecord(global_models(cfg, get_method(cfg.method)(cfg), 1, 10, 28).state_dict())
     random.seed(0)
@@ -78,9 +86,7 @@ def test_server_side_fixed_clipping_bounds_each_round_update_by_the_norm() -> No
     global model moves by at most C per round (at most 2C in 2 rounds); without DP it moves
     far more."""
     clip = 1e-3
-    initial, final, strategy, _ = _two_rounds(
-        {"differential-privacy": "server-fixed", "dp-noise-multiplier": 0.0, "dp-clipping-norm": clip}
-    )
+    initial, final, strategy, _ = _two_rounds({"differential-privacy": "server-fixed", "dp-clipping-norm": clip}, noiseless=True)
     assert type(strategy).__name__ == "ClippableDifferentialPrivacyServerSideFixedClipping"
     assert 0 < _distance(initial, final) <= 2 * clip * (1 + 1e-6)
     assert strategy.num_sampled_clients == 3  # the noise's divisor: the updates actually clipped
@@ -103,9 +109,8 @@ def test_server_side_fixed_clipping_adds_noise_of_the_configured_scale() -> None
 def test_server_side_adaptive_clipping_moves_its_norm_toward_the_target_quantile() -> None:
     """C = 1e-3 clips every update (their norms are ~1): with q = 0.5 and eta = 0.2 the norm
     grows by exp(0.2 * (1 - 0.5)) per round (Andrew et al., Alg. 1; Flower's own rule shrinks it)."""
-    _, final, strategy, _ = _two_rounds(
-        {"differential-privacy": "server-adaptive", "dp-noise-multiplier": 0.0, "dp-clipping-norm": 1e-3}
-    )
+    _, final, strategy, _ = _two_rounds({"differential-privacy": "server-adaptive", "dp-clipping-norm": 1e-3},
+                                        noiseless=True)  # fmt: skip
     assert all(np.isfinite(final[k].numpy()).all() for k in final.keys())
     assert strategy.clipping_norm == pytest.approx(1e-3 * np.exp(2 * 0.2 * 0.5), rel=1e-9)
     assert inner_strategy(strategy) is strategy.strategy
@@ -123,8 +128,8 @@ def test_client_local_dp_clips_each_update_on_the_node() -> None:
 
 
 def test_client_local_dp_composes_with_hassle_and_server_dp_refuses_it_clearly(tmp_path: Path, small_test_set: None) -> None:
-    """HASSLE's clients send only some of the models they receive: LocalDpMod clips each reply against
-    the received copy of just those; Flower's server-side clipping cannot, and says so."""
+    """HASSLE's clients send only some of the models they receive: client-local DP clips each reply
+    against the received copy of just those; server-side DP is refused before round 1, in one line."""
     rc = {**CHEAP, "method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "L,P,U",
           "labeled-share": 0.5, "samples-per-client": 100, "batch-size": 32, "num-rounds": 2, "output-dir": str(tmp_path),
           "differential-privacy": "client-local", "dp-clipping-norm": 0.05, "dp-sensitivity": 1e-12}  # fmt: skip
@@ -138,9 +143,11 @@ def test_client_local_dp_composes_with_hassle_and_server_dp_refuses_it_clearly(t
     assert spent[0] == 0 and 0 < spent[1] < spent[2] and {r[wire.PRIVACY_DELTA] for r in rows} == {rc.get("dp-delta", 1e-5)}
     assert "privacy-epsilon" in (tmp_path / "local" / "metrics.csv").read_text().splitlines()[0]
     server = {**rc, "differential-privacy": "server-fixed", "run-name": "server"}
-    # six models go out (w_S_prev, w_U_prev only to be read); every node sends back some of them
-    with pytest.raises(ValueError, match=r"sent (16|32) of the 48 global arrays \(models missing: \[.*'w_S_prev', 'w_U_prev'\]\)"):
-        run_federation(InProcessGrid(client_app, 3, server), resolve_config(server))
+    # HASSLE's aggregation contract (partial replies, reweighted) refuses server-side DP before round 1
+    with pytest.raises(ConfigError, match=r"differential-privacy='server-fixed' with method='hassle': hassle's clients "
+                       r"send only the models .*\(partial replies\).* use differential-privacy=client-local"):  # fmt: skip
+        resolve_config(server)
+    assert not (tmp_path / "server").exists()
 
 
 # Reference epsilons, computed once outside fedul_flwr (dp-accounting 0.6.0, scipy 1.17.1) and pasted:
@@ -225,7 +232,7 @@ def test_server_side_dp_aggregates_with_equal_weights() -> None:
     assert compose_config({"differential-privacy": "client-local"})[0]["aggregation-weights"] == "num-examples"
 
 
-def _first_round(run_config: dict) -> tuple[ArrayRecord, ArrayRecord, dict[int, ArrayRecord]]:
+def _first_round(run_config: dict, noiseless: bool = False) -> tuple[ArrayRecord, ArrayRecord, dict[int, ArrayRecord]]:
     """One round of the real ClientApp on 3 nodes: the initial and the released global arrays,
     and each node's reply arrays as they left the node."""
 
@@ -236,7 +243,7 @@ def _first_round(run_config: dict) -> tuple[ArrayRecord, ArrayRecord, dict[int, 
             return replies
 
     rc = {**CHEAP, **run_config}
-    cfg = resolve_config(rc)
+    cfg = _resolved(rc, noiseless)
     grid = Keep(client_app, 3, rc)
     grid.sent = {}
     initial = ArrayRecord(global_models(cfg, get_method(cfg.method)(cfg), 1, 10, 28).state_dict())
@@ -289,10 +296,9 @@ def test_server_dp_noise_cannot_be_regenerated_from_the_seed() -> None:
     same seed release different models (the same one without noise)."""
     seed = 7
     clip, z = 1e-3, 1.0
-    exact_run = {"differential-privacy": "server-fixed", "dp-clipping-norm": clip, "dp-noise-multiplier": 0.0, "seed": seed}
-    initial, exact, _ = _first_round(exact_run)
-    assert _distance(_first_round(exact_run)[1], exact) == 0.0  # training and clipping are seeded
-    noisy_run = {**exact_run, "dp-noise-multiplier": z}
+    noisy_run = {"differential-privacy": "server-fixed", "dp-clipping-norm": clip, "dp-noise-multiplier": z, "seed": seed}
+    initial, exact, _ = _first_round(noisy_run, noiseless=True)
+    assert _distance(_first_round(noisy_run, noiseless=True)[1], exact) == 0.0  # training and clipping are seeded
     _, released, _ = _first_round(noisy_run)
     assert _relative_error(_recovered(released, seed, z * clip / 3), exact, initial) > 10
     _, again, _ = _first_round(noisy_run)

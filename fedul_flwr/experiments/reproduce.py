@@ -65,7 +65,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedul_flwr.config import default_config, load_preset
+from fedul_flwr import get_logger
+from fedul_flwr.config import default_config, load_preset, server_dp_weights
 from fedul_flwr.experiments.round_windows import format_seeds, missing_seeds, render_windows
 from fedul_flwr.experiments.runner import (
     FAILED_DIR,
@@ -682,6 +683,10 @@ def run_config_of(spec: RunSpec, profile: Profile, data_dir: str, out_dir: Path,
     if data_dir:
         values["data-dir"] = data_dir
     values.update(user)
+    # --set differential-privacy=server-* on a grid that pins num-examples weights: what flwr run does
+    if server_dp_weights(values, {k: "user" if k in user else "grid" for k in values}):
+        get_logger(__name__).warning("run %s: set for server-side DP (its noise assumes equal client weights): "
+                                     "aggregation-weights='uniform' (the grid's value was not typed)", spec.run_id)  # fmt: skip
     return values
 
 

@@ -254,7 +254,9 @@ class ResumedRounds:
 
 def strict(strategy_class: type[FedAvg], method_mixin: type | None = None) -> type[FedAvg]:
     """``strategy_class`` with :class:`ResumedRounds`, :class:`RequireReplies`,
-    :class:`OrderedReplies` and the method's aggregation mixin (if any) mixed in.
+    :class:`OrderedReplies` and the method's aggregation mixin (if any) mixed in, and
+    :class:`~fedul_flwr.privacy.NoisedMean` right above FedAvg (server-side DP's noise on the
+    mean, before any server step).
 
     Parameters
     ----------
@@ -273,12 +275,22 @@ def strict(strategy_class: type[FedAvg], method_mixin: type | None = None) -> ty
 
 
 @functools.cache
+def _noised_fedavg() -> type[FedAvg]:
+    from fedul_flwr.privacy import NoisedMean
+
+    return type("NoisedMeanFedAvg", (NoisedMean, FedAvg), {"__module__": __name__})
+
+
+@functools.cache
 def _strict(strategy_class: type[FedAvg], method_mixin: type | None) -> type[FedAvg]:
     mixins = (ResumedRounds, RequireReplies, OrderedReplies) + ((method_mixin,) if method_mixin else ())
     name = f"Strict{'' if method_mixin is None else method_mixin.__name__}{strategy_class.__name__}"
+    # NoisedMean right above FedAvg: server-side DP's noise goes on the mean, before a server step
+    noised = _noised_fedavg()
+    core = (noised,) if strategy_class in (FedAvg, noised) or issubclass(strategy_class, noised) else (strategy_class, noised)
     return type(
         name,
-        (*mixins, strategy_class),
+        (*mixins, *core),
         {"__module__": __name__, "__doc__": f"{strategy_class.__name__} that fails loudly on an empty round."},
     )
 

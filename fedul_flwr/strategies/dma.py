@@ -27,6 +27,7 @@ from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg
 
 from fedul_flwr import wire
+from fedul_flwr.strategies.contract import Combining, Contract
 
 __all__ = ["DMA_LOSSES", "DebiasedModelAggregation", "FedDMA", "dma_weights"]
 
@@ -108,6 +109,10 @@ class DebiasedModelAggregation:
     dma_loss: ClassVar[str] = "l2"
     dma_steps: ClassVar[int] = 100
     dma_lr: ClassVar[float] = 1.0
+    contract: ClassVar[Contract] = Contract(
+        Combining.REWEIGHTED, "feddb's debiased model aggregation replaces each client's weight by its beta_m"
+    )
+    """Reweighted (:mod:`fedul_flwr.strategies.contract`): beta_m depends on every client's APP-U."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

@@ -37,6 +37,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.exception import InconsistentMessageReplies
 
 from fedul_flwr import wire
+from fedul_flwr.strategies.contract import Contract
 
 __all__ = ["PerModelAggregation", "STATE_ATTRIBUTES"]
 
@@ -86,6 +87,9 @@ class PerModelAggregation:
     """
 
     model_weight_keys: ClassVar[dict[str, str]] = {}
+    contract: ClassVar[Contract | None] = None
+    """The aggregation contract (:mod:`fedul_flwr.strategies.contract`): ``None``, each model as
+    the run's strategy aggregates it; a subclass that reweighs or takes partial replies says so."""
 
     def model_weight(self, model: str, metrics: MetricRecord) -> float:
         """The weight w_{i,m} of one reply for ``model`` (> 0 for every reply that sent it).

@@ -50,6 +50,9 @@ class PositiveClassBroadcast:
     """
 
     positive_sets: dict[int, tuple[int, ...]]
+    contract = None
+    """The aggregation contract (:mod:`fedul_flwr.strategies.contract`): the run's strategy
+    aggregates the replies as it is; only the train instructions change."""
 
     def configure_train(self, server_round: int, arrays: Any, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
         """The strategy's train messages, their config carrying every node's positive classes.
@@ -70,7 +73,7 @@ class PositiveClassBroadcast:
     @staticmethod
     def _ask(grid: Grid, nodes: list[int], config: ConfigRecord) -> dict[int, tuple[int, ...]]:
         """Query ``nodes`` for their positive classes (the query carries the run config)."""
-        question = ConfigRecord({wire.RUN_CONFIG: config[wire.RUN_CONFIG]})
+        question = ConfigRecord({key: config[key] for key in wire.RUN_SETTINGS if key in config})
         messages = [
             grid.create_message(RecordDict({wire.CONFIG: question}), MessageType.QUERY, n, group_id="positive-classes")
             for n in nodes

@@ -109,6 +109,7 @@ from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, NothingToTrain, Predictor, RoundContext, Stream, register_method
 from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
+from fedul_flwr.strategies.contract import Combining, Contract
 from fedul_flwr.strategies.per_model import PerModelAggregation
 from fedul_flwr.training import LocalLoop, TrainResult
 
@@ -139,6 +140,8 @@ class HassleAggregation(PerModelAggregation):
     paper's inference rule after Eq. 10)."""
 
     model_weight_keys = {"w_S": NUM_LABELED, "r_US": NUM_LABELED, "w_U": NUM_UNLABELED, "r_SU": NUM_UNLABELED}
+    contract = Contract(Combining.PARTIAL_REPLIES, "hassle's clients send only the models their data trains, "
+                        "each model weighted by n_L or n_U")
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
