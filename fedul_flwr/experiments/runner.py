@@ -583,9 +583,10 @@ def summary_line(record: Mapping[str, Any]) -> str:
     )
 
 
-def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]]) -> None:
-    """Resolve every run's configuration and check its dataset
-    (:func:`fedul_flwr.checks.check_dataset`: every image read once per dataset).
+def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]], datasets: bool = False) -> None:
+    """Resolve every run's configuration and, with ``datasets``, check its dataset
+    (:func:`fedul_flwr.checks.check_dataset`: every image read once per dataset; for the
+    runs still to train, so a finished grid renders without its data).
 
     Raises
     ------
@@ -598,7 +599,9 @@ def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]]) -> None:
 
     for spec, run_config in runs:
         try:
-            check_dataset(resolve_config(dict(run_config)))  # every image, once per dataset (cached)
+            cfg = resolve_config(dict(run_config))
+            if datasets:
+                check_dataset(cfg)  # every image, once per dataset (cached)
         except ConfigError as exc:
             raise ConfigError(f"run {spec.run_id}: {exc} (data-dir is --data-dir, other keys --set KEY=VALUE)") from exc
 
@@ -715,11 +718,12 @@ def run_cells(
     from tqdm import tqdm
 
     check_run_configs(runs)  # a grid with a bad run is refused before anything runs or is written
-    records_dir.mkdir(parents=True, exist_ok=True)
     todo = [(s, rc, str(records_dir / f"{s.run_id}.json")) for s, rc in runs if not (records_dir / f"{s.run_id}.json").exists()]
     if todo:  # a run recorded already, e.g. in another grid, is not trained again
         recorded = _recorded_runs(records_dir)
         todo = [(s, rc, path) for s, rc, path in todo if not _share_record(s, rc, Path(path), recorded)]
+    check_run_configs([(s, rc) for s, rc, _ in todo], datasets=True)  # every image the runs will train on
+    records_dir.mkdir(parents=True, exist_ok=True)
     per_run = threads_per_job(threads, jobs)
     soft, hard = stop_times(stop_after, started) if stop_after is not None else (None, None)
     print(f"[{name}] {len(runs) - len(todo)} of {len(runs)} runs have records; running {len(todo)}, "
