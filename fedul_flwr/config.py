@@ -140,6 +140,7 @@ class RunConfig:
     dp_clipping_norm: float
     dp_target_clipped_quantile: float
     dp_clip_norm_lr: float
+    dp_clipped_count_stddev: float
     dp_sensitivity: float
     dp_epsilon: float
     dp_delta: float
@@ -568,13 +569,20 @@ def _validate_robustness(cfg: RunConfig) -> None:
         f"per round (Bulyan: 4f + 3, Krum: 2f + 3), so min-train-nodes={cfg.min_train_nodes} must be >= {needed}",
     )
     d = cfg.as_dict()
-    for key in ("dp-noise-multiplier", "dp-clip-norm-lr"):
+    for key in ("dp-noise-multiplier", "dp-clipped-count-stddev"):
         _check(d[key] >= 0, f"{key}={d[key]} must be >= 0")
-    for key in ("dp-clipping-norm", "dp-sensitivity", "dp-epsilon"):
+    for key in ("dp-clipping-norm", "dp-clip-norm-lr", "dp-sensitivity", "dp-epsilon"):
         _check(d[key] > 0, f"{key}={d[key]} must be > 0")
     _check(0.0 < cfg.dp_delta < 1.0, f"dp-delta={cfg.dp_delta} must be in (0, 1)")
     _check(0.0 <= cfg.dp_target_clipped_quantile <= 1.0,
            f"dp-target-clipped-quantile={cfg.dp_target_clipped_quantile} must be in [0, 1]")  # fmt: skip
+    _check(
+        cfg.differential_privacy != "server-adaptive" or cfg.dp_clipped_count_stddev == 0
+        or 2 * cfg.dp_clipped_count_stddev > cfg.dp_noise_multiplier,
+        f"dp-clipped-count-stddev={cfg.dp_clipped_count_stddev} must exceed dp-noise-multiplier/2="
+        f"{cfg.dp_noise_multiplier / 2:g}: the clipped count and the update share the noise multiplier z, "
+        "1/z^2 = 1/z_update^2 + 1/(2 sigma_b)^2 (0: max(cohort/20, z))",
+    )
     _check(
         not (cfg.resume and cfg.differential_privacy == "server-adaptive"),
         "resume=true with differential-privacy='server-adaptive': the adapted clipping norm is not checkpointed",

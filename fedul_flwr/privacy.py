@@ -74,8 +74,17 @@ recorded per round in the run's metrics and in the summary line:
   is what ``dp-epsilon`` promises only in part: ``LocalDpMod``'s sigma is the classic bound,
   valid for ``dp-epsilon`` < 1; with ``dp-sensitivity`` = 2C one reply is below ``dp-epsilon``
   up to about 8.4 and above it beyond (2.2e4 at ``dp-epsilon`` = 1000).
-- ``server-adaptive`` is not accounted (its noisy clipped-count query shares the budget in a
-  way Flower's wrapper fixes at construction): the run records no epsilon.
+- ``server-adaptive`` runs two Gaussian queries a round (Andrew et al., Sec. 3): the clipped
+  sum with noise multiplier z_Delta and the count of clipped updates with standard deviation
+  sigma_b (sensitivity 1/2 once the bits are centred, as the fraction's public denominator n
+  allows). Together they are one Gaussian mechanism with 1 / z^2 = 1 / z_Delta^2 + 1 / (2
+  sigma_b)^2, so z = ``dp-noise-multiplier`` is accounted exactly as ``server-fixed``'s and
+  the update carries z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 > z. The paper recommends
+  sigma_b = m / 20 for a cohort of m clients, which needs m > 10 z (Flower's wrapper refuses the
+  rest, and it was built with m = 1). Here sigma_b = ``dp-clipped-count-stddev`` when typed,
+  else max(m / 20, z) with m the nodes a round samples (:func:`clipped_count_stddev`): the
+  paper's value where it costs the update at most a factor 2 / sqrt(3) = 1.155 in noise, z
+  below (the same factor; 5 clients at z = 1 get sigma_b = 1, a clipped-share noise of 0.2).
 
 Secure aggregation (Flower's SecAgg+: ``secaggplus_mod`` and ``SecAggPlusWorkflow``) would
 hide individual updates from the server altogether; it drives the rounds through Flower's
@@ -117,16 +126,20 @@ from fedul_flwr import wire
 from fedul_flwr.config import CHOICES, RunConfig, config_from_json
 
 __all__ = [
-    "ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "NoisedMean", "NonFiniteUpdateError", "add_noise", "clip_update",
-    "local_dp_mod", "privacy_spent", "release_generator", "with_server_dp",
+    "ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "SERVER_MODES", "NoisedMean", "NonFiniteUpdateError", "add_noise",
+    "clip_update", "clipped_count_stddev", "local_dp_mod", "privacy_spent", "release_generator",
+    "update_noise_multiplier", "with_server_dp",
 ]  # fmt: skip
 
 DP_MODES: tuple[str, ...] = CHOICES["differential-privacy"]
 """Values of ``differential-privacy``: none, server-fixed, server-adaptive, client-local."""
-ACCOUNTED_MODES: tuple[str, ...] = ("server-fixed", "client-local")
+SERVER_MODES: tuple[str, ...] = ("server-fixed", "server-adaptive")
+"""Values of ``differential-privacy`` whose noise the server adds (Flower's DP strategy wrappers)."""
+ACCOUNTED_MODES: tuple[str, ...] = (*SERVER_MODES, "client-local")
 """Values of ``differential-privacy`` whose (epsilon, delta) a run records."""
 NEIGHBOURS: dict[str, str] = {
     "server-fixed": "client-level,add-or-remove-one-client,no-amplification",
+    "server-adaptive": "client-level,add-or-remove-one-client,no-amplification",
     "client-local": "local,any-two-datasets-of-a-node",
 }
 """The guarantee each accounted mode's epsilon is for, as the summary line names it
@@ -213,16 +226,17 @@ def noise_multiplier(cfg: RunConfig) -> float:
 
     ``server-fixed``: z = ``dp-noise-multiplier`` (Flower adds N(0, (z C / n)^2) to the average
     of n updates clipped to C, i.e. N(0, (z C)^2) to their sum, which one client changes by at
-    most C). ``client-local``: ``LocalDpMod``'s sigma = ``dp-sensitivity``
+    most C). ``server-adaptive``: the same z, of the update and clipped-count queries together
+    (:func:`clipped_count_stddev`). ``client-local``: ``LocalDpMod``'s sigma = ``dp-sensitivity``
     sqrt(2 ln(1.25 / dp-delta)) / ``dp-epsilon`` over 2C, the largest distance between two
     updates clipped to C.
 
     Raises
     ------
     ValueError
-        For a mode that is not accounted (``none``, ``server-adaptive``).
+        For ``none``.
     """
-    if cfg.differential_privacy == "server-fixed":
+    if cfg.differential_privacy in SERVER_MODES:
         return cfg.dp_noise_multiplier
     if cfg.differential_privacy == "client-local":
         sigma = cfg.dp_sensitivity * math.sqrt(2 * math.log(1.25 / cfg.dp_delta)) / cfg.dp_epsilon
@@ -234,6 +248,47 @@ def sample_size(cfg: RunConfig, num_nodes: int) -> int:
     """Nodes that train in a round, as Flower's FedAvg samples them (without replacement):
     max(int(N * ``fraction-train``), ``min-train-nodes``) of the N nodes, at most N (>= 1)."""
     return max(1, min(num_nodes, max(int(num_nodes * cfg.fraction_train), cfg.min_train_nodes)))
+
+
+def clipped_count_stddev(cfg: RunConfig, cohort: int) -> float:
+    """sigma_b, the standard deviation of the noise on ``server-adaptive``'s count of clipped
+    updates (Andrew et al., NeurIPS 2021, Sec. 3), in updates.
+
+    ``dp-clipped-count-stddev`` when typed (> 0), else max(m / 20, z) for a cohort of m nodes
+    and z = ``dp-noise-multiplier``: the paper's m / 20 where it leaves the update's noise
+    multiplier :func:`update_noise_multiplier` within a factor 2 / sqrt(3) of z, and z below
+    (0 for z = 0).
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Uses ``dp-clipped-count-stddev`` and ``dp-noise-multiplier``.
+    cohort : int
+        m, the nodes a round samples (:func:`sample_size`), >= 1.
+    """
+    if cfg.dp_clipped_count_stddev > 0:
+        return cfg.dp_clipped_count_stddev
+    if cfg.dp_noise_multiplier <= 0:  # no noise in either query (the checks refuse z = 0 to users)
+        return 0.0
+    return max(cohort / 20, cfg.dp_noise_multiplier)
+
+
+def update_noise_multiplier(z: float, count_stddev: float) -> float:
+    """z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2, the noise multiplier of ``server-adaptive``'s
+    clipped sum that, composed with the clipped count's noise sigma_b (sensitivity 1/2), makes
+    one Gaussian mechanism of multiplier z (Andrew et al., NeurIPS 2021, Thm. 1; Flower's
+    ``compute_adaptive_noise_params``). Unitless; 0 for z = 0 (no noise).
+
+    Raises
+    ------
+    ValueError
+        If 2 sigma_b <= z: the count alone would spend more than the whole budget.
+    """
+    if z <= 0:
+        return 0.0
+    if 2 * count_stddev <= z:
+        raise ValueError(f"the clipped count's noise sigma_b={count_stddev:g} must exceed z/2={z / 2:g}")
+    return float((z**-2 - (2 * count_stddev) ** -2) ** -0.5)
 
 
 def gaussian_epsilon(multiplier: float, delta: float) -> float:
@@ -257,8 +312,8 @@ def gaussian_epsilon(multiplier: float, delta: float) -> float:
 def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
     """Epsilon at ``dp-delta`` of ``rounds`` rounds, by Rényi DP (see the module doc).
 
-    ``server-fixed``: Flower's ``RdpAccountant`` (add-or-remove-one client, no amplification by
-    Flower's fixed-size sampling of ``num_nodes`` nodes). ``client-local``: ``dp-accounting``'s
+    ``server-fixed`` and ``server-adaptive``: Flower's ``RdpAccountant`` (add-or-remove-one
+    client, no amplification by Flower's fixed-size sampling of ``num_nodes`` nodes). ``client-local``: ``dp-accounting``'s
     ``RdpAccountant`` on the Gaussian mechanism of :func:`noise_multiplier` (no sampling: a node
     knows whether it replied). ``inf`` for no noise, 0 for no round.
     """
@@ -271,7 +326,7 @@ def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
         return 0.0
     if multiplier <= 0:
         return math.inf
-    if cfg.differential_privacy == "server-fixed":
+    if cfg.differential_privacy in SERVER_MODES:
         population = max(1, num_nodes)
         accountant = RdpAccountant(PrivacyConfig(cfg.dp_delta, population, NeighboringRelation.ADD_OR_REMOVE_ONE,
                                                  SamplingMethod.NO_AMPLIFICATION))  # fmt: skip
@@ -387,6 +442,9 @@ class ClippableReplies:
     clipping_norm: float
     noise_multiplier: float
     publish_train_metrics: bool = False
+    last_clipping_norm: float | None = None
+    """C of the latest aggregation (``server-adaptive``: set by earlier rounds' noisy counts, so
+    publishing it is post-processing)."""
 
     def _clip(self, server_round: int, reply: Message, current: list[np.ndarray], expected: list[str]) -> bool:
         """Clip ``reply``'s update in place; False if it cannot be clipped (non-finite). Replies
@@ -453,6 +511,7 @@ class ClippableReplies:
             kept.append(reply)
         self.num_sampled_clients = max(1, len(kept))
         clipping_norm = self.clipping_norm  # the norm this round's updates were clipped to
+        self.last_clipping_norm = clipping_norm
         if kept and hasattr(self, "_geometric_update"):  # the adaptive wrapper
             self._geometric_update(self._noisy_fraction(self._clipped, len(kept)))  # type: ignore[attr-defined]
         inner.dp_noise_std = compute_stdv(self.noise_multiplier, clipping_norm, self.num_sampled_clients)
@@ -493,7 +552,7 @@ def _wrapper(base: type[Strategy]) -> type[Strategy]:
     return type(f"Clippable{base.__name__}", (*mixins, base), {"__module__": __name__})
 
 
-def with_server_dp(strategy: FedAvg, cfg: RunConfig) -> Strategy:
+def with_server_dp(strategy: FedAvg, cfg: RunConfig, num_nodes: int | None = None) -> Strategy:
     """``strategy`` wrapped in Flower's server-side DP wrapper that ``differential-privacy``
     names (``server-fixed`` or ``server-adaptive``), aggregating as :class:`ClippableReplies`
     says; ``strategy`` itself otherwise.
@@ -506,24 +565,41 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig) -> Strategy:
     cfg : RunConfig
         Uses ``differential-privacy``, ``dp-noise-multiplier`` (z, unitless),
         ``dp-clipping-norm`` (C, L2 norm of a whole-model update; the initial C when
-        adaptive), ``dp-target-clipped-quantile``, ``dp-clip-norm-lr`` and
-        ``dp-publish-unnoised-train-metrics``.
+        adaptive), ``dp-target-clipped-quantile``, ``dp-clip-norm-lr``,
+        ``dp-clipped-count-stddev``, ``dp-publish-unnoised-train-metrics`` and the sampling
+        settings (``fraction-train``, ``min-train-nodes``).
+    num_nodes : int | None
+        The nodes the rounds sample from: ``server-adaptive`` sizes its clipped-count noise for
+        the cohort they give (:func:`sample_size`, :func:`clipped_count_stddev`).
 
     Returns
     -------
     Strategy
         The wrapper (its ``.strategy`` is ``strategy``) or ``strategy``.
+
+    Raises
+    ------
+    ValueError
+        ``server-adaptive`` without ``num_nodes``.
     """
     if cfg.differential_privacy == "server-fixed":
         wrapper = _wrapper(DifferentialPrivacyServerSideFixedClipping)(
             strategy, noise_multiplier=cfg.dp_noise_multiplier, clipping_norm=cfg.dp_clipping_norm, num_sampled_clients=1
         )  # fmt: skip
     elif cfg.differential_privacy == "server-adaptive":
+        if num_nodes is None:
+            raise ValueError("server-adaptive sizes its clipped-count noise for the cohort: give num_nodes")
+        cohort = sample_size(cfg, num_nodes)
+        count_stddev = clipped_count_stddev(cfg, cohort)
+        update_noise_multiplier(cfg.dp_noise_multiplier, count_stddev)  # the one refusal, in this project's words
         wrapper = _wrapper(DifferentialPrivacyServerSideAdaptiveClipping)(
-            strategy, noise_multiplier=cfg.dp_noise_multiplier, num_sampled_clients=1,
+            strategy, noise_multiplier=cfg.dp_noise_multiplier, num_sampled_clients=cohort,
             initial_clipping_norm=cfg.dp_clipping_norm, target_clipped_quantile=cfg.dp_target_clipped_quantile,
-            clip_norm_lr=cfg.dp_clip_norm_lr,
+            clip_norm_lr=cfg.dp_clip_norm_lr, clipped_count_stddev=count_stddev,
         )  # fmt: skip
+        log(INFO, "fedul-flwr: server-adaptive: cohort m=%d, clipped-count noise sigma_b=%.4g, update noise "
+            "multiplier z_Delta=%.4g (z=%g for both queries together)", cohort, count_stddev,
+            wrapper.noise_multiplier, cfg.dp_noise_multiplier)  # fmt: skip
     else:
         return strategy
     wrapper.publish_train_metrics = cfg.dp_publish_unnoised_train_metrics

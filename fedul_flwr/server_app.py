@@ -150,6 +150,9 @@ class RoundEnd:
             inner.last_train_metrics = None
         self.record_replies()
         spent = privacy_spent(self.cfg, server_round, self.num_nodes)
+        clipped_to = getattr(self.strategy, "last_clipping_norm", None)  # server-adaptive: set by noised counts
+        if self.cfg.differential_privacy == "server-adaptive" and clipped_to is not None:
+            spent[wire.PRIVACY_CLIPPING_NORM] = clipped_to
         self.outputs.record(server_round, **metrics, **spent)
         progress = self.clock.line(server_round, metrics["test-accuracy"])
         if spent:
@@ -207,9 +210,9 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     # labeled validation hold-out (val-fraction of the training set): model selection on it
     # uses labels -- the runner reports it separately from the last-round test error
     val_idx = torch.from_numpy(validation_indices(cfg)) if cfg.val_fraction > 0 else None
-    strategy = build_strategy(cfg, method.aggregation())
+    num_nodes = len(list(grid.get_node_ids()))  # the nodes each round samples from (DP noise and accounting)
+    strategy = build_strategy(cfg, method.aggregation(), num_nodes)
     initial_arrays, start_round = resume_from(ckpt, models, strategy)
-    num_nodes = len(list(grid.get_node_ids()))  # the nodes each round samples from (DP accounting)
     # the clients use the server's resolution, and a deployed node reads its folder against the dataset's facts
     settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json(), wire.DATASET_FACTS: run_dataset_info(cfg.as_dict()).to_json()})
     outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round)

@@ -47,6 +47,7 @@ CV_ROUNDS = "scaffold-cv-rounds"  # rounds this node's SCAFFOLD c_i was updated 
 PRIVACY_EPSILON = "privacy-epsilon"
 PRIVACY_EPSILON_ROUND = "privacy-epsilon-round"  # the exact epsilon of one round's release
 PRIVACY_DELTA = "privacy-delta"
+PRIVACY_CLIPPING_NORM = "privacy-clipping-norm"  # server-adaptive: the C this round's updates were clipped to
 
 # aggregation weights (run setting ``aggregation-weights``) -> reply metric
 WEIGHT_KEYS = {"num-examples": NUM_EXAMPLES, "uniform": UNIFORM_WEIGHT}

@@ -213,12 +213,15 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "initial C of server-adaptive",
         "dp-target-clipped-quantile": "server-adaptive: the share of updates that should be clipped",
         "dp-clip-norm-lr": "server-adaptive: the geometric step of C per round",
+        "dp-clipped-count-stddev": "server-adaptive: sigma_b, the noise (in updates) on the count of clipped "
+        "updates; it must exceed z / 2, and the update then carries z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2; `0`: "
+        "max(m / 20, z) for the m nodes a round samples ([privacy](privacy.md#the-privacy-spent))",
         "dp-sensitivity": "client-local: the sensitivity in `LocalDpMod`'s noise formula (two updates clipped to C "
         "differ by at most 2C: 2 x dp-clipping-norm is the true one)",
         "dp-epsilon": "client-local: the epsilon in `LocalDpMod`'s noise formula sigma = dp-sensitivity "
         "sqrt(2 ln(1.25 / dp-delta)) / dp-epsilon, a per-round guarantee only below 1; the run records the exact "
         "epsilon of one reply (`privacy-epsilon-round`)",
-        "dp-delta": "client-local: the delta in `LocalDpMod`'s noise formula; server-fixed and client-local: the delta "
+        "dp-delta": "client-local: the delta in `LocalDpMod`'s noise formula; every DP mode: the delta "
         "at which the run records the epsilon it has spent (`privacy-epsilon`, an upper bound, and "
         "`privacy-epsilon-round` in metrics.csv; the summary line)",
         "dp-publish-unnoised-train-metrics": "server-fixed / server-adaptive: `true` records the clients' aggregated "

@@ -39,6 +39,9 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
     *[(f"server-fixed, z = {z}, C = 1", {"differential-privacy": "server-fixed", "dp-noise-multiplier": z,
                                           "dp-clipping-norm": 1.0, "aggregation-weights": "uniform"})
       for z in (0.02, 0.05, 0.2)],
+    # adaptive clipping from C = 1 toward the median update norm; its clipped count shares z
+    ("server-adaptive, z = 0.05, C from 1", {"differential-privacy": "server-adaptive", "dp-noise-multiplier": 0.05,
+                                             "dp-clipping-norm": 1.0, "aggregation-weights": "uniform"}),
     # dp-sensitivity = 2C: two updates clipped to C differ by at most 2C; LocalDpMod's classic sigma
     # formula makes a reply (dp-epsilon, dp-delta)-DP only for dp-epsilon < 1 (the table shows the exact one)
     *[(f"client-local, dp-epsilon = {e:g}, C = 1", {"differential-privacy": "client-local", "dp-epsilon": e,
@@ -85,7 +88,7 @@ def render(records: list[dict[str, Any]], rounds: int) -> str:
 
 def _example(by_row: dict[str, tuple[dict[str, Any], dict[str, Any]]], rounds: int) -> str:
     """The paragraph of docs/privacy.md that reads the table: the z = 0.05 and z = 0.2 rows against
-    no DP, and the local-DP row."""
+    no DP, the adaptive row and the local-DP row."""
 
     def acc(row: str) -> str:
         return f"{100 * by_row[row][0]['test-accuracy']:.2f}%"
@@ -93,13 +96,18 @@ def _example(by_row: dict[str, tuple[dict[str, Any], dict[str, Any]]], rounds: i
     def eps(row: str, key: str = wire.PRIVACY_EPSILON) -> str:
         return f"{by_row[row][0][key]:.3g}"
 
-    central, noisier, local = SETTINGS[2][0], SETTINGS[3][0], SETTINGS[4][0]
+    labels = [label for label, _ in SETTINGS]
+    central, noisier = "server-fixed, z = 0.05, C = 1", "server-fixed, z = 0.2, C = 1"
+    adaptive = next(label for label in labels if label.startswith("server-adaptive"))
+    local = next(label for label in labels if label.startswith("client-local"))
     delta = f"{by_row[central][1]['dp-delta']:g}"
     return (
         f"So the first example below learns: the z = 0.05 row, {acc(central)} test accuracy after its {rounds} rounds "
         f"({acc('none')} without DP), has spent epsilon = {eps(central)} at delta = {delta} "
         f"({eps(central, wire.PRIVACY_EPSILON_ROUND)} in one round), a bound that protects nobody. At z = 0.2 the "
-        f"epsilon falls to {eps(noisier)} and the model reaches {acc(noisier)}. Local DP at `dp-epsilon` = 1000 reaches "
+        f"epsilon falls to {eps(noisier)} and the model reaches {acc(noisier)}. Adaptive clipping at z = 0.05, its "
+        f"clipping norm adapted from C = 1, spends what the fixed one does ({eps(adaptive)}) and reaches "
+        f"{acc(adaptive)}. Local DP at `dp-epsilon` = 1000 reaches "
         f"{acc(local)}, but one reply alone is {eps(local, wire.PRIVACY_EPSILON_ROUND)}-DP (not 1000: "
         f"`LocalDpMod`'s formula holds only below 1) and the {rounds} rounds {eps(local)}. The DP rows were drawn "
         "with noise from the OS CSPRNG: a re-run gives other accuracies near these (the epsilons stay)."

@@ -21,7 +21,7 @@ from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import METHODS, get_method
-from fedul_flwr.privacy import DP_MODES, add_noise, release_generator
+from fedul_flwr.privacy import DP_MODES, add_noise, privacy_spent, release_generator
 from fedul_flwr.server_app import global_models, run_federation
 from fedul_flwr.strategies import STRATEGIES, build_strategy
 from fedul_flwr.strategies.contract import STRATEGY_CONTRACTS, contract_table
@@ -122,7 +122,7 @@ def _round(run_config: dict, update=None, noiseless: bool = False, rounds: int =
     grid = Tamper(client_app, 3, rc, update=update)
     initial = ArrayRecord(global_models(cfg, get_method(cfg.method)(cfg), 1, 10, 28).state_dict())
     random.seed(0)
-    strategy = build_strategy(cfg, get_method(cfg.method)(cfg).aggregation())
+    strategy = build_strategy(cfg, get_method(cfg.method)(cfg).aggregation(), num_nodes=3)
     result = strategy.start(grid=grid, initial_arrays=initial, num_rounds=rounds,
                             train_config=ConfigRecord({wire.RUN_CONFIG: cfg.to_json()}))  # fmt: skip
     return initial, result, strategy
@@ -233,3 +233,71 @@ def test_reproduce_set_server_dp_on_a_grid_pinning_num_examples_gets_uniform_wei
                           {"differential-privacy": "server-fixed", "aggregation-weights": "num-examples"})  # fmt: skip
     with pytest.raises(ConfigError, match=r"^aggregation-weights='num-examples' with differential-privacy="):
         resolve_config(typed)
+
+
+def test_server_adaptive_at_the_default_multiplier_trains_three_rounds_of_four_nodes_and_records_epsilon(
+    tmp_path: Path, small_test_set: None
+) -> None:
+    """The default z = 1 with 4 of 5 nodes per round: sigma_b = max(4 / 20, 1) = 1, the update
+    carries z_Delta = 2 / sqrt(3), and the recorded epsilon is that of z for both queries
+    together, the one server-fixed records at the same z."""
+    rc = {**CHEAP, "num-rounds": 3, "output-dir": str(tmp_path), "run-name": "adaptive", "fraction-train": 0.8,
+          "min-available-nodes": 5, "min-train-nodes": 4, "differential-privacy": "server-adaptive"}  # fmt: skip
+    cfg = resolve_config(rc)
+    assert cfg.dp_noise_multiplier == 1.0 and cfg.dp_clipped_count_stddev == 0  # the defaults
+    outputs = run_federation(InProcessGrid(client_app, 5, rc), cfg)
+    rows = json.loads((tmp_path / "adaptive" / "metrics.json").read_text())
+    trained = [row for row in rows if row["round"] >= 1]
+    assert [row["round"] for row in trained] == [1, 2, 3]
+    assert all(len(row["trained-nodes"]) == 4 for row in trained)
+    fixed = resolve_config({**rc, "differential-privacy": "server-fixed"})
+    for row in trained:
+        assert row[wire.PRIVACY_EPSILON] == privacy_spent(fixed, row["round"], 5)[wire.PRIVACY_EPSILON]
+        assert row[wire.PRIVACY_CLIPPING_NORM] > 0
+    assert trained[0][wire.PRIVACY_CLIPPING_NORM] == cfg.dp_clipping_norm  # round 1 clips to the initial C
+    summary = outputs.summary()
+    assert "status=ok" in summary and f"epsilon={trained[-1][wire.PRIVACY_EPSILON]:.4g}" in summary
+    assert "neighbours=client-level,add-or-remove-one-client,no-amplification" in summary
+
+
+@pytest.mark.parametrize(("z", "nodes"), [(1.0, 4), (1.0, 40), (1.0, 400), (0.3, 5), (8.0, 1000)])
+def test_server_adaptive_noise_composes_to_the_recorded_multiplier(z: float, nodes: int) -> None:
+    """The wrapper's two queries -- the clipped sum (multiplier z_Delta) and the clipped count
+    (sigma_b, sensitivity 1/2, so multiplier 2 sigma_b) -- composed by dp-accounting's RDP
+    accountant spend what one Gaussian mechanism of multiplier z spends, the figure recorded."""
+    import dp_accounting
+
+    cfg = resolve_config({"differential-privacy": "server-adaptive", "dp-noise-multiplier": z,
+                          "min-available-nodes": nodes, "min-train-nodes": min(nodes, 2)})  # fmt: skip
+    wrapper = build_strategy(cfg, num_nodes=nodes)
+    assert wrapper.num_sampled_clients == nodes
+    assert wrapper.clipped_count_stddev == max(nodes / 20, z)
+    assert 1.0 < wrapper.noise_multiplier / z <= 2 / np.sqrt(3) + 1e-12
+    both = dp_accounting.rdp.RdpAccountant()
+    both.compose(dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(wrapper.noise_multiplier),
+                                                dp_accounting.GaussianDpEvent(2 * wrapper.clipped_count_stddev)]), 10)  # fmt: skip
+    one = dp_accounting.rdp.RdpAccountant()
+    one.compose(dp_accounting.GaussianDpEvent(z), 10)
+    recorded = privacy_spent(cfg, 10, nodes)[wire.PRIVACY_EPSILON]
+    assert both.get_epsilon(1e-5) == pytest.approx(one.get_epsilon(1e-5), rel=1e-9)
+    assert recorded == pytest.approx(one.get_epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("z", [0.3, 1.0, 8.0])
+@pytest.mark.parametrize("stddev", [0.0, 0.1, 0.5, 4.0])
+@pytest.mark.parametrize("nodes", [1, 3, 1000])
+def test_fedul_check_refuses_every_adaptive_setting_flower_would_refuse(z: float, stddev: float, nodes: int) -> None:
+    """What the checks accept, Flower's adaptive wrapper builds; what it would refuse (the
+    count's noise at or below z / 2), the checks refuse in one line naming the key."""
+    values = {"differential-privacy": "server-adaptive", "dp-noise-multiplier": z, "dp-clipped-count-stddev": stddev}
+    if 0 < stddev <= z / 2:
+        with pytest.raises(ConfigError, match=rf"^dp-clipped-count-stddev={stddev} must exceed dp-noise-multiplier/2"):
+            resolve_config(values)
+        return
+    wrapper = build_strategy(resolve_config(values), num_nodes=nodes)
+    assert wrapper.clipped_count_stddev == (stddev or max(nodes / 20, z))  # fraction-train=1: the cohort is every node
+
+
+def test_a_zero_clip_norm_step_is_refused_as_flower_would() -> None:
+    with pytest.raises(ConfigError, match=r"^dp-clip-norm-lr=0(\.0)? must be > 0"):
+        resolve_config({"differential-privacy": "server-adaptive", "dp-clip-norm-lr": 0})

@@ -339,7 +339,7 @@ def inner_strategy(strategy: Strategy) -> FedAvg:
     return getattr(strategy, "strategy", strategy)
 
 
-def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> Strategy:
+def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: int | None = None) -> Strategy:
     """The server strategy of the run, strict about empty rounds, inside Flower's server-side
     DP wrapper when ``differential-privacy`` asks for one (:mod:`fedul_flwr.privacy`).
 
@@ -355,6 +355,9 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> Strategy
         MultiKrum, Bulyan) and the ``dp-*`` keys.
     method_mixin : type | None
         The method's aggregation mixin (``Method.aggregation()``).
+    num_nodes : int | None
+        The nodes the rounds sample from (``server-adaptive`` sizes its noise for the cohort;
+        :func:`fedul_flwr.privacy.with_server_dp`).
 
     Returns
     -------
@@ -385,4 +388,4 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None) -> Strategy
         **specific,
     )
     strategy.max_failure_fraction = cfg.max_failure_fraction
-    return with_server_dp(strategy, cfg)
+    return with_server_dp(strategy, cfg, num_nodes)
