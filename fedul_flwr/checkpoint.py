@@ -8,8 +8,9 @@ after round r, as the strategy holds them (dtype included),
 arrays, "random_state": Python's global ``random`` state after round r}``. The last is the
 state of Flower's node sampling (it draws from the global ``random``, seeded once per run):
 restored, a resumed run with ``fraction-train < 1`` picks the same clients in rounds r + 1, ...
-as an uninterrupted one. It is replaced atomically (write to a temporary file, then ``os.replace``), so a
-crash while writing leaves the previous checkpoint intact.
+as an uninterrupted one. It is replaced atomically and durably
+(:func:`fedul_flwr.store.write_atomic`), so a crash or a power cut while writing leaves the
+previous checkpoint intact.
 
 What a checkpoint restores, and what it cannot: FedUL clients re-create their optimiser
 every round and derive their randomness from (seed, round, node); FedAvg, FedProx and
@@ -23,7 +24,6 @@ variates c_i live in the clients' state, which a server checkpoint cannot hold.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +33,15 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
+from fedul_flwr.store import write_atomic
+
 __all__ = [
     "CHECKPOINT_FILE",
     "RESUMABLE_STRATEGIES",
     "STRATEGY_STATE_ATTRIBUTES",
     "Checkpoint",
     "CheckpointError",
+    "CheckpointMissing",
     "load_checkpoint",
     "restore_strategy_state",
     "save_checkpoint",
@@ -57,6 +60,10 @@ strategies (``current_arrays``, ``m_t``, ``v_t``) that carry state from round to
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint where ``resume=true`` expects one; the message names the file."""
+
+
+class CheckpointMissing(CheckpointError):
+    """The run folder holds no checkpoint (no round of the run has finished)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,6 @@ def save_checkpoint(
     the run ``config``, if given ``strategy``'s cross-round state, and Python's ``random``
     state); returns its path."""
     path = Path(run_dir) / CHECKPOINT_FILE
-    tmp = path.with_suffix(".pt.tmp")
     payload = {
         "round": int(server_round),
         "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()},
@@ -149,9 +155,7 @@ def save_checkpoint(
         "strategy_state": strategy_state(strategy) if strategy is not None else {},
         "random_state": random.getstate(),
     }
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
-    return path
+    return write_atomic(path, lambda fh: torch.save(payload, fh))
 
 
 def load_checkpoint(run_dir: str | Path) -> Checkpoint:
@@ -161,12 +165,14 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
 
     Raises
     ------
+    CheckpointMissing
+        If the file is missing.
     CheckpointError
-        If the file is missing or unreadable.
+        If it is unreadable.
     """
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.is_file():
-        raise CheckpointError(f"resume=true but {path} does not exist (no round of this run has finished yet?)")
+        raise CheckpointMissing(f"resume=true but {path} does not exist (no round of this run has finished yet?)")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         return Checkpoint(

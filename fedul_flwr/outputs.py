@@ -9,9 +9,8 @@
                         as test-accuracy-<name> etc.; the train metrics a method records
                         (``Method.recorded_metrics``, e.g. FedDB's APP-U and DMA weights);
                         the round's training replies: failed-replies (errors), idle-replies
-                        (clients with nothing to train), failed-nodes ("<node id>(<error
-                        type>)", comma-separated) and trained-nodes (the node ids that sent
-                        a model)
+                        (clients with nothing to train), failed-nodes ([node id, error type]
+                        pairs) and trained-nodes (the node ids that sent a model)
         metrics.csv     the same table as CSV
         model.pt        the method's first exchanged model, the classifier f of FedUL and its
                         baselines (``torch.save`` of its state dict; no Q_c)
@@ -19,31 +18,28 @@
         accuracy.png    test accuracy per round
         summary.txt     the one-line summary printed at the end: status=ok, or status=failed
                         (an error) or status=stopped (a time limit, Ctrl-C, SIGTERM) and the reason
-        run.lock        while the run is alive: the PID and host of its ServerApp
         tensorboard/    with tensorboard=true: the same metrics as TensorBoard event files
                         (one scalar per metric and round; a vector metric as <name>/<i>)
 
-One writer per folder: :meth:`RunOutputs.create` takes ``run.lock`` (created exclusively)
-before it writes anything and :meth:`RunOutputs.finish` removes it; config.json, the metric
-tables and summary.txt are replaced atomically (a temporary file, then ``os.replace``), so a
-run killed mid-write leaves the previous version, never a truncated one.
+One writer per folder: :meth:`RunOutputs.create` takes the folder's lock
+(:class:`fedul_flwr.store.FolderLock`, ``<output-dir>/.locks/<run-name>.lock``, naming the
+PID and host of the ServerApp) before it writes anything, or runs under the lock its caller
+holds (a grid's cell), and :meth:`RunOutputs.finish` releases the lock it took. Every file is
+written by :func:`fedul_flwr.store.write_atomic` (a unique temporary file, fsync, rename), so
+a run killed mid-write leaves the previous version, never a truncated one.
 """
 
 from __future__ import annotations
 
 import csv
-import fcntl
 import io
 import json
 import math
 import os
 import re
-import socket
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -52,106 +48,20 @@ import torch
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
+from fedul_flwr.store import FolderLock, RunFolderInUse, utc_stamp, write_atomic
 
 if TYPE_CHECKING:
     from fedul_flwr.strategies import RoundReplies
 
 COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "val-accuracy", "val-error", "failed-replies",
            "idle-replies", "wall-time")  # fmt: skip
-LOCK_FILE = "run.lock"
-"""The run folder's lock file (:class:`RunLock`)."""
-_FAILED_NODE = re.compile(r"(\d+)\(([^)]*)\)")  # one entry of a row's failed-nodes: "<node id>(<error type>)"
-
-
-class RunFolderInUse(RuntimeError):
-    """Another live process writes the run folder; the message names its PID and host."""
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` atomically: written to a temporary file in the same
-    folder, then renamed over it (``os.replace``), so a reader or a crash sees the old or the
-    new content, never a part."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "w", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
+__all__ = ["COLUMNS", "RunFolderInUse", "RunOutputs", "RunStopped", "read_metrics", "run_folder", "running_time", "slug"]
 
 
 class RunStopped(Exception):
     """A run stopped on request between rounds (e.g. a grid's time limit), not by an error:
     :meth:`RunOutputs.finish` writes ``status=stopped``; the checkpoint holds every finished
     round, so ``resume=true`` continues it."""
-
-@dataclass
-class RunLock:
-    """The exclusive lock of a run folder: ``run.lock``, holding the PID and host of its
-    writer, locked with ``flock`` for as long as the run is alive. The kernel drops the lock
-    when the process dies, so a crashed or killed run's lock (a dead PID) is taken over by the
-    next writer; a live one is refused.
-
-    Attributes
-    ----------
-    path : Path
-        The lock file.
-    fd : int
-        The open, locked file descriptor.
-    """
-
-    path: Path
-    fd: int
-
-    @classmethod
-    def acquire(cls, folder: Path) -> RunLock:
-        """Lock ``folder`` for this process.
-
-        Raises
-        ------
-        RunFolderInUse
-            If another writer (another process, or another ``RunOutputs`` of this one) holds
-            it; names its PID and host.
-        """
-        path = folder / LOCK_FILE
-        while True:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RunFolderInUse(
-                    f"run folder {folder} is in use by {_holder(path)} (lock file {path}): wait for that run to end, "
-                    "or stop it, before you resume it or write into its folder"
-                ) from None
-            try:
-                same = os.fstat(fd).st_ino == os.stat(path).st_ino
-            except FileNotFoundError:  # its last holder removed it after we opened it: try again
-                same = False
-            if same:
-                break
-            os.close(fd)
-        os.ftruncate(fd, 0)
-        os.write(fd, (json.dumps({"pid": os.getpid(), "host": socket.gethostname()}) + "\n").encode())
-        return cls(path, fd)
-
-    def release(self) -> None:
-        """Remove the lock file and drop the lock (idempotent)."""
-        if self.fd < 0:
-            return
-        self.path.unlink(missing_ok=True)
-        os.close(self.fd)
-        self.fd = -1
-
-
-def _holder(path: Path) -> str:
-    """``PID <pid> on host <host>`` of a lock file (or why it cannot be read)."""
-    try:
-        holder = json.loads(path.read_text())
-        return f"PID {holder['pid']} on host {holder['host']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return "a process that is still starting (its lock file names no PID yet)"
 
 
 def resumed_rows(run_dir: Path, last_round: int) -> dict[int, dict[str, Any]]:
@@ -174,7 +84,17 @@ def resumed_rows(run_dir: Path, last_round: int) -> dict[int, dict[str, Any]]:
             f"resume=true: {path} cannot be read ({type(exc).__name__}: {reason}); nothing was changed (repair the file, "
             "or move it away to resume without the earlier rounds' rows)"
         ) from exc
-    return {r: row for r, row in rows.items() if r <= last_round}
+    return {r: _structured(row) for r, row in rows.items() if r <= last_round}
+
+
+def _structured(row: dict[str, Any]) -> dict[str, Any]:
+    """A row of ``metrics.json`` with ``failed-nodes`` as ``[node id, error type]`` pairs (rows
+    written before they were stored so held ``"<id>(<type>),..."``)."""
+    failed = row.get("failed-nodes")
+    if isinstance(failed, str):
+        pairs = (part.partition("(") for part in failed.split(",") if part)
+        row = {**row, "failed-nodes": [[int(node), kind.rstrip(")")] for node, _, kind in pairs]}
+    return row
 
 
 def resolve_output_dir(output_dir: str) -> Path:
@@ -196,7 +116,7 @@ def run_folder(cfg: RunConfig) -> Path:
         (:func:`fedul_flwr.config.check_run_name`).
     """
     check_run_name(cfg.run_name)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    stamp = utc_stamp()
     sets = "-".join(str(m) for m in cfg.num_sets)
     name = cfg.run_name or f"{stamp}-{slug(cfg.method)}-{slug(cfg.dataset)}-{cfg.partition}-M{sets}-s{cfg.seed}"
     base = resolve_output_dir(cfg.output_dir)
@@ -235,8 +155,10 @@ class RunOutputs:
         The metric table by round.
     writer : Any
         The TensorBoard ``SummaryWriter`` with ``tensorboard=true``.
-    lock : RunLock | None
+    lock : FolderLock | None
         The folder's lock while the run is alive.
+    owns_lock : bool
+        Whether :meth:`finish` releases ``lock`` (False: the caller's, e.g. a grid's cell).
     status, reason : str
         ``ok``, or ``failed`` and why, once :meth:`finish` ran.
     """
@@ -247,22 +169,39 @@ class RunOutputs:
     started: float = field(default_factory=time.time)
     rows: dict[int, dict[str, Any]] = field(default_factory=dict)
     writer: Any = None  # torch.utils.tensorboard.SummaryWriter with tensorboard=true
-    lock: RunLock | None = None
+    lock: FolderLock | None = None
+    owns_lock: bool = True
     status: str = "running"
     reason: str = ""
     ended: float | None = None
 
     @classmethod
-    def create(cls, cfg: RunConfig, primary: str = "f", resume_round: int | None = None) -> RunOutputs:
+    def create(
+        cls, cfg: RunConfig, primary: str = "f", resume_round: int | None = None, lock: FolderLock | None = None
+    ) -> RunOutputs:
         """Take the run folder (:func:`run_folder`) and write ``config.json``: the first write of
         a run, after every check. The run's settings are checked before (with ``resume=true``
-        against the checkpoint, :func:`fedul_flwr.checks.check_resume`); here the folder is
-        checked: a new run's must hold no file, a resumed run's ``metrics.json`` must be
-        readable (its rows up to ``resume_round`` are kept), and no live process may hold
-        its lock (:class:`RunLock`). A refused create changes nothing in the folder.
+        against the checkpoint, :func:`fedul_flwr.checks.check_resume`); here the folder's lock
+        is taken first (or ``lock``, the caller's, is used), then the folder is checked: a new
+        run's must hold no file, a resumed run's ``metrics.json`` must be readable (its rows up
+        to ``resume_round`` are kept). A refused create changes nothing in the folder.
+
+        Parameters
+        ----------
+        cfg : RunConfig
+            The run's settings (``output-dir``, ``run-name``, ``resume``, ``tensorboard``).
+        primary : str
+            The model written to ``model.pt``.
+        resume_round : int | None
+            With ``resume=true``, the checkpoint's round: later rows are dropped.
+        lock : FolderLock | None
+            The folder's lock, held by the caller (who releases it); ``None``: taken here and
+            released by :meth:`finish`.
 
         Raises
         ------
+        RunFolderInUse
+            If a live run holds the folder (names its PID and host).
         FileExistsError
             If the folder holds files and ``resume`` is not set: an earlier run's metrics and
             checkpoint are never overwritten.
@@ -270,8 +209,6 @@ class RunOutputs:
             With ``resume=true``, if the run folder does not exist (it is not created).
         CheckpointError
             With ``resume=true``, if ``metrics.json`` cannot be read (names the file).
-        RunFolderInUse
-            If a live run holds the folder (names its PID and host).
         ConfigError
             If ``run-name`` is not one folder name (:func:`run_folder`).
         OSError
@@ -281,28 +218,31 @@ class RunOutputs:
         """
         path = run_folder(cfg)
         writer_class = _tensorboard_writer_class() if cfg.tensorboard else None
-        rows: dict[int, dict[str, Any]] = {}
-        if cfg.resume:
-            if not path.is_dir():
-                raise FileNotFoundError(f"resume=true: run folder {path} does not exist")
-            rows = resumed_rows(path, resume_round if resume_round is not None else -1)
+        owns_lock = lock is None
+        if lock is None:
+            lock = FolderLock.acquire(path)
         else:
-            _check_unused(path, cfg)
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise OSError(f"cannot create run folder {path}: {exc}") from exc
-        lock = RunLock.acquire(path)
+            lock.check(path)
         try:
-            if not cfg.resume:
-                _check_unused(path, cfg)  # another run may have started in it before we locked it
-            outputs = cls(path=path, cfg=cfg, primary=primary, rows=rows, lock=lock)
+            rows: dict[int, dict[str, Any]] = {}
+            if cfg.resume:
+                if not path.is_dir():
+                    raise FileNotFoundError(f"resume=true: run folder {path} does not exist")
+                rows = resumed_rows(path, resume_round if resume_round is not None else -1)
+            else:
+                _check_unused(path, cfg)
+                try:
+                    path.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise OSError(f"cannot create run folder {path}: {exc}") from exc
+            outputs = cls(path=path, cfg=cfg, primary=primary, rows=rows, lock=lock, owns_lock=owns_lock)
             outputs.started -= running_time(rows.values())  # wall time goes on from the stopped run's
             write_atomic(path / "config.json", json.dumps(cfg.as_dict(), indent=2, sort_keys=True) + "\n")
             if writer_class is not None:
                 outputs.writer = writer_class(log_dir=str(path / "tensorboard"))
         except BaseException:
-            lock.release()
+            if owns_lock:
+                lock.release()
             raise
         return outputs
 
@@ -323,12 +263,12 @@ class RunOutputs:
 
     def record_replies(self, replies: RoundReplies) -> None:
         """Record a round's training replies (:class:`fedul_flwr.strategies.RoundReplies`): the
-        counts ``failed-replies`` and ``idle-replies``, ``failed-nodes`` (``<node id>(<error
-        type>)``, comma-separated) and ``trained-nodes`` (node ids). The summary reads them back
+        counts ``failed-replies`` and ``idle-replies``, ``failed-nodes`` (``[node id, error
+        type]`` pairs) and ``trained-nodes`` (node ids). The summary reads them back
         from the table, so a resumed run's summary counts its earlier rounds too."""
         counts = {"failed-replies": len(replies.failed), "idle-replies": len(replies.idle)}
         self._row(replies.server_round).update(
-            counts, **{"failed-nodes": ",".join(f"{node}({kind})" for node, kind in replies.failed),
+            counts, **{"failed-nodes": [[int(node), str(kind)] for node, kind in replies.failed],
                        "trained-nodes": sorted(int(n) for n in replies.trained)}  # fmt: skip
         )
         self._write_tables()
@@ -349,7 +289,7 @@ class RunOutputs:
         extra = sorted({k for row in rows for k in row} - set(COLUMNS))
         writer = csv.DictWriter(table, fieldnames=[*COLUMNS, *extra], extrasaction="ignore")
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: json.dumps(v) if isinstance(v, list) else v for k, v in row.items()} for row in rows)
         write_atomic(self.path / "metrics.csv", table.getvalue())
 
     def finish(self, failure: BaseException | None = None) -> str:
@@ -371,7 +311,7 @@ class RunOutputs:
         finally:
             if self.writer is not None:
                 self.writer.close()
-            if self.lock is not None:
+            if self.lock is not None and self.owns_lock:
                 self.lock.release()
         return line
 
@@ -381,7 +321,7 @@ class RunOutputs:
         paths = []
         for name, state_dict in state_dicts.items():
             out = self.path / ("model.pt" if name == self.primary else f"model-{name}.pt")
-            torch.save(state_dict, out)
+            write_atomic(out, lambda fh, sd=state_dict: torch.save(sd, fh))
             paths.append(out)
         return paths
 
@@ -406,7 +346,7 @@ class RunOutputs:
         ax.grid(alpha=0.3)
         fig.tight_layout()
         out = self.path / "accuracy.png"
-        fig.savefig(out, dpi=120)
+        write_atomic(out, lambda fh: fig.savefig(fh, format="png", dpi=120))
         plt.close(fig)
         return out
 
@@ -443,7 +383,7 @@ class RunOutputs:
         best = max(acc, key=lambda r: acc[r]) if acc else 0
         failures: dict[int, set[str]] = {}
         for row in self.rows.values():
-            for node, kind in _FAILED_NODE.findall(str(row.get("failed-nodes", ""))):
+            for node, kind in row.get("failed-nodes", []):
                 failures.setdefault(int(node), set()).add(kind)
         failed = ",".join(f"{node}({'/'.join(sorted(kinds))})" for node, kinds in sorted(failures.items()))
         clients = {int(n) for row in self.rows.values() for n in row.get("trained-nodes", [])}
@@ -465,14 +405,14 @@ class RunOutputs:
 
 
 def _check_unused(path: Path, cfg: RunConfig) -> None:
-    """Refuse a new run in a folder that holds files (its lock file aside).
+    """Refuse a new run in a folder that holds files.
 
     Raises
     ------
     FileExistsError
         Naming the folder and what to do.
     """
-    if path.is_dir() and any(p.name != LOCK_FILE for p in path.iterdir()):
+    if path.is_dir() and any(path.iterdir()):
         raise FileExistsError(
             f"run folder {path} exists (run-name={cfg.run_name!r}): set resume=true to continue that run, "
             "or choose another run-name (or remove the folder) to start a new one"

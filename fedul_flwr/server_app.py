@@ -30,6 +30,7 @@ from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunFolderInUse, RunOutputs, run_folder
+from fedul_flwr.store import FolderLock
 from fedul_flwr.privacy import privacy_spent
 from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
@@ -165,9 +166,10 @@ class RoundEnd:
         return MetricRecord(metrics)
 
 
-def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
+def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -> RunOutputs:
     """Train the method's models for ``num-rounds`` rounds over the nodes of ``grid``; returns
-    the run's outputs (finished: ``summary.txt`` written, the folder released).
+    the run's outputs (finished: ``summary.txt`` written, the folder released unless ``lock``,
+    the run folder's lock its caller holds, was given: :meth:`RunOutputs.create`).
 
     Central evaluation of every predictor of the method on the dataset's test split runs at
     round 0 and after every round (:class:`RoundEnd`): the first predictor is recorded
@@ -215,7 +217,7 @@ def run_federation(grid: Grid, cfg: RunConfig) -> RunOutputs:
     initial_arrays, start_round = resume_from(ckpt, models, strategy)
     # the clients use the server's resolution, and a deployed node reads its folder against the dataset's facts
     settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json(), wire.DATASET_FACTS: run_dataset_info(cfg.as_dict()).to_json()})
-    outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round)
+    outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round, lock=lock)
     round_end: RoundEnd | None = None
     try:
         PROGRESS.info("fedul-flwr: run folder %s", outputs.path)

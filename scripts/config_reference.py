@@ -401,7 +401,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.out} is stale: run python scripts/config_reference.py", file=sys.stderr)
             return 1
         return 0
-    args.out.write_text(text)
+    from fedul_flwr.store import write_atomic
+
+    write_atomic(args.out, text)
     print(f"wrote {args.out}")
     return 0
 

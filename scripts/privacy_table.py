@@ -29,6 +29,7 @@ from fedul_flwr import wire
 from fedul_flwr.config import default_config
 from fedul_flwr.experiments.runner import RunSpec, load_records, run_grid
 from fedul_flwr.experiments.tables import markdown_table
+from fedul_flwr.store import write_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 CLIENTS = 5
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(records) < len(grid):
         print(f"error: {len(grid) - len(records)} of {len(grid)} runs have no record in {records_dir}", file=sys.stderr)
         return 1
-    (args.out / "results.md").write_text(render(records, args.rounds))
+    write_atomic(args.out / "results.md", render(records, args.rounds))
     print(args.out / "results.md")
     return 0
 

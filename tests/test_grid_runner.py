@@ -92,7 +92,7 @@ def test_a_worker_the_os_kills_is_one_failed_cell_and_the_grid_goes_on(tmp_path:
     command = [sys.executable, "-m", "fedul_flwr.cli", *SMOKE, "--methods", "fedavg-10,fedpl", "--out", str(out),
                "--set", "num-rounds=6"]  # fmt: skip
     killed = "smoke__MNIST-sample-IID__FedAvg-10pct__-__s0"
-    lock = out / "cpu" / "runs" / killed / "run.lock"
+    lock = out / "cpu" / "runs" / ".locks" / f"{killed}.lock"
     grid = subprocess.Popen([*command, "--jobs", "2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240

@@ -45,6 +45,7 @@ def _snapshot(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
         for p in sorted(root.rglob("*"))
+        if ".locks" not in p.relative_to(root).parts  # who last held a folder's lock, not a run's content
     }
 
 

@@ -29,7 +29,8 @@ from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.inprocess import InProcessGrid
-from fedul_flwr.outputs import LOCK_FILE, RunFolderInUse, RunOutputs
+from fedul_flwr.outputs import RunFolderInUse, RunOutputs
+from fedul_flwr.store import FolderLock, lock_path
 from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies import NoSuccessfulReplyError, error_type
 
@@ -52,6 +53,7 @@ def _snapshot(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
         for p in sorted(root.rglob("*"))
+        if ".locks" not in p.relative_to(root).parts  # who last held a folder's lock, not a run's content
     }
 
 
@@ -61,6 +63,15 @@ def _csv(run_dir: Path) -> list[dict[str, str]]:
 
 
 # --------------------------------------------------------------------------- one writer
+
+
+def _free(run_dir: Path) -> bool:
+    """Whether no process holds ``run_dir``'s lock (taken and given back here)."""
+    try:
+        FolderLock.acquire(run_dir).release()
+    except RunFolderInUse:
+        return False
+    return True
 
 
 def test_two_runs_creating_one_folder_at_once_one_wins(tmp_path: Path) -> None:
@@ -85,7 +96,7 @@ def test_two_runs_creating_one_folder_at_once_one_wins(tmp_path: Path) -> None:
         t.join()
     assert len(won) == 1 and len(refused) == 7, (won, refused)
     won[0].finish()
-    assert not (won[0].path / LOCK_FILE).exists()
+    assert _free(won[0].path)
 
 
 def test_a_second_resume_while_the_run_is_alive_is_refused_with_its_pid(tmp_path: Path, monkeypatch) -> None:
@@ -112,17 +123,17 @@ def test_a_second_resume_while_the_run_is_alive_is_refused_with_its_pid(tmp_path
     assert refused is not None and f"PID {os.getpid()} on host " in str(refused) and "\n" not in str(refused)
     assert unchanged
     assert [r["round"] for r in _csv(outputs.path)] == ["0", "1", "2"]
-    assert "status=ok" in (outputs.path / "summary.txt").read_text() and not (outputs.path / LOCK_FILE).exists()
+    assert "status=ok" in (outputs.path / "summary.txt").read_text() and _free(outputs.path)
 
 
 def test_the_lock_of_a_killed_run_is_taken_over_on_resume(tmp_path: Path) -> None:
-    """A run killed (SIGKILL) while it held its folder leaves ``run.lock`` with a dead PID; a
+    """A run killed (SIGKILL) while it held its folder leaves its lock file naming a dead PID; a
     resume on the same host takes the folder over and finishes the run."""
     _run(tmp_path, **{"num-rounds": 1, "run-name": "killed"})
     folder = tmp_path / "runs" / "killed"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from fedul_flwr.outputs import RunLock; "
-         f"RunLock.acquire(Path({str(folder)!r})); print('locked', flush=True); sys.stdin.read()"],
+        [sys.executable, "-c", "import sys; from pathlib import Path; from fedul_flwr.store import FolderLock; "
+         f"lock = FolderLock.acquire(Path({str(folder)!r})); print('locked', flush=True); sys.stdin.read()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -132,9 +143,9 @@ def test_the_lock_of_a_killed_run_is_taken_over_on_resume(tmp_path: Path) -> Non
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
-    assert json.loads((folder / LOCK_FILE).read_text())["pid"] == holder.pid  # the stale lock is still there
+    assert json.loads(lock_path(folder).read_text())["pid"] == holder.pid  # the stale lock file is still there
     resumed = _run(tmp_path, **{"num-rounds": 2, "run-name": "killed", "resume": True})
-    assert [r["round"] for r in _csv(resumed.path)] == ["0", "1", "2"] and not (folder / LOCK_FILE).exists()
+    assert [r["round"] for r in _csv(resumed.path)] == ["0", "1", "2"] and _free(folder)
 
 
 # --------------------------------------------------------------------------- nothing changed until every check passed
@@ -176,7 +187,7 @@ def test_a_crash_while_writing_the_tables_leaves_the_previous_ones_whole(tmp_pat
     assert [r["round"] for r in json.loads((run_dir / "metrics.json").read_text())] == [0]
     assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]
     assert "status=stopped reason=KeyboardInterrupt: killed while writing metrics.json" in (run_dir / "summary.txt").read_text()
-    assert not (run_dir / LOCK_FILE).exists()
+    assert _free(run_dir)
 
 
 # --------------------------------------------------------------------------- failures named truly
@@ -195,11 +206,12 @@ def test_an_aborted_run_writes_its_last_row_and_a_failed_summary(tmp_path: Path)
              **{"num-rounds": 2, "run-name": "stops", "min-train-nodes": 1})  # fmt: skip
     run_dir = tmp_path / "runs" / "stops"
     assert [(r["round"], r["failed-replies"], r["failed-nodes"]) for r in _csv(run_dir)] == [
-        ("0", "", ""), ("1", "2", "2(ValueError),3(ValueError)")]  # fmt: skip
+        ("0", "", ""), ("1", "2", '[[2, "ValueError"], [3, "ValueError"]]')]  # fmt: skip
+    assert json.loads((run_dir / "metrics.json").read_text())[1]["failed-nodes"] == [[2, "ValueError"], [3, "ValueError"]]
     summary = (run_dir / "summary.txt").read_text()
     assert summary.count("\n") == 1 and "failed-replies=2 failed-nodes=2(ValueError),3(ValueError) " in summary
     assert "status=failed reason=NoSuccessfulReplyError: round 1: 2 of 3 training replies failed" in summary
-    assert not (run_dir / LOCK_FILE).exists()
+    assert _free(run_dir)
 
 
 def test_the_quiet_console_warns_once_per_round_naming_the_failed_nodes(tmp_path: Path, caplog) -> None:

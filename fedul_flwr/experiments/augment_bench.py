@@ -44,6 +44,7 @@ from fedul_flwr.augment import Augmentation
 from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.models import build_model
+from fedul_flwr.store import write_atomic
 
 AUGMENT_NAMES = ("weak", "strong", "rotate")
 MODEL_SHAPES = {"small-cnn": (1, 28, "mnist"), "wrn-28-2": (3, 32, "cifar10")}
@@ -84,7 +85,7 @@ def baseline_module(revision: str) -> Any:
     if shown.returncode:
         raise SystemExit(f"--augment-baseline {revision}: {shown.stderr.strip()}")
     path = Path(tempfile.mkdtemp(prefix="fedul-augment-baseline-")) / "augment_baseline.py"
-    path.write_text(shown.stdout)
+    write_atomic(path, shown.stdout)
     spec = importlib.util.spec_from_file_location("augment_baseline", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]

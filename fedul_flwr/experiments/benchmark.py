@@ -123,6 +123,7 @@ from fedul_flwr.methods import RoundContext, get_method
 from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.runtime import loop_acceleration
 from fedul_flwr.server_app import global_models
+from fedul_flwr.store import write_atomic
 
 SECTIONS = ("loop", "augment", "hassle", "qc", "client", "flower", "scale", "gpu")
 DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "hassle")
@@ -1033,7 +1034,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
             rows = [row for stem, scale in scales for row in scale_rows(scale, stem)]
             text = markdown_table(SCALE_HEAD, rows) + "\n\n" + text
         if args.markdown:
-            Path(args.markdown).write_text(text)
+            write_atomic(args.markdown, text)
         print(text)
         return results
     torch.set_num_threads(args.threads)
@@ -1055,13 +1056,13 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         results[name] = sections[name]()
         results[name]["section-wall-s"] = time.perf_counter() - start
         if args.out:  # write as we go: a late section failing keeps the earlier numbers
-            Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
+            write_atomic(args.out, json.dumps(results, indent=1, default=str) + "\n")
     results["machine"]["load-average-end"] = list(os.getloadavg())
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
+        write_atomic(args.out, json.dumps(results, indent=1, default=str) + "\n")
         say(f"wrote {args.out}")
     if args.markdown:
-        Path(args.markdown).write_text(render_markdown(results))
+        write_atomic(args.markdown, render_markdown(results))
         say(f"wrote {args.markdown}")
     return results
 

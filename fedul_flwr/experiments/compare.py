@@ -43,11 +43,13 @@ from fedul_flwr.data.datasets import DATASETS
 from fedul_flwr.experiments.runner import (
     RunSpec,
     add_common_arguments,
+    clean,
     parse_overrides,
     parse_seeds,
     run_cells,
 )
 from fedul_flwr.experiments.tables import markdown_table
+from fedul_flwr.store import write_atomic
 from fedul_flwr.strategies import STRATEGIES
 
 DEFAULT_STRATEGIES = ("fedavg", "fedprox", "scaffold", "fednova", "fedadam")
@@ -123,8 +125,10 @@ def run(args: argparse.Namespace) -> int:
     """``fedul compare``: run the missing runs, write and print ``strategies.md``. Exit status
     as ``fedul reproduce``'s: 1 with a failed run (one line each at the end), 75 when
     ``--stop-after`` left runs, else 0 once every run has a record."""
-    runs, base, common = compare_runs(args)
     out = Path(args.out).expanduser().resolve()
+    if args.clean:
+        return clean(out / "runs", args.yes)
+    runs, base, common = compare_runs(args)
     result = run_cells(runs, out / "records", jobs=args.jobs, threads=args.threads, name="compare",
                        stop_after=args.stop_after, started=getattr(args, "started", None))  # fmt: skip
     records = result.records
@@ -134,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         + (f"; common overrides: {', '.join(f'{k}={v}' for k, v in common.items())}" if common else "")
     )
     table = render(records, header)
-    (out / "strategies.md").write_text(table)
+    write_atomic(out / "strategies.md", table)
     print(table)
     for line in result.final_lines():
         print(line, flush=True)

@@ -41,6 +41,7 @@ from fedul_flwr.methods import get_method
 from fedul_flwr.methods.base import Predictor
 from fedul_flwr.methods.hassle import _logits as hassle_logits
 from fedul_flwr.training import evaluate_predictors
+from fedul_flwr.store import write_atomic
 
 __all__ = ["components", "render_components"]
 
@@ -196,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:  # a page: a title, then the table between snippet markers (the docs include it by name)
         table = render_components({**read_components(args.out), **measured})
         title = "## HASSLE's models at each run's last checkpoint (% test accuracy; pseudo-labels: % right)"
-        Path(args.out).write_text(f"{title}\n\n<!-- --8<-- [start:components] -->\n{table}\n<!-- --8<-- [end:components] -->\n")
+        write_atomic(args.out, f"{title}\n\n<!-- --8<-- [start:components] -->\n{table}\n<!-- --8<-- [end:components] -->\n")
     else:
         print(render_components(measured))
     return 0

@@ -72,6 +72,7 @@ from fedul_flwr.experiments.runner import (
     FAILED_DIR,
     RunSpec,
     add_common_arguments,
+    clean,
     load_failures,
     load_records,
     parse_overrides,
@@ -79,6 +80,7 @@ from fedul_flwr.experiments.runner import (
     run_cells,
 )
 from fedul_flwr.experiments.tables import markdown_table
+from fedul_flwr.store import write_atomic
 
 # --------------------------------------------------------------------------- methods
 
@@ -810,7 +812,7 @@ def plot_curves(grid: str, records: Sequence[Mapping[str, Any]], plots_dir: Path
         ax.legend(fontsize=8)
         fig.tight_layout()
         name = "".join(c if c.isalnum() or c in "-_." else "-" for c in f"{grid}-{row}-{sub}") + ".png"
-        fig.savefig(plots_dir / name, dpi=110)
+        write_atomic(plots_dir / name, lambda fh: fig.savefig(fh, format="png", dpi=110))
         plt.close(fig)
         paths.append(plots_dir / name)
     return paths
@@ -924,7 +926,7 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
     text += [f"![{p.stem}](plots/{p.name})" for p in plots]
     path = out_dir / f"results-{grid}.md"
     out_dir.mkdir(parents=True, exist_ok=True)  # a GPU grid's page is rendered before any run
-    path.write_text("\n".join(text) + "\n")
+    write_atomic(path, "\n".join(text) + "\n")
     return path
 
 
@@ -997,6 +999,8 @@ def run(args: argparse.Namespace) -> int:
     common, targeted = parse_overrides(args.set)
     if targeted:
         raise SystemExit(f"--set {next(iter(targeted))}:...: fedul reproduce takes key=value without a column")
+    if args.clean:
+        return clean(out_dir / "runs", args.yes)
     if args.list:
         for spec in selected:
             print(spec.run_id, spec.clients, "clients", json.dumps(spec.overrides))

@@ -11,8 +11,15 @@ configuration's ``output-dir``. Then:
   predictor's errors, wall time, the device and the card or CPU model) is written
   atomically, so a run with a record is skipped and an interrupted grid resumes where it
   stopped: a run without a record continues after the last round of its checkpoint where
-  that is exact (:func:`resumable_round`), else it starts afresh -- a run folder holding
-  trained rounds is then renamed aside, never deleted;
+  that is exact (:func:`resumable_round`), else it starts afresh -- its old run folder is
+  then renamed aside with its log and failure record, never deleted
+  (:func:`fedul_flwr.store.set_aside`; ``--clean`` lists such folders, ``--clean --yes``
+  removes them);
+- every cell runs under its run folder's lock (:class:`fedul_flwr.store.FolderLock`), so two
+  runners on one ``--out`` split the grid: a cell whose folder another live process holds is
+  skipped with one line (``busy: run X is being trained by PID N on host H``), untouched, and
+  a cell another runner recorded meanwhile is not trained again; every file goes through
+  :func:`fedul_flwr.store.write_atomic`;
 - a run that raises (a NaN loss, too many failed replies, out of memory) is one failed
   cell: its failure record ``<records>/failed/<run-id>.json`` (error type, message, last
   finished round, run folder, log) is never read as a record, every other run goes on, the
@@ -32,8 +39,9 @@ configuration's ``output-dir``. Then:
 - Flower's log of the run goes to ``<run folder>/flower.log`` (not to the terminal); the
   terminal shows a progress bar with the time estimate (on a terminal) and one summary line
   per finished run;
-- Ctrl-C or SIGTERM stops the runner and its worker processes; an unfinished run writes no
-  record, only its per-round checkpoint;
+- Ctrl-C or SIGTERM stops the runner and its worker processes; a worker whose runner died
+  (SIGKILL included) stops within a second on its own; an unfinished run writes no record,
+  only its per-round checkpoint;
 - a run whose clients and resolved settings (its name aside) equal those of a recorded run,
   e.g. of another grid, is not trained again: it gets a copy of that record with ``same-run-as``.
 
@@ -70,6 +78,8 @@ from fedul_flwr.outputs import RunStopped
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
+
+    from fedul_flwr.store import FolderLock
 
     import torch
 
@@ -155,7 +165,8 @@ def flower_log_to(path: Path) -> Iterator[None]:
 
 
 def execute(
-    spec: RunSpec, run_config: dict[str, Any], threads: int = 0, *, jobs: int = 1, stop_at: float | None = None
+    spec: RunSpec, run_config: dict[str, Any], threads: int = 0, *, jobs: int = 1, stop_at: float | None = None,
+    lock: FolderLock | None = None,
 ) -> dict[str, Any]:
     """Run one federation in this process and return its JSON record.
 
@@ -172,6 +183,8 @@ def execute(
         card's memory (:func:`share_gpu`).
     stop_at : float or None
         ``time.time()`` by which no round may still be running (:class:`StoppableGrid`).
+    lock : FolderLock or None
+        The run folder's lock, held by the caller (None: the run takes it).
 
     Returns
     -------
@@ -203,7 +216,7 @@ def execute(
     device = pick_device(cfg.device)
     share_gpu(device, jobs)
     try:
-        outputs = run_federation(StoppableGrid(app, spec.clients, run_config, stop_at=stop_at), cfg)
+        outputs = run_federation(StoppableGrid(app, spec.clients, run_config, stop_at=stop_at), cfg, lock=lock)
     finally:  # a grid visits many configs, and a worker goes on after a failed or stopped run
         simulated.load_client.cache_clear()  # free the client tensors
         if device.type == "cuda":
@@ -326,13 +339,15 @@ def device_name(device: torch.device) -> str:
 def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
     """(:func:`resumable_round`, why the stopped run in the run folder cannot go on: ``""``
     where it can or where the folder holds no checkpoint)."""
-    from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, load_checkpoint
+    from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, CheckpointMissing, load_checkpoint
     from fedul_flwr.checks import resolve_config, resume_conflicts
 
     try:
         ckpt = load_checkpoint(Path(run_config["output-dir"]) / run_config["run-name"])
-    except CheckpointError as exc:  # none (the run stopped before its first round) or unreadable
-        return 0, "" if "does not exist" in str(exc) else str(exc)
+    except CheckpointMissing:  # the run stopped before its first round
+        return 0, "it has no checkpoint (no round finished)"
+    except CheckpointError as exc:  # unreadable
+        return 0, str(exc)
     if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
         return 0, f"strategy={run_config.get('strategy')!r} cannot be resumed"
     if ckpt.random_state is None:  # written before the sampling state was saved: not exact
@@ -371,7 +386,9 @@ class RunOutcome:
         The run's id.
     status : str
         ``finished`` (``record`` is its record), ``failed`` (``record`` is its failure
-        record), ``stopped`` (by the time limit, at a round boundary) or ``not-started``.
+        record), ``stopped`` (by the time limit, at a round boundary), ``not-started``,
+        ``busy`` (another live process holds its folder: nothing of it was touched) or
+        ``recorded`` (another runner recorded it meanwhile; ``record`` is that record).
     record : dict or None
         See ``status``.
     round : int
@@ -407,24 +424,65 @@ def _checkpoint_round(run_dir: Path) -> int:
         return 0
 
 
-def _set_aside(run_dir: Path, log: Path) -> Path | None:
-    """Clear the way for a fresh run in ``run_dir``: a folder with a checkpoint (trained
-    rounds) is renamed ``<name>.set-aside-<UTC time>`` with its log, never deleted; one
-    without (the run never finished a round) is removed. Returns the new name, if any."""
-    from datetime import datetime, timezone
+@dataclass(frozen=True)
+class _Cell:
+    """Where one run of a grid keeps its files: the run folder, the log beside it while the run
+    trains (a new run needs an empty folder), and its record and failure record."""
 
-    from fedul_flwr.checkpoint import CHECKPOINT_FILE
+    run_dir: Path
+    record: Path
 
-    if not (run_dir / CHECKPOINT_FILE).is_file():
-        shutil.rmtree(run_dir, ignore_errors=True)
-        log.unlink(missing_ok=True)
-        return None
-    aside = run_dir.with_name(f"{run_dir.name}.set-aside-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%f}")
-    run_dir.rename(aside)
-    if log.is_file() and not (aside / LOG_FILE).exists():
-        log.replace(aside / LOG_FILE)
-    log.unlink(missing_ok=True)
-    return aside
+    @classmethod
+    def of(cls, run_config: Mapping[str, Any], path: str) -> _Cell:
+        return cls(Path(run_config["output-dir"]) / run_config["run-name"], Path(path))
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir.parent / f"{self.run_dir.name}.{LOG_FILE}"
+
+    @property
+    def failure(self) -> Path:
+        return self.record.parent / FAILED_DIR / self.record.name
+
+
+def _keep_in(folder: Path, source: Path, name: str) -> Path:
+    """Move ``source`` into ``folder`` as ``name``, or as ``<stem>-<UTC time><suffix>`` where
+    ``name`` is taken: nothing is overwritten. Returns the new path."""
+    from fedul_flwr.store import utc_stamp
+
+    target = folder / name
+    if target.exists():
+        stem, dot, suffix = name.partition(".")
+        target = folder / f"{stem}-{utc_stamp(precise=True)}{dot}{suffix}"
+    source.replace(target)
+    return target
+
+
+def _set_aside(cell: _Cell, lock: FolderLock, why: str) -> str:
+    """Clear the way for a fresh run of ``cell`` (its lock held): the run folder, if any, is
+    set aside (:func:`fedul_flwr.store.set_aside`: renamed, never deleted) with the log of its
+    last attempt and its failure record, which is rewritten to point at the set-aside folder and
+    log. Returns the note the grid prints ("" when there was no folder)."""
+    from fedul_flwr.store import set_aside, write_json
+
+    aside = set_aside(cell.run_dir, lock)
+    if aside is None:  # a run that died before it made its folder: its log goes on in the new one
+        return ""
+    log = _keep_in(aside, cell.log, LOG_FILE) if cell.log.is_file() else aside / LOG_FILE
+    _retire_failure(cell, aside, {"run-dir": str(aside), "log": str(log)})
+    return f"its earlier run folder cannot be continued ({why}): kept as {aside}"
+
+
+def _retire_failure(cell: _Cell, folder: Path, moved: Mapping[str, str] | None = None) -> None:
+    """Move ``cell``'s failure record, if any, into ``folder`` as ``failure-<UTC time>.json``
+    (``moved``: the paths it names that changed), so a new attempt never overwrites it and the
+    grid no longer lists the cell as failed."""
+    from fedul_flwr.store import utc_stamp, write_json
+
+    if not cell.failure.is_file() or not folder.is_dir():
+        return
+    write_json(folder / f"failure-{utc_stamp(precise=True)}.json", {**json.loads(cell.failure.read_text()), **(moved or {})})
+    cell.failure.unlink()  # its content lives on in ``folder``
 
 
 def _execute_to_file(
@@ -432,70 +490,125 @@ def _execute_to_file(
 ) -> RunOutcome:
     """:func:`execute` with Flower's log in the run folder; writes the record atomically.
 
-    A stopped run is continued from its checkpoint where :func:`resumable_round` allows. A run
-    that raises writes a failure record (:func:`failure_path`) instead and returns; one that
-    reaches ``stop_at`` (:class:`StoppableGrid`) writes nothing more and keeps its checkpoint.
+    Everything happens under the run folder's lock (:class:`fedul_flwr.store.FolderLock`): a
+    folder another live process holds is ``busy`` and nothing of it is touched; a run another
+    runner recorded meanwhile is not trained again. A stopped run is continued from its
+    checkpoint where :func:`resumable_round` allows, else its folder is set aside
+    (:func:`_set_aside`). A run that raises writes a failure record (:func:`failure_path`)
+    instead and returns; one that reaches ``stop_at`` (:class:`StoppableGrid`) writes nothing
+    more and keeps its checkpoint.
     """
-    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
+    from fedul_flwr.store import FolderLock, RunFolderInUse
+
+    cell = _Cell.of(run_config, path)
     if stop_at is not None and time.time() >= stop_at:
-        return RunOutcome(spec.run_id, "not-started", round=_checkpoint_round(run_dir))
-    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"  # the run folder may not exist yet
+        return RunOutcome(spec.run_id, "not-started", round=_checkpoint_round(cell.run_dir))
+    try:
+        lock = FolderLock.acquire(cell.run_dir)
+    except RunFolderInUse as exc:
+        return RunOutcome(spec.run_id, "busy", note=f"busy: run {spec.run_id} is being trained by {exc.holder}")
+    with lock:
+        if cell.record.is_file():  # another runner finished it since this one listed its cells
+            return RunOutcome(spec.run_id, "recorded", json.loads(cell.record.read_text()),
+                              note=f"recorded meanwhile by another runner: {cell.record}")  # fmt: skip
+        return _train_cell(spec, run_config, cell, lock, threads, jobs, stop_at)
+
+
+def _train_cell(spec: RunSpec, run_config: dict[str, Any], cell: _Cell, lock: FolderLock, threads: int, jobs: int,
+                stop_at: float | None) -> RunOutcome:  # fmt: skip
+    """The body of :func:`_execute_to_file`, ``lock`` held."""
+    from fedul_flwr.store import write_json
+
     start, note = time.time(), ""
     try:
         resumed, why = _resume_plan(run_config)
         if resumed:
             run_config = {**run_config, "resume": True}
-        else:  # a run without a record never finished (a killed grid): it starts afresh
-            aside = _set_aside(run_dir, log)
-            if aside is not None:
-                note = f"its earlier run folder cannot be continued ({why}): kept as {aside}"
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        if resumed and (run_dir / LOG_FILE).is_file():
-            (run_dir / LOG_FILE).replace(log)  # the log goes on
-        with flower_log_to(log):
+            _retire_failure(cell, cell.run_dir)  # the run goes on in its folder: so does the story of its failure
+            if (cell.run_dir / LOG_FILE).is_file() and not cell.log.exists():
+                (cell.run_dir / LOG_FILE).replace(cell.log)  # the log goes on
+        else:  # a run without a record never finished (a killed grid, a failure): it starts afresh
+            note = _set_aside(cell, lock, why)
+        cell.run_dir.parent.mkdir(parents=True, exist_ok=True)
+        with flower_log_to(cell.log):
             try:
-                record = execute(spec, run_config, threads, jobs=jobs, stop_at=stop_at)
+                record = execute(spec, run_config, threads, jobs=jobs, stop_at=stop_at, lock=lock)
             except StopRequested as exc:
                 logging.getLogger("flwr").info("fedul-flwr: the grid's time limit: %s", exc)
                 raise
             except Exception:
                 logging.getLogger("flwr").exception("fedul-flwr: run %s failed", spec.run_id)
                 raise
-    except StopRequested:
-        _log_into_folder(log, run_dir)
-        return RunOutcome(spec.run_id, "stopped", round=_checkpoint_round(run_dir), note=note)
-    except Exception as exc:  # noqa: BLE001 -- one failed run is one failed cell, never the grid
-        return _fail(spec, run_config, path, type(exc).__name__, str(exc), time.time() - start, note)
-    log.replace(run_dir / LOG_FILE)
-    if resumed:  # the stopped part's rows (the server kept them): their running time counts too
-        from fedul_flwr.outputs import running_time
+        log = _log_into_folder(cell)
+        if resumed:  # the stopped part's rows (the server kept them): their running time counts too
+            from fedul_flwr.outputs import running_time
 
-        record["resumed-after-round"] = resumed
-        record["wall-time-s"] += running_time(r for r in record["metrics"] if r["round"] <= resumed)
-    record["log"] = str(run_dir / LOG_FILE)
-    _write_record(Path(path), record)
-    failure_path(Path(path).parent, spec.run_id).unlink(missing_ok=True)  # an earlier failure is history
+            record["resumed-after-round"] = resumed
+            record["wall-time-s"] += running_time(r for r in record["metrics"] if r["round"] <= resumed)
+        record["log"] = str(log)
+        _retire_failure(cell, cell.run_dir)
+        write_json(cell.record, record)
+    except StopRequested:
+        _log_into_folder(cell)
+        return RunOutcome(spec.run_id, "stopped", round=_checkpoint_round(cell.run_dir), note=note)
+    except Exception as exc:  # noqa: BLE001 -- one failed run is one failed cell, never the grid
+        return _fail(spec, run_config, cell, type(exc).__name__, str(exc), time.time() - start, note)
     return RunOutcome(spec.run_id, "finished", record, int(record["last-round"]), note)
 
 
-def _fail(spec: RunSpec, run_config: dict[str, Any], path: str, error_type: str, error: str, seconds: float,
+def _fail(spec: RunSpec, run_config: dict[str, Any], cell: _Cell, error_type: str, error: str, seconds: float,
           note: str = "") -> RunOutcome:  # fmt: skip
-    """Write the failure record of a run that raised or whose worker died, its log moved into
-    its folder; the outcome the grid reports."""
-    run_dir = Path(run_config["output-dir"]) / run_config["run-name"]
-    log = run_dir.parent / f"{run_config['run-name']}.{LOG_FILE}"
-    _log_into_folder(log, run_dir)
+    """Write the failure record of a run that raised or whose worker died (its folder's lock
+    held), its log moved into its folder; the outcome the grid reports."""
+    from fedul_flwr.store import write_json
+
+    log = _log_into_folder(cell)
     failure = {
         "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config, "status": "failed",
-        "error-type": error_type, "error": error, "round-reached": _checkpoint_round(run_dir),
-        "run-dir": str(run_dir), "log": str(run_dir / LOG_FILE if run_dir.is_dir() else log), "wall-time-s": seconds,
+        "error-type": error_type, "error": error, "round-reached": _checkpoint_round(cell.run_dir),
+        "run-dir": str(cell.run_dir), "log": str(log), "wall-time-s": seconds,
     }  # fmt: skip
-    _write_record(failure_path(Path(path).parent, spec.run_id), failure)
+    _retire_failure(cell, cell.run_dir)
+    cell.failure.parent.mkdir(parents=True, exist_ok=True)
+    write_json(cell.failure, failure)
     return RunOutcome(spec.run_id, "failed", failure, failure["round-reached"], note)
 
 
-def _worker(conn: Connection, item: tuple[Any, ...]) -> None:
-    """A worker process's body: one run (:func:`_execute_to_file`), its outcome sent back."""
+def _worker_died(item: tuple[Any, ...], why: str, seconds: float) -> RunOutcome:
+    """The outcome of a run whose worker died without one: its failure record, written under
+    the folder's lock (the dead worker's is free); ``busy`` if another runner took the folder
+    in between (nothing of it is touched then)."""
+    from fedul_flwr.store import FolderLock, RunFolderInUse
+
+    spec, run_config, path = item[0], item[1], item[2]
+    cell = _Cell.of(run_config, path)
+    try:
+        lock = FolderLock.acquire(cell.run_dir)
+    except RunFolderInUse as exc:
+        return RunOutcome(spec.run_id, "busy", note=f"its worker died ({why}); busy: run {spec.run_id} is being "
+                          f"trained by {exc.holder}")  # fmt: skip
+    with lock:
+        return _fail(spec, run_config, cell, "WorkerDied", f"the run's worker process ended without an outcome "
+                     f"({why}; SIGKILL is the kernel's out-of-memory killer's)", seconds)  # fmt: skip
+
+
+def _worker(conn: Connection, item: tuple[Any, ...], parent: int) -> None:
+    """A worker process's body: one run (:func:`_execute_to_file`), its outcome sent back.
+
+    The worker dies with its runner: SIGTERM stops the run (``status=stopped`` in its folder,
+    its checkpoint holding the last finished round), and a watchdog thread sends it SIGTERM as
+    soon as the runner (``parent``) is gone, whatever killed it (SIGKILL included), so a rerun
+    never races an orphan."""
+    import threading
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="fedul-runner-watchdog", daemon=True).start()
     conn.send(_execute_to_file(*item))
     conn.close()
 
@@ -510,7 +623,8 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
     grid goes on with the others (a pool would wait for it forever). At ``hard`` (a
     ``time.time()`` value; None: never) the runs still going are terminated; their
     checkpoints hold their last finished round, and they are not reported. Leaving early
-    (Ctrl-C, SIGTERM made SystemExit) terminates every worker too.
+    (Ctrl-C, SIGTERM made SystemExit) terminates every worker too, and a worker whose runner
+    dies (even by SIGKILL) stops on its own (:func:`_worker`).
     """
     ctx = multiprocessing.get_context("spawn")
     pending, live = list(items), {}
@@ -519,7 +633,8 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
             while pending and len(live) < max(1, jobs):
                 item = pending.pop(0)
                 receiver, sender = ctx.Pipe(duplex=False)
-                process = ctx.Process(target=_worker, args=(sender, item), name=f"fedul-run-{item[0].run_id}", daemon=True)
+                process = ctx.Process(target=_worker, args=(sender, item, os.getpid()), name=f"fedul-run-{item[0].run_id}",
+                                      daemon=True)  # fmt: skip
                 process.start()
                 sender.close()  # the child's end: it closes when the child exits, sent or not
                 live[receiver] = (process, item, time.time())
@@ -535,9 +650,7 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
                     process.join()
                     code = process.exitcode
                     why = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-                    outcome = _fail(item[0], item[1], item[2], "WorkerDied", f"the run's worker process ended without "
-                                    f"an outcome ({why}; SIGKILL is the kernel's out-of-memory killer's)",
-                                    time.time() - started)  # fmt: skip
+                    outcome = _worker_died(item, why, time.time() - started)
                 receiver.close()
                 process.join()
                 report(outcome)
@@ -548,18 +661,13 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
             process.join()
 
 
-def _log_into_folder(log: Path, run_dir: Path) -> None:
-    """Move a run's log into its folder, where it stays while the run is not running."""
-    if log.is_file() and run_dir.is_dir():
-        log.replace(run_dir / LOG_FILE)
-
-
-def _write_record(path: Path, record: Mapping[str, Any]) -> None:
-    """Write a record atomically: a killed run leaves no record, so it is redone on resume."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(path)
+def _log_into_folder(cell: _Cell) -> Path:
+    """Move a run's log into its folder (its lock held), where it stays while the run is not
+    running; returns where the log is."""
+    if cell.log.is_file() and cell.run_dir.is_dir():
+        return _keep_in(cell.run_dir, cell.log, LOG_FILE) if (cell.run_dir / LOG_FILE).exists() else cell.log.replace(
+            cell.run_dir / LOG_FILE)  # fmt: skip
+    return cell.run_dir / LOG_FILE if cell.run_dir.is_dir() else cell.log
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
@@ -621,12 +729,16 @@ class GridResult:
         boundary or never started, each with the round its checkpoint holds.
     stop_after : float or None
         The time limit in minutes, if one was given.
+    busy : list of RunOutcome
+        Runs another live process was training (their folders untouched) and that still have
+        no record.
     """
 
     records: list[dict[str, Any]]
     failed: list[dict[str, Any]] = field(default_factory=list)
     unfinished: list[RunOutcome] = field(default_factory=list)
     stop_after: float | None = None
+    busy: list[RunOutcome] = field(default_factory=list)
 
     def final_lines(self) -> list[str]:
         """One line per failed cell, then (after a time limit) one line saying what is left."""
@@ -639,20 +751,24 @@ class GridResult:
                 f"record, {len(going)} to continue from their checkpoint" + (f" [{', '.join(going)}]" if going else "")
                 + (f", {fresh} to start" if fresh else "") + "; run the same command again to go on"
             )  # fmt: skip
+        if self.busy:
+            lines.append(f"{len(self.busy)} run(s) were being trained by another process and have no record yet "
+                         f"[{', '.join(o.run_id for o in self.busy)}]; run the same command again once it ends")  # fmt: skip
         return lines
 
     @property
     def exit_code(self) -> int:
         """:data:`EXIT_FAILED` if a run failed, :data:`EXIT_STOPPED` if the time limit left
-        runs, else 0."""
-        return EXIT_FAILED if self.failed else EXIT_STOPPED if self.unfinished else 0
+        runs or another process still trains some, else 0."""
+        return EXIT_FAILED if self.failed else EXIT_STOPPED if self.unfinished or self.busy else 0
 
 
 EXIT_FAILED = 1
 """Exit status of a grid command with a failed run (its other runs finished and rendered)."""
 EXIT_STOPPED = 75
-"""Exit status of a grid command that ``--stop-after`` stopped with runs left (none failed):
-``EX_TEMPFAIL`` of sysexits.h, "try again" -- the same command continues them."""
+"""Exit status of a grid command that ``--stop-after`` stopped with runs left, or that left
+runs another process was training (none failed): ``EX_TEMPFAIL`` of sysexits.h, "try again"
+-- the same command continues them."""
 
 
 def failure_line(failure: Mapping[str, Any]) -> str:
@@ -739,8 +855,8 @@ def run_cells(
             done, elapsed = len(outcomes), time.time() - start
             eta = elapsed / done * (len(todo) - done)
             head = f"[{done}/{len(todo)} {_clock(elapsed)} elapsed, ~{_clock(eta)} left]"
-            if outcome.note:
-                bar.write(f"{head} {outcome.run_id}: {outcome.note}")
+            if outcome.note and outcome.status != "recorded":
+                bar.write(f"{head} {outcome.note}" if outcome.status == "busy" else f"{head} {outcome.run_id}: {outcome.note}")
             if outcome.status == "finished":
                 bar.write(f"{head} {summary_line(outcome.record or {})}")
             elif outcome.status == "failed":
@@ -748,6 +864,8 @@ def run_cells(
             elif outcome.status == "stopped":
                 when = f"after round {outcome.round} (checkpointed)" if outcome.round else "before its first round"
                 bar.write(f"{head} {outcome.run_id}: stopped by the time limit {when}")
+            elif outcome.status == "recorded":
+                bar.write(f"{head} {outcome.run_id}: recorded meanwhile by another runner")
 
         args = [(spec, rc, path, per_run, jobs, soft) for spec, rc, path in todo]
         if soft is not None and time.time() >= soft:
@@ -767,7 +885,8 @@ def run_cells(
             for s, rc, _ in todo if s.run_id not in outcomes]  # fmt: skip
     unfinished = [o for o in outcomes.values() if o.status in ("stopped", "not-started")] + left
     failed = [o.record for o in outcomes.values() if o.status == "failed" and o.record is not None]
-    return GridResult(load_records([s for s, _ in runs], records_dir), failed, unfinished, stop_after)
+    busy = [o for o in outcomes.values() if o.status == "busy" and not (records_dir / f"{o.run_id}.json").exists()]
+    return GridResult(load_records([s for s, _ in runs], records_dir), failed, unfinished, stop_after, busy)
 
 
 def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
@@ -819,13 +938,14 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     run's id with ``same-run-as`` naming the original; nothing is trained. Returns whether it was.
     """
     from fedul_flwr.checks import resolve_config
+    from fedul_flwr.store import write_json
 
     requested = run_settings(resolve_config(dict(run_config)).as_dict())
     record = next((r for clients, settings, r in recorded if clients == spec.clients and same_settings(settings, requested)), None)
     if record is None:
         return False
-    _write_record(path, {**record, "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config,
-                         "same-run-as": record["run-id"]})  # fmt: skip
+    write_json(path, {**record, "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config,
+                      "same-run-as": record["run-id"]})  # fmt: skip
     print(f"[{spec.grid}] {spec.run_id}: the same run as {record['run-id']} (record shared)", flush=True)
     return True
 
@@ -853,7 +973,7 @@ def _data_dir(text: str) -> str:
 def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str = "comma list of seeds") -> None:
     """The flags every grid command shares: ``--seeds 0,1``, ``--data-dir``, ``--out``,
     ``--set KEY=VALUE`` (repeatable), ``--jobs``, ``--threads`` (0: cores // jobs),
-    ``--stop-after MINUTES`` (:func:`run_cells`' ``stop_after``)."""
+    ``--clean [--yes]`` (:func:`clean`), ``--stop-after MINUTES`` (:func:`run_cells`' ``stop_after``)."""
     p.add_argument("--seeds", default="", help=seeds_help)
     p.add_argument("--data-dir", default="", type=_data_dir,
                    help="torchvision root of the non-embedded datasets (made absolute)")  # fmt: skip
@@ -862,9 +982,35 @@ def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str =
                    help="run-config value for every run (or only a column's runs, where the command has columns)")  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="runs at once (worker processes)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run; 0: the machine's cores // jobs")
+    p.add_argument("--clean", action="store_true",
+                   help="list the set-aside run folders (earlier attempts that could not be continued) and exit")
+    p.add_argument("--yes", action="store_true", help="with --clean: remove them")
     p.add_argument("--stop-after", type=_minutes, default=None, metavar="MINUTES",
                    help="end within MINUTES: runs stop between rounds (checkpointed, no record) and continue when the "
                    "same command runs again; exit status 75 while runs are left")  # fmt: skip
+
+
+def clean(runs_dir: Path, remove: bool) -> int:
+    """``--clean``: print the set-aside run folders under ``runs_dir`` (:func:`fedul_flwr.store.set_aside`)
+    with their sizes, and with ``remove`` (``--yes``) delete them: the only way this project
+    deletes a run folder. Returns the exit status (0)."""
+    from fedul_flwr.store import set_aside_folders
+
+    folders = set_aside_folders(runs_dir)
+    total = 0
+    for folder in folders:
+        size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        total += size
+        print(f"{folder}  {size / 2**20:.1f} MiB")
+    if not folders:
+        print(f"no set-aside run folders in {runs_dir}")
+    elif remove:
+        for folder in folders:
+            shutil.rmtree(folder)
+        print(f"removed {len(folders)} set-aside run folder(s), {total / 2**20:.1f} MiB")
+    else:
+        print(f"{len(folders)} set-aside run folder(s), {total / 2**20:.1f} MiB: add --yes to remove them")
+    return 0
 
 
 def _minutes(text: str) -> float:
