@@ -1,0 +1,261 @@
+"""The run store under concurrency and crashes, with real processes: two ``fedul reproduce``
+runners on one ``--out`` (started together, and one started mid-cell), a runner SIGKILLed with
+``--jobs 2``, concurrent writers and readers of one record, a failed cell run again, and every
+file write of the package through the one atomic helper."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from fedul_flwr import server_app
+from fedul_flwr.experiments import runner
+from fedul_flwr.store import LOCK_DIR, SET_ASIDE, FolderLock, RunFolderInUse, write_json
+
+REPO = Path(__file__).resolve().parent.parent
+GRID = [sys.executable, "-m", "fedul_flwr.cli", "reproduce", "--grid", "smoke", "--threads", "1",
+        "--set", "num-rounds=2"]  # fmt: skip
+FOUR = ["--methods", "fedul,fedpl,fedllp,fedavg-10"]
+RUN_LINE = re.compile(r"(smoke__\S+): last-round test error")
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _records(out: Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in sorted((out / "cpu" / "records").glob("*.json"))}
+
+
+def _holders(out: Path) -> dict[str, int]:
+    """Run id -> PID named by each held lock of ``out``'s run folders."""
+    held = {}
+    for path in (out / "cpu" / "runs" / LOCK_DIR).glob("*.lock"):
+        try:
+            FolderLock.acquire(out / "cpu" / "runs" / path.stem).release()
+        except RunFolderInUse:
+            try:
+                held[path.stem] = int(json.loads(path.read_text())["pid"])
+            except (ValueError, KeyError):
+                pass  # its holder has not written itself yet
+    return held
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _check_one_writer(out: Path, run_ids: list[str]) -> None:
+    """Every cell has its record, and its folder's files are those of the process that wrote
+    the record: the same metric rows (wall times included, which no two processes share), its
+    log in the folder; no folder set aside, no log left beside the folders, no temporary file,
+    every lock file still there and free."""
+    records = _records(out)
+    assert sorted(records) == sorted(run_ids)
+    runs = out / "cpu" / "runs"
+    for run_id, record in records.items():
+        folder = Path(record["run-dir"])
+        assert folder == runs / run_id
+        assert record["metrics"] == json.loads((folder / "metrics.json").read_text()), run_id
+        assert record["log"] == str(folder / "flower.log") and (folder / "flower.log").is_file()
+        assert (folder / "flower.log").read_text().count("fedul-flwr: run folder ") == 1, run_id  # one attempt
+    assert not [p for p in runs.iterdir() if SET_ASIDE in p.name or p.name.endswith(".log")]
+    assert not list(out.rglob("*.tmp"))
+    assert {p.stem for p in (runs / LOCK_DIR).glob("*.lock")} == set(run_ids) and not _holders(out)
+
+
+def _trained(output: str) -> list[str]:
+    return RUN_LINE.findall(output)
+
+
+def _list(extra: list[str]) -> list[str]:
+    listed = subprocess.run([*GRID, *extra, "--list", "--out", "/nonexistent"], capture_output=True, text=True, check=True)
+    return [line.split()[0] for line in listed.stdout.splitlines()[:-1]]
+
+
+def test_two_runners_started_together_split_the_grid(tmp_path: Path) -> None:
+    """Each cell is trained by exactly one of them; the other says ``busy`` (or finds it
+    recorded) and goes on with its own cells; together they leave the records of one runner."""
+    out = tmp_path / "out"
+    command = [*GRID, *FOUR, "--out", str(out)]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    second = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outputs = [p.communicate(timeout=600)[0] for p in (first, second)]
+    codes = sorted(p.returncode for p in (first, second))
+    assert codes in ([0, 0], [0, 75]), outputs  # 75: it left a cell the other was still training
+    run_ids = _list(FOUR)
+    trained = _trained(outputs[0]) + _trained(outputs[1])
+    assert sorted(trained) == sorted(run_ids), outputs  # each cell trained once
+    _check_one_writer(out, run_ids)
+
+
+def test_a_runner_started_mid_cell_skips_the_busy_cell_and_touches_nothing_of_it(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    command = [*GRID, *FOUR, "--out", str(out)]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for(lambda: bool(_holders(out)) or first.poll() is not None, 240, "the first runner's first cell")
+        (busy, pid), = _holders(out).items()
+        assert pid == first.pid
+        second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    finally:
+        output = first.communicate(timeout=600)[0]
+    assert f"busy: run {busy} is being trained by PID {first.pid} on host " in second.stdout, second.stdout
+    assert first.returncode in (0, 75) and second.returncode in (0, 75), (output, second.stdout)
+    run_ids = _list(FOUR)
+    assert sorted(_trained(output) + _trained(second.stdout)) == sorted(run_ids)
+    _check_one_writer(out, run_ids)
+
+
+def test_a_sigkilled_runner_leaves_no_worker_and_its_rerun_equals_an_uninterrupted_grid(tmp_path: Path) -> None:
+    """SIGKILL to a ``--jobs 2`` runner mid-training: its workers notice and stop (none alive
+    10 s later, their locks free); the rerun continues each run from its checkpoint to the
+    metrics of a grid that was never interrupted."""
+    two = ["--methods", "fedul,fedpl", "--set", "num-rounds=4", "--jobs", "2"]
+    killed, clean = tmp_path / "killed", tmp_path / "clean"
+    grid = subprocess.Popen([*GRID, *two, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: len(_holders(killed)) == 2 and any((killed / "cpu" / "runs").glob("*/checkpoint.pt")),
+                  300, "two workers training, one checkpoint written")  # fmt: skip
+        workers = list(_holders(killed).values())
+        assert grid.pid not in workers
+        grid.send_signal(signal.SIGKILL)
+        grid.wait()
+        _wait_for(lambda: not any(_alive(pid) for pid in workers), 10, "the orphaned workers to stop")
+    finally:
+        grid.kill()
+    assert not _holders(killed)
+    assert subprocess.run([*GRID, *two, "--out", str(killed)], capture_output=True, timeout=600).returncode == 0
+    assert subprocess.run([*GRID, *two, "--out", str(clean)], capture_output=True, timeout=600).returncode == 0
+    resumed, uninterrupted = _records(killed), _records(clean)
+    assert sorted(resumed) == sorted(uninterrupted) and len(resumed) == 2
+
+    def curve(record: dict) -> list:
+        return [(r["round"], r["test-accuracy"], r["test-loss"]) for r in record["metrics"]]
+
+    for run_id, record in resumed.items():
+        assert curve(record) == curve(uninterrupted[run_id]), run_id
+
+
+def _write_records(path: str, writer: int, times: int) -> int:
+    """``times`` whole records written to ``path``, once both readers read; the errors."""
+    folder = Path(path).parent
+    _wait_for(lambda: len(list(folder.glob("reading-*"))) == 2, 120, "the readers")
+    errors = 0
+    for i in range(times):
+        try:
+            write_json(Path(path), {"writer": writer, "i": i, "payload": [writer * 1000 + i] * 4000})
+        except Exception:  # noqa: BLE001 -- counted
+            errors += 1
+    return errors
+
+
+def _read_records(path: str, reader: int) -> tuple[int, int, int]:
+    """Reads of ``path`` until the writers are done: (whole records, unparsable ones, errors)."""
+    folder = Path(path).parent
+    (folder / f"reading-{reader}").touch()
+    reads = unparsable = errors = 0
+    while not (folder / "done").exists():
+        try:
+            record = json.loads(Path(path).read_text())
+            assert record["payload"] == [record["writer"] * 1000 + record["i"]] * 4000
+            reads += 1
+        except FileNotFoundError:
+            errors += 1
+        except (ValueError, AssertionError, KeyError):
+            unparsable += 1
+    return reads, unparsable, errors
+
+
+def test_concurrent_writers_and_readers_of_one_record_see_only_whole_records(tmp_path: Path) -> None:
+    folder = tmp_path / "records"
+    folder.mkdir()
+    path = folder / "record.json"
+    write_json(path, {"writer": 0, "i": -1, "payload": [-1] * 4000})
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(5) as pool:
+        readers = [pool.apply_async(_read_records, (str(path), r)) for r in range(2)]
+        writers = [pool.apply_async(_write_records, (str(path), w, 150)) for w in (1, 2, 3)]
+        write_errors = [w.get(timeout=300) for w in writers]
+        (tmp_path / "records" / "done").touch()
+        reads = [r.get(timeout=300) for r in readers]
+    assert write_errors == [0, 0, 0]
+    assert all(unparsable == 0 and errors == 0 for _, unparsable, errors in reads), reads
+    assert all(n > 10 for n, _, _ in reads), reads
+    assert sorted(p.name for p in folder.iterdir()) == ["done", "reading-0", "reading-1", "record.json"]  # no temporary file
+
+
+def test_a_failed_cell_run_again_keeps_the_failed_folder_set_aside_with_its_log(
+    tmp_path: Path, small_test_set: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that fails in round 1 (no checkpoint) has a failure record and a folder with the
+    traceback in its log. Run again, its folder is set aside, never deleted: the log is kept,
+    and so is the failure record, inside the set-aside folder and pointing at its log."""
+    from tests.test_grid_runner import _config, _folder, _spec
+
+    spec = _spec()
+    rc = _config(tmp_path, spec)
+    records = tmp_path / "records"
+
+    def boom(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("the disk is full")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(server_app, "save_checkpoint", boom)
+        result = runner.run_cells([(spec, rc)], records)
+    failure_path = runner.failure_path(records, spec.run_id)
+    assert result.exit_code == runner.EXIT_FAILED and failure_path.is_file()
+    assert "the disk is full" in (_folder(rc) / "flower.log").read_text()
+    result = runner.run_cells([(spec, rc)], records)
+    assert result.exit_code == 0 and not failure_path.exists()
+    [aside] = [p for p in _folder(rc).parent.iterdir() if p.name.startswith(f"{spec.run_id}{SET_ASIDE}")]
+    assert "the disk is full" in (aside / "flower.log").read_text()
+    [kept] = aside.glob("failure-*.json")
+    failure = json.loads(kept.read_text())
+    assert failure["log"] == str(aside / "flower.log") and failure["run-dir"] == str(aside)
+    assert result.records[0]["log"] == str(_folder(rc) / "flower.log")
+    assert "the disk is full" not in (_folder(rc) / "flower.log").read_text()
+
+
+WRITES = re.compile(r"""open\([^)]*["'][wax]b?\+?["']|\.open\(\s*["'][wax]|\.write_text\(|\.write_bytes\(|torch\.save\(|"""
+                    r"""savefig\(|np\.save\(|json\.dump\(|\.to_csv\(|shutil\.copy""")
+WRITERS_OUTSIDE_THE_STORE = {
+    # the user's node data folder, written once into a fresh folder (fedul node-data write): not a run's file
+    "fedul_flwr/data/node_dir.py",
+    # a worker's stderr stream (an append-only log)
+    "fedul_flwr/experiments/hassle_bench.py",
+}
+
+
+def test_every_file_write_goes_through_the_store() -> None:
+    """No module of the package and no script writes a file by itself: each write is
+    ``write_atomic`` (a call on the same line) or one of the named exceptions."""
+    found = {}
+    for path in sorted([*(REPO / "fedul_flwr").rglob("*.py"), *(REPO / "scripts").glob("*.py")]):
+        rel = str(path.relative_to(REPO))
+        if rel == "fedul_flwr/store.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if WRITES.search(code) and "write_atomic(" not in code and not code.strip().startswith(('"', "'", "``")):
+                found.setdefault(rel, []).append(f"{number}: {line.strip()}")
+    assert set(found) <= WRITERS_OUTSIDE_THE_STORE, {k: v for k, v in found.items() if k not in WRITERS_OUTSIDE_THE_STORE}
