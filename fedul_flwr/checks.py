@@ -187,6 +187,12 @@ def validate_config(cfg: RunConfig) -> RunConfig:
             f"dataset={cfg.dataset!r}), got {len(cfg.test_prior)}",
         )
     check_aggregation_contract(cfg)
+    from fedul_flwr.privacy import check_numbers
+
+    try:
+        check_numbers(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     _check(
         not cfg.resume or cfg.strategy in RESUMABLE_STRATEGIES,
         f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
@@ -638,10 +644,12 @@ def run(args: argparse.Namespace) -> int:
                 check_clients(cfg, clients)
                 read += f", built its {clients} simulated clients"
         note = read + note
-        if cfg.resume:
-            from fedul_flwr.outputs import run_folder
+        from fedul_flwr.outputs import check_unused, run_folder
 
+        if cfg.resume:
             check_resume(cfg, run_folder(cfg))
+        else:
+            check_unused(cfg)
     except (ConfigError, CheckpointError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

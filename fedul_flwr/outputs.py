@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
 COLUMNS = ("round", "train-loss", "test-loss", "test-accuracy", "test-error", "val-accuracy", "val-error", "failed-replies",
            "idle-replies", "wall-time")  # fmt: skip
-__all__ = ["COLUMNS", "RunFolderInUse", "RunOutputs", "RunStopped", "read_metrics", "run_folder", "running_time", "slug"]
+__all__ = ["COLUMNS", "RunFolderExists", "RunFolderInUse", "RunOutputs", "RunStopped", "check_unused", "read_metrics",
+           "run_folder", "running_time", "slug"]
 
 
 class RunStopped(Exception):
@@ -202,9 +203,9 @@ class RunOutputs:
         ------
         RunFolderInUse
             If a live run holds the folder (names its PID and host).
-        FileExistsError
+        RunFolderExists
             If the folder holds files and ``resume`` is not set: an earlier run's metrics and
-            checkpoint are never overwritten.
+            checkpoint are never overwritten (a ``ConfigError`` and a ``FileExistsError``).
         FileNotFoundError
             With ``resume=true``, if the run folder does not exist (it is not created).
         CheckpointError
@@ -404,16 +405,28 @@ class RunOutputs:
         return line
 
 
-def _check_unused(path: Path, cfg: RunConfig) -> None:
-    """Refuse a new run in a folder that holds files.
+class RunFolderExists(ConfigError, FileExistsError):
+    """A new run (no ``resume=true``) names a run folder that holds an earlier run's files."""
+
+
+def check_unused(cfg: RunConfig) -> None:
+    """Refuse a new run whose run folder holds files (a no-op with ``resume=true``, which
+    :func:`fedul_flwr.checks.check_resume` checks). Reads only.
 
     Raises
     ------
-    FileExistsError
+    RunFolderExists
         Naming the folder and what to do.
+    ConfigError
+        If ``run-name`` is not one folder name.
     """
+    if not cfg.resume:
+        _check_unused(run_folder(cfg), cfg)
+
+
+def _check_unused(path: Path, cfg: RunConfig) -> None:
     if path.is_dir() and any(path.iterdir()):
-        raise FileExistsError(
+        raise RunFolderExists(
             f"run folder {path} exists (run-name={cfg.run_name!r}): set resume=true to continue that run, "
             "or choose another run-name (or remove the folder) to start a new one"
         )

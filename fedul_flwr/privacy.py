@@ -109,7 +109,6 @@ from flwr.app import (
     Message,
     MessageType,
     MetricRecord,
-    RecordDict,
 )
 from flwr.common.constant import ErrorCode
 from flwr.clientapp.typing import ClientAppCallable
@@ -124,10 +123,11 @@ from flwr.serverapp.strategy import (
 
 from fedul_flwr import wire
 from fedul_flwr.config import CHOICES, RunConfig, config_from_json
+from fedul_flwr.console import PROGRESS
 
 __all__ = [
     "ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "SERVER_MODES", "NoisedMean", "NonFiniteUpdateError", "add_noise",
-    "clip_update", "clipped_count_stddev", "local_dp_mod", "privacy_spent", "release_generator",
+    "check_numbers", "clip_update", "clipped_count_stddev", "local_dp_mod", "privacy_spent", "release_generator",
     "update_noise_multiplier", "with_server_dp",
 ]  # fmt: skip
 
@@ -250,6 +250,56 @@ def sample_size(cfg: RunConfig, num_nodes: int) -> int:
     return max(1, min(num_nodes, max(int(num_nodes * cfg.fraction_train), cfg.min_train_nodes)))
 
 
+MAX_NOISE_STD = 1e30
+"""The largest noise standard deviation on the sum of updates (z C) a server-side DP run
+accepts: far beyond it the noised float32 model overflows (its largest value is 3.4e38), and
+long before it no model survives the noise."""
+MAX_CLIP_NORM_LR = 10.0
+"""The largest ``dp-clip-norm-lr``: C changes by up to exp(eta) per round (Andrew et al. use
+eta = 0.2; at 10, a factor 2.2e4 per round)."""
+
+
+def check_numbers(cfg: RunConfig) -> None:
+    """Refuse DP settings the run could not compute with: every value finite, the noise within
+    :data:`MAX_NOISE_STD`, ``dp-clip-norm-lr`` at most :data:`MAX_CLIP_NORM_LR`, and an epsilon
+    the accountant computes (``dp-accounting`` overflows for multipliers beyond about 1e200 or
+    below 1e-200). A no-op without DP.
+
+    Raises
+    ------
+    ValueError
+        One line naming the key and the value.
+    """
+    mode = cfg.differential_privacy
+    if mode == "none":
+        return
+    d = cfg.as_dict()
+    keys = {"server-fixed": ("dp-noise-multiplier", "dp-clipping-norm", "dp-delta"),
+            "server-adaptive": ("dp-noise-multiplier", "dp-clipping-norm", "dp-delta", "dp-clip-norm-lr",
+                                "dp-clipped-count-stddev"),
+            "client-local": ("dp-epsilon", "dp-sensitivity", "dp-clipping-norm", "dp-delta")}[mode]  # fmt: skip
+    for key in keys:
+        if not math.isfinite(d[key]):
+            raise ValueError(f"{key}={d[key]} must be a finite number")
+    if mode in SERVER_MODES and cfg.dp_noise_multiplier * cfg.dp_clipping_norm > MAX_NOISE_STD:
+        raise ValueError(
+            f"dp-noise-multiplier={cfg.dp_noise_multiplier:g} x dp-clipping-norm={cfg.dp_clipping_norm:g}: noise of "
+            f"standard deviation above {MAX_NOISE_STD:g} on the sum of updates overflows the model's float32 weights"
+        )
+    if mode == "server-adaptive" and cfg.dp_clip_norm_lr > MAX_CLIP_NORM_LR:
+        raise ValueError(f"dp-clip-norm-lr={cfg.dp_clip_norm_lr:g} must be at most {MAX_CLIP_NORM_LR:g} (C changes by "
+                         "up to exp(dp-clip-norm-lr) per round; Andrew et al. use 0.2)")  # fmt: skip
+    key = "dp-epsilon" if mode == "client-local" else "dp-noise-multiplier"
+    try:
+        if mode == "server-adaptive":
+            update_noise_multiplier(cfg.dp_noise_multiplier, clipped_count_stddev(cfg, 1))
+        spent = privacy_spent(cfg, 1, 1)
+    except (ArithmeticError, ValueError) as exc:
+        raise ValueError(f"{key}={d[key]:g}: the accountant cannot compute its epsilon ({type(exc).__name__}: {exc})") from None
+    if not all(math.isfinite(v) and v >= 0 for v in spent.values()):
+        raise ValueError(f"{key}={d[key]:g}: the accountant gives no finite epsilon for it ({spent})")
+
+
 def clipped_count_stddev(cfg: RunConfig, cohort: int) -> float:
     """sigma_b, the standard deviation of the noise on ``server-adaptive``'s count of clipped
     updates (Andrew et al., NeurIPS 2021, Sec. 3), in updates.
@@ -355,14 +405,14 @@ def privacy_spent(cfg: RunConfig, rounds: int, num_nodes: int) -> dict[str, floa
     dict
         ``{"privacy-epsilon": eps, "privacy-epsilon-round": eps_1, "privacy-delta": delta}``:
         eps the composed upper bound of :func:`composed_epsilon` (0 at round 0), eps_1 the
-        exact epsilon of one round's release (:func:`gaussian_epsilon`); ``{}`` when the run's
-        mode is not accounted.
+        exact epsilon of one round's release (:func:`gaussian_epsilon`; 0 at round 0, before any
+        release); ``{}`` when the run's mode is not accounted.
     """
     if cfg.differential_privacy not in ACCOUNTED_MODES:
         return {}
     return {
         wire.PRIVACY_EPSILON: composed_epsilon(cfg, rounds, num_nodes),
-        wire.PRIVACY_EPSILON_ROUND: gaussian_epsilon(noise_multiplier(cfg), cfg.dp_delta),
+        wire.PRIVACY_EPSILON_ROUND: gaussian_epsilon(noise_multiplier(cfg), cfg.dp_delta) if rounds > 0 else 0.0,
         wire.PRIVACY_DELTA: cfg.dp_delta,
     }
 
@@ -399,6 +449,9 @@ class NoisedMean:
         if arrays is None or self.dp_noise_std is None:
             return arrays, metrics
         noisy = add_noise(arrays.to_numpy_ndarrays(), self.dp_noise_std, release_generator())
+        if not all(np.isfinite(a).all() for a in noisy):
+            raise FloatingPointError(f"round {server_round}: the noised model holds non-finite values (noise of standard "
+                                     f"deviation {self.dp_noise_std:.3g} per coordinate): lower dp-noise-multiplier")  # fmt: skip
         arrays = ArrayRecord({k: Array(np.asarray(v)) for k, v in zip(arrays.keys(), noisy, strict=True)})
         # a copy: the server step may empty the record it is handed (FedAvgM does)
         self.dp_release = ArrayRecord({k: Array(np.array(v)) for k, v in zip(arrays.keys(), noisy, strict=True)})
@@ -539,7 +592,14 @@ class QuantileTracking:
     clipped_count_stddev: float
 
     def _geometric_update(self, clipped_fraction: float) -> None:
-        self.clipping_norm *= math.exp(self.clip_norm_lr * (clipped_fraction - self.target_clipped_quantile))
+        try:
+            updated = self.clipping_norm * math.exp(self.clip_norm_lr * (clipped_fraction - self.target_clipped_quantile))
+        except OverflowError:
+            updated = math.inf
+        if not 0 < updated < math.inf:
+            raise FloatingPointError(f"the adaptive clipping norm left the floating-point range ({self.clipping_norm:.3g} "
+                                     f"-> {updated:.3g}): lower dp-clip-norm-lr={self.clip_norm_lr:g}")  # fmt: skip
+        self.clipping_norm = updated
 
     def _noisy_fraction(self, count: int, total: int) -> float:
         return float(release_generator().normal(count, self.clipped_count_stddev)) / float(total)
@@ -597,7 +657,7 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig, num_nodes: int | None = Non
             initial_clipping_norm=cfg.dp_clipping_norm, target_clipped_quantile=cfg.dp_target_clipped_quantile,
             clip_norm_lr=cfg.dp_clip_norm_lr, clipped_count_stddev=count_stddev,
         )  # fmt: skip
-        log(INFO, "fedul-flwr: server-adaptive: cohort m=%d, clipped-count noise sigma_b=%.4g, update noise "
+        PROGRESS.info("fedul-flwr: server-adaptive: cohort m=%d, clipped-count noise sigma_b=%.4g, update noise "
             "multiplier z_Delta=%.4g (z=%g for both queries together)", cohort, count_stddev,
             wrapper.noise_multiplier, cfg.dp_noise_multiplier)  # fmt: skip
     else:

@@ -237,7 +237,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "run-name": "run folder name, one folder inside `output-dir` (no `/`, not `.` or `..`; default: time, "
         "method, dataset, partition, sets, seed)",
         "resume": "continue the run `<output-dir>/<run-name>` from its `checkpoint.pt` up to `num-rounds` "
-        "(needs `run-name`; every strategy but `scaffold`); refused, with nothing written, unless the checkpoint "
+        "(needs `run-name`; every strategy but `scaffold`, the strategies Krum, MultiKrum and Bulyan, and not with "
+        "`differential-privacy=server-adaptive`, whose adapted clipping norm is not checkpointed); refused, with nothing written, unless the checkpoint "
         "was written with the same settings (only `num-rounds`, `output-dir`, `run-name`, `tensorboard`, "
         "`eval-batch-size`, `max-failure-fraction` may differ)",
         "eval-batch-size": "batch size of evaluation (under `torch.inference_mode`)",

@@ -45,7 +45,7 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
                                              "dp-clipping-norm": 1.0, "aggregation-weights": "uniform"}),
     # dp-sensitivity = 2C: two updates clipped to C differ by at most 2C; LocalDpMod's classic sigma
     # formula makes a reply (dp-epsilon, dp-delta)-DP only for dp-epsilon < 1 (the table shows the exact one)
-    *[(f"client-local, dp-epsilon = {e:g}, C = 1", {"differential-privacy": "client-local", "dp-epsilon": e,
+    *[(f"client-local, dp-epsilon = {e:g}, dp-sensitivity = 2, C = 1", {"differential-privacy": "client-local", "dp-epsilon": e,
                                                     "dp-sensitivity": 2.0, "dp-clipping-norm": 1.0}) for e in (1000.0,)],
 ]  # fmt: skip
 

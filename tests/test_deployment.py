@@ -67,7 +67,7 @@ def test_loopback_deployment_three_supernodes(tmp_path: Path) -> None:
     # each SuperNode really ran the ClientApp on its own data folder
     for i in range(3):
         assert (tmp_path / "nodes" / f"node-{i}" / "priors.csv").is_file()
-    (run_dir,) = list((tmp_path / "runs").iterdir())
+    (run_dir,) = [d for d in (tmp_path / "runs").iterdir() if not d.name.startswith(".")]  # .locks aside
     assert (run_dir / "model.pt").is_file()
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert [row["round"] for row in metrics] == list(range(rounds + 1))
@@ -460,7 +460,7 @@ def test_three_supernodes_on_one_host_as_documented(tmp_path: Path) -> None:
     assert returncode == 0, f"{out[-4000:]}\n{logs}"
     assert out.count("finished:completed") == 2, f"{out[-4000:]}\n{logs}"
     runs = tmp_path / "fedul-runs"
-    (first,) = [d for d in runs.iterdir() if d.name != "one-node-dies"]
+    (first,) = [d for d in runs.iterdir() if d.name != "one-node-dies" and not d.name.startswith(".")]  # .locks aside
     summary = (first / "summary.txt").read_text()
     assert "clients=3 " in summary and "failed-replies=0 " in summary and "rounds=2 " in summary, summary
     assert [row["round"] for row in json.loads((first / "metrics.json").read_text())] == [0, 1, 2]

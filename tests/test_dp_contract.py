@@ -301,3 +301,29 @@ def test_fedul_check_refuses_every_adaptive_setting_flower_would_refuse(z: float
 def test_a_zero_clip_norm_step_is_refused_as_flower_would() -> None:
     with pytest.raises(ConfigError, match=r"^dp-clip-norm-lr=0(\.0)? must be > 0"):
         resolve_config({"differential-privacy": "server-adaptive", "dp-clip-norm-lr": 0})
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"differential-privacy": "server-adaptive", "dp-noise-multiplier": 1e200}, r"^dp-noise-multiplier=1e\+200 x dp-clipping-norm=1: noise .* overflows"),
+        ({"differential-privacy": "server-fixed", "dp-noise-multiplier": float("inf")}, r"^dp-noise-multiplier=inf must be a finite number$"),
+        ({"differential-privacy": "server-fixed", "dp-noise-multiplier": 1e50}, r"^dp-noise-multiplier=1e\+50 x dp-clipping-norm=1"),
+        ({"differential-privacy": "server-fixed", "dp-noise-multiplier": 1e-300}, r"^dp-noise-multiplier=1e-300: the accountant cannot compute"),
+        ({"differential-privacy": "client-local", "dp-epsilon": 1e-300}, r"^dp-epsilon=1e-300: the accountant cannot compute"),
+        ({"differential-privacy": "client-local", "dp-epsilon": 1e300}, r"^dp-epsilon=1e\+300: the accountant cannot compute"),
+        ({"differential-privacy": "server-adaptive", "dp-clip-norm-lr": 1e6}, r"^dp-clip-norm-lr=1e\+06 must be at most 10"),
+    ],
+)
+def test_numbers_the_run_cannot_compute_with_are_refused_in_one_line(values: dict, message: str) -> None:
+    """Each of these passed the checks and then crashed the run (a traceback, an OverflowError
+    with no key named, or a non-finite model blamed on the clients)."""
+    with pytest.raises(ConfigError, match=message) as refused:
+        resolve_config(values)
+    assert "\n" not in str(refused.value)
+
+
+def test_round_zero_records_no_epsilon_spent() -> None:
+    cfg = resolve_config({"differential-privacy": "server-fixed", "dp-noise-multiplier": 1.0})
+    assert privacy_spent(cfg, 0, 5)[wire.PRIVACY_EPSILON] == 0 and privacy_spent(cfg, 0, 5)[wire.PRIVACY_EPSILON_ROUND] == 0
+    assert privacy_spent(cfg, 1, 5)[wire.PRIVACY_EPSILON_ROUND] > 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import torch
 from fedul_flwr import cli
 from fedul_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedul_flwr.checks import OUTPUT_KEYS, RESUME_FREE_KEYS, check_resume, resolve_config, resume_conflicts
+from fedul_flwr.config import ConfigError
 from fedul_flwr.experiments import reproduce, runner
 
 SMOKE = ["reproduce", "--grid", "smoke", "--threads", "1"]
@@ -299,3 +301,26 @@ def test_a_cell_of_one_seed_of_several_names_its_seed() -> None:
     row_b = next(line for line in table.splitlines() if line.startswith("| b "))
     assert "15.00 (7.07; 10.00, 20.00)" in row_a and "(seed" not in row_a
     assert "20.00 (seed 1)" in row_b
+
+
+def test_a_record_made_with_other_settings_never_stands_for_the_asked_run(tmp_path: Path) -> None:
+    """A record is keyed by its run id, which does not name --set values: asked with other
+    settings (here server-side DP on a grid recorded without it), the grid is refused in one
+    line naming the record and the settings that differ, nothing trained; output-only keys
+    and keys the record lacks at their default still match it."""
+    spec = _spec()
+    rc = _config(tmp_path, spec)
+    records = tmp_path / "records"
+    records.mkdir()
+    recorded = resolve_config(rc).as_dict()
+    (records / f"{spec.run_id}.json").write_text(json.dumps({"run-id": spec.run_id, "config": recorded}))
+    runner.check_records_match([(spec, {**rc, "verbose": True})], records)  # output-only: the same run
+    older = {k: v for k, v in recorded.items() if k != "dp-clipped-count-stddev"}  # made before the key existed
+    (records / f"{spec.run_id}.json").write_text(json.dumps({"run-id": spec.run_id, "config": older}))
+    runner.check_records_match([(spec, rc)], records)
+    dp = {**rc, "differential-privacy": "server-fixed", "aggregation-weights": "uniform"}
+    with pytest.raises(ConfigError, match=rf"^run {re.escape(spec.run_id)}: its record .* was made with other settings "
+                       r"\(aggregation-weights='num-examples' there, 'uniform' here, differential-privacy='none' there, "
+                       r"'server-fixed' here\)") as refused:  # fmt: skip
+        runner.run_cells([(spec, dp)], records)
+    assert "\n" not in str(refused.value) and not _folder(rc).exists()

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp.strategy import FedAvg
 
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.client_app import app as client_app

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import re
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from fedul_flwr.store import LOCK_DIR, SET_ASIDE, FolderLock, RunFolderInUse, wr
 REPO = Path(__file__).resolve().parent.parent
 GRID = [sys.executable, "-m", "fedul_flwr.cli", "reproduce", "--grid", "smoke", "--threads", "1",
         "--set", "num-rounds=2"]  # fmt: skip
-FOUR = ["--methods", "fedul,fedpl,fedllp,fedavg-10"]
+CELLS = ["--methods", "fedul,fedpl,fedavg-10"]
 RUN_LINE = re.compile(r"(smoke__\S+): last-round test error")
 
 
@@ -96,13 +95,13 @@ def test_two_runners_started_together_split_the_grid(tmp_path: Path) -> None:
     """Each cell is trained by exactly one of them; the other says ``busy`` (or finds it
     recorded) and goes on with its own cells; together they leave the records of one runner."""
     out = tmp_path / "out"
-    command = [*GRID, *FOUR, "--out", str(out)]
+    command = [*GRID, *CELLS, "--out", str(out)]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     second = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs = [p.communicate(timeout=600)[0] for p in (first, second)]
     codes = sorted(p.returncode for p in (first, second))
     assert codes in ([0, 0], [0, 75]), outputs  # 75: it left a cell the other was still training
-    run_ids = _list(FOUR)
+    run_ids = _list(CELLS)
     trained = _trained(outputs[0]) + _trained(outputs[1])
     assert sorted(trained) == sorted(run_ids), outputs  # each cell trained once
     _check_one_writer(out, run_ids)
@@ -110,7 +109,7 @@ def test_two_runners_started_together_split_the_grid(tmp_path: Path) -> None:
 
 def test_a_runner_started_mid_cell_skips_the_busy_cell_and_touches_nothing_of_it(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    command = [*GRID, *FOUR, "--out", str(out)]
+    command = [*GRID, *CELLS, "--out", str(out)]
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         _wait_for(lambda: bool(_holders(out)) or first.poll() is not None, 240, "the first runner's first cell")
@@ -121,7 +120,7 @@ def test_a_runner_started_mid_cell_skips_the_busy_cell_and_touches_nothing_of_it
         output = first.communicate(timeout=600)[0]
     assert f"busy: run {busy} is being trained by PID {first.pid} on host " in second.stdout, second.stdout
     assert first.returncode in (0, 75) and second.returncode in (0, 75), (output, second.stdout)
-    run_ids = _list(FOUR)
+    run_ids = _list(CELLS)
     assert sorted(_trained(output) + _trained(second.stdout)) == sorted(run_ids)
     _check_one_writer(out, run_ids)
 
@@ -130,7 +129,7 @@ def test_a_sigkilled_runner_leaves_no_worker_and_its_rerun_equals_an_uninterrupt
     """SIGKILL to a ``--jobs 2`` runner mid-training: its workers notice and stop (none alive
     10 s later, their locks free); the rerun continues each run from its checkpoint to the
     metrics of a grid that was never interrupted."""
-    two = ["--methods", "fedul,fedpl", "--set", "num-rounds=4", "--jobs", "2"]
+    two = ["--methods", "fedul,fedpl", "--set", "num-rounds=3", "--jobs", "2"]
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     grid = subprocess.Popen([*GRID, *two, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -321,20 +321,6 @@ def test_node_data_write_takes_a_user_dataset(sources, tmp_path: Path) -> None: 
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("ray")
-def test_flwr_run_trains_a_round_on_an_image_folder(tmp_path: Path) -> None:
-    """``flwr run .`` through a real SuperLink and Ray: one round of FedUL on an image folder."""
-    from tests.flower_harness import superlink
-
-    folder = _image_folder(tmp_path / "pets")
-    out = tmp_path / "runs"
-    with superlink(tmp_path) as link:
-        link.run_to_completion(f"dataset='hf:{folder}' num-sets=3 num-rounds=1 batch-size=8 output-dir='{out}' "
-                               "run-name='pets'", "num-supernodes=2 client-resources-num-cpus=1", out / "pets")  # fmt: skip
-    metrics = json.loads((out / "pets" / "metrics.json").read_text())
-    assert [row["round"] for row in metrics] == [0, 1]
-    assert json.loads((out / "pets" / "config.json").read_text())["dataset"] == f"hf:{folder}"
-
-
 def test_the_datasets_page_commands_run_as_printed(tmp_path: Path) -> None:
     """The "Your own images" commands of docs/datasets.md, with /data/pets replaced by a tiny
     image folder: the run settings of the `flwr run` line resolve, and `fedul node-data write`

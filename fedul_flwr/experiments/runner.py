@@ -434,7 +434,9 @@ class _Cell:
 
     @classmethod
     def of(cls, run_config: Mapping[str, Any], path: str) -> _Cell:
-        return cls(Path(run_config["output-dir"]) / run_config["run-name"], Path(path))
+        from fedul_flwr.outputs import resolve_output_dir
+
+        return cls(resolve_output_dir(str(run_config["output-dir"])) / run_config["run-name"], Path(path))
 
     @property
     def log(self) -> Path:
@@ -463,7 +465,7 @@ def _set_aside(cell: _Cell, lock: FolderLock, why: str) -> str:
     set aside (:func:`fedul_flwr.store.set_aside`: renamed, never deleted) with the log of its
     last attempt and its failure record, which is rewritten to point at the set-aside folder and
     log. Returns the note the grid prints ("" when there was no folder)."""
-    from fedul_flwr.store import set_aside, write_json
+    from fedul_flwr.store import set_aside
 
     aside = set_aside(cell.run_dir, lock)
     if aside is None:  # a run that died before it made its folder: its log goes on in the new one
@@ -714,6 +716,39 @@ def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]], datasets: 
             raise ConfigError(f"run {spec.run_id}: {exc} (data-dir is --data-dir, other keys --set KEY=VALUE)") from exc
 
 
+def check_records_match(runs: Sequence[tuple[RunSpec, dict[str, Any]]], records_dir: Path) -> None:
+    """Refuse a grid whose existing records were made with other settings than the ones asked
+    for now (e.g. ``--set differential-privacy=server-fixed`` on a grid recorded without DP):
+    a record is keyed by its run id, which does not name ``--set`` values, so it would stand
+    for a run that was never trained. Settings are compared as :func:`same_settings` does
+    (output-only keys aside, a key the record lacks counting as its default).
+
+    Raises
+    ------
+    fedul_flwr.config.ConfigError
+        Naming the run, its record, and up to three settings that differ.
+    """
+    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.config import ConfigError, default_config
+
+    defaults = default_config()
+    for spec, run_config in runs:
+        path = records_dir / f"{spec.run_id}.json"
+        if not path.is_file():
+            continue
+        recorded = run_settings(json.loads(path.read_text()).get("config", {}))
+        requested = run_settings(resolve_config(dict(run_config)).as_dict())
+        if same_settings(recorded, requested):
+            continue
+        differ = sorted(k for k in {*recorded, *requested} if recorded.get(k, defaults.get(k)) != requested.get(k, defaults.get(k)))
+        shown = ", ".join(f"{k}={recorded.get(k, defaults.get(k))!r} there, {requested.get(k, defaults.get(k))!r} here"
+                          for k in differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")  # fmt: skip
+        raise ConfigError(
+            f"run {spec.run_id}: its record {path} was made with other settings ({shown}); a record answers for the "
+            "run that made it: give these settings another --out, or move that record away to train the run anew"
+        )
+
+
 @dataclass
 class GridResult:
     """What a grid invocation (:func:`run_cells`) leaves.
@@ -834,6 +869,7 @@ def run_cells(
     from tqdm import tqdm
 
     check_run_configs(runs)  # a grid with a bad run is refused before anything runs or is written
+    check_records_match(runs, records_dir)  # a record answers only for the run it was made by
     todo = [(s, rc, str(records_dir / f"{s.run_id}.json")) for s, rc in runs if not (records_dir / f"{s.run_id}.json").exists()]
     if todo:  # a run recorded already, e.g. in another grid, is not trained again
         recorded = _recorded_runs(records_dir)
