@@ -23,7 +23,7 @@ from fedul_flwr.store import LOCK_DIR, SET_ASIDE, FolderLock, RunFolderInUse, wr
 
 REPO = Path(__file__).resolve().parent.parent
 GRID = [sys.executable, "-m", "fedul_flwr.cli", "reproduce", "--grid", "smoke", "--threads", "1",
-        "--set", "num-rounds=2"]  # fmt: skip
+        "--set", "num-rounds=2", "--set", "samples-per-client=150"]  # fmt: skip
 CELLS = ["--methods", "fedul,fedpl,fedavg-10"]
 RUN_LINE = re.compile(r"(smoke__\S+): last-round test error")
 
@@ -129,7 +129,7 @@ def test_a_sigkilled_runner_leaves_no_worker_and_its_rerun_equals_an_uninterrupt
     """SIGKILL to a ``--jobs 2`` runner mid-training: its workers notice and stop (none alive
     10 s later, their locks free); the rerun continues each run from its checkpoint to the
     metrics of a grid that was never interrupted."""
-    two = ["--methods", "fedul,fedpl", "--set", "num-rounds=3", "--jobs", "2"]
+    two = ["--methods", "fedul,fedpl", "--jobs", "2"]
     killed, clean = tmp_path / "killed", tmp_path / "clean"
     grid = subprocess.Popen([*GRID, *two, "--out", str(killed)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
