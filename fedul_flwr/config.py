@@ -536,7 +536,7 @@ def check_values(cfg: RunConfig) -> None:
 
 def check_run_name(name: str) -> None:
     """``run-name`` is empty (a name is made up) or one path component: no separator, not
-    ``.`` or ``..``, not absolute, no ``~``, no control character -- so the run folder
+    hidden (no leading ``.``), not absolute, no ``~``, no control character -- so the run folder
     ``<output-dir>/<run-name>`` always lies inside ``output-dir``.
 
     Raises
@@ -549,6 +549,7 @@ def check_run_name(name: str) -> None:
     why = (
         "contains a path separator" if "/" in name or (os.altsep and os.altsep in name) or "\\" in name
         else "is '.' or '..'" if name in (".", "..")
+        else "starts with '.' (hidden names such as '.locks' belong to the run store)" if name.startswith(".")
         else "starts with '~'" if name.startswith("~")
         else "contains a control character" if any(ord(c) < 32 or ord(c) == 127 for c in name)
         else "has leading or trailing spaces" if name != name.strip()

@@ -48,7 +48,7 @@ import torch
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
-from fedul_flwr.store import FolderLock, RunFolderInUse, utc_stamp, write_atomic
+from fedul_flwr.store import FolderLock, RunFolderInUse, sweep_temporary, utc_stamp, write_atomic
 
 if TYPE_CHECKING:
     from fedul_flwr.strategies import RoundReplies
@@ -230,6 +230,7 @@ class RunOutputs:
                 if not path.is_dir():
                     raise FileNotFoundError(f"resume=true: run folder {path} does not exist")
                 rows = resumed_rows(path, resume_round if resume_round is not None else -1)
+                sweep_temporary(path)  # a killed writer's partial files
             else:
                 _check_unused(path, cfg)
                 try:

@@ -253,7 +253,7 @@ def main(grid: Grid, context: Context) -> None:
     line naming the key and value, then fails (Flower's console shows no traceback of it)."""
     start = time.time()
     typed = grid.run.override_config.keys()  # the --run-config values, as the SuperLink keeps them
-    print_in_one_line(ConfigError, CheckpointError)
+    print_in_one_line(ConfigError, CheckpointError, RunFolderInUse)
     set_verbose(context.run_config.get("verbose") is True)  # quiet also when the settings are refused
     try:
         values, sources = compose_config(context.run_config, given=typed)

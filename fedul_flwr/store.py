@@ -25,13 +25,16 @@ holds. A lock is held by the one process that writes the folder: the ServerApp o
 
 Nothing is deleted. A folder that cannot be continued is renamed ``<name>.set-aside-<UTC
 time>`` (:func:`set_aside`), with its log and summary; :func:`set_aside_folders` lists them and
-the user removes them (``fedul reproduce --clean --yes``).
+the user removes them (``fedul reproduce --clean --yes``). The only files removed otherwise
+are the partial temporary files of a writer that was killed mid-write (:func:`sweep_temporary`,
+when a folder is taken over or set aside, and in a grid's records).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import time
 import uuid
@@ -45,13 +48,15 @@ import filelock
 
 __all__ = [
     "LOCK_DIR", "SET_ASIDE", "FolderLock", "RunFolderInUse", "lock_path", "set_aside", "set_aside_folders",
-    "utc_stamp", "write_atomic", "write_json",
+    "sweep_temporary", "utc_stamp", "write_atomic", "write_json",
 ]  # fmt: skip
 
 LOCK_DIR = ".locks"
 """Folder of an output-dir that holds its run folders' lock files."""
 SET_ASIDE = ".set-aside-"
 """What a set-aside folder's name holds between the run's name and the UTC time."""
+
+_TEMPORARY = re.compile(r"^\..+\.(\d+)-[0-9a-f]{12}\.tmp$")  # ``.<name>.<pid>-<random>.tmp`` of write_atomic
 
 Content = str | bytes | Callable[[IO[bytes]], Any]
 """What :func:`write_atomic` writes: text (UTF-8), bytes, or a function that writes to a binary
@@ -118,6 +123,34 @@ def write_atomic(path: str | os.PathLike[str], content: Content) -> Path:
         tmp.unlink(missing_ok=True)
     _fsync_folder(path.parent)
     return path
+
+
+def sweep_temporary(folder: Path) -> list[Path]:
+    """Remove the temporary files that :func:`write_atomic` left in ``folder`` when its process
+    was killed mid-write (a partial copy of a file, never the file itself): those whose writer's
+    PID no longer runs on this host. Returns them."""
+    swept = []
+    if not folder.is_dir():
+        return swept
+    for path in folder.iterdir():
+        match = _TEMPORARY.match(path.name)
+        if match is None or _running(int(match.group(1))):
+            continue
+        path.unlink(missing_ok=True)
+        swept.append(path)
+    return swept
+
+
+def _running(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def write_json(path: str | os.PathLike[str], value: Any, indent: int | None = 1) -> Path:
@@ -247,6 +280,7 @@ def set_aside(run_dir: Path, lock: FolderLock) -> Path | None:
     lock.check(run_dir)
     if not run_dir.exists():
         return None
+    sweep_temporary(run_dir)
     aside = run_dir.with_name(f"{run_dir.name}{SET_ASIDE}{utc_stamp(precise=True)}")
     run_dir.rename(aside)
     _fsync_folder(run_dir.parent)

@@ -27,6 +27,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
+from fedul_flwr.checks import RESUME_FREE_KEYS
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -237,10 +240,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "run-name": "run folder name, one folder inside `output-dir` (no `/`, not `.` or `..`; default: time, "
         "method, dataset, partition, sets, seed)",
         "resume": "continue the run `<output-dir>/<run-name>` from its `checkpoint.pt` up to `num-rounds` "
-        "(needs `run-name`; every strategy but `scaffold`, the strategies Krum, MultiKrum and Bulyan, and not with "
-        "`differential-privacy=server-adaptive`, whose adapted clipping norm is not checkpointed); refused, with nothing written, unless the checkpoint "
-        "was written with the same settings (only `num-rounds`, `output-dir`, `run-name`, `tensorboard`, "
-        "`eval-batch-size`, `max-failure-fraction` may differ)",
+        "(needs `run-name`; strategies " + ", ".join(f"`{k}`" for k in RESUMABLE_STRATEGIES) + ", not with "
+        "`differential-privacy=server-adaptive`, whose adapted clipping norm is not checkpointed); refused, with "
+        "nothing written, unless the checkpoint was written with the same settings (only "
+        + ", ".join(f"`{k}`" for k in RESUME_FREE_KEYS) + " may differ)",
         "eval-batch-size": "batch size of evaluation (under `torch.inference_mode`)",
         "device": "`auto` (CUDA when present), `cpu`, `cuda`",
         "client-threads": "torch threads per client: `0` = the client's CPU share (`OMP_NUM_THREADS`, set by Ray "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import re
 import signal
 import subprocess
@@ -258,3 +259,58 @@ def test_every_file_write_goes_through_the_store() -> None:
             if WRITES.search(code) and "write_atomic(" not in code and not code.strip().startswith(('"', "'", "``")):
                 found.setdefault(rel, []).append(f"{number}: {line.strip()}")
     assert set(found) <= WRITERS_OUTSIDE_THE_STORE, {k: v for k, v in found.items() if k not in WRITERS_OUTSIDE_THE_STORE}
+
+
+def test_a_busy_cell_freed_during_the_pass_is_run_and_an_identical_cell_is_trained_once(
+    tmp_path: Path, small_test_set: None, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Cell A's folder is held (another runner) when the grid reaches it, and freed while cell B
+    trains: the grid runs A in a second pass instead of exiting 75 for a cell nobody trains.
+    Cell C has B's settings under another name: it gets B's record (``same-run-as``), even
+    though B was recorded during this invocation."""
+    from tests.test_grid_runner import _config, _folder, _spec
+
+    a, b, c = _spec(column="A"), _spec(column="B"), _spec(column="C")
+    rc = {s.column: _config(tmp_path, s) for s in (a, b, c)}
+    rc["A"] = {**rc["A"], "lr": 2 * rc["A"]["lr"]}  # another run than B and C
+    other_runner = FolderLock.acquire(_folder(rc["A"]))
+    original = server_app.save_checkpoint
+
+    def release_a(run_dir, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if Path(run_dir) == _folder(rc["B"]):
+            other_runner.release()
+        return original(run_dir, *args, **kwargs)
+
+    monkeypatch.setattr(server_app, "save_checkpoint", release_a)
+    result = runner.run_cells([(a, rc["A"]), (b, rc["B"]), (c, rc["C"])], tmp_path / "records")
+    out = capsys.readouterr().out
+    assert f"busy: run {a.run_id} is being trained by PID {os.getpid()} on host " in out
+    assert "1 cell(s) another runner held are free now: running them" in out
+    assert result.exit_code == 0 and not result.busy and len(result.records) == 3
+    records = {r["spec"]["column"]: r for r in result.records}
+    assert records["C"]["same-run-as"] == b.run_id and "same-run-as" not in records["B"]
+    assert not _folder(rc["C"]).exists()  # nothing trained for C
+
+
+def test_a_writer_killed_mid_write_leaves_no_partial_file_once_the_folder_is_taken_again(tmp_path: Path) -> None:
+    """SIGKILL between a temporary file's write and its rename leaves ``.<name>.<pid>-<hex>.tmp``:
+    the next holder of the folder (a resume, a set-aside, a grid's records) removes those of dead
+    writers only; a live writer's temporary file and every real file stay."""
+    from fedul_flwr.store import set_aside, sweep_temporary
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_json(folder / "metrics.json", [{"round": 0}])
+    partial = folder / f".metrics.csv.{dead.pid}-0123456789ab.tmp"
+    live = folder / f".metrics.json.{os.getpid()}-0123456789ab.tmp"
+    partial.write_bytes(b"round,test-acc")
+    live.write_bytes(b"[")
+    assert sweep_temporary(folder) == [partial]
+    assert sorted(p.name for p in folder.iterdir()) == sorted([live.name, "metrics.json"])
+    partial.write_bytes(b"round,test-acc")
+    live.unlink()
+    with FolderLock.acquire(folder) as lock:
+        aside = set_aside(folder, lock)
+    assert aside is not None and [p.name for p in aside.iterdir()] == ["metrics.json"]

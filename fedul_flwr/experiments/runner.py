@@ -65,7 +65,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -344,8 +344,8 @@ def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
 
     try:
         ckpt = load_checkpoint(Path(run_config["output-dir"]) / run_config["run-name"])
-    except CheckpointMissing:  # the run stopped before its first round
-        return 0, "it has no checkpoint (no round finished)"
+    except CheckpointMissing:  # the run stopped before its first checkpoint
+        return 0, "it has no checkpoint (no round was checkpointed)"
     except CheckpointError as exc:  # unreadable
         return 0, str(exc)
     if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
@@ -513,6 +513,8 @@ def _execute_to_file(
         if cell.record.is_file():  # another runner finished it since this one listed its cells
             return RunOutcome(spec.run_id, "recorded", json.loads(cell.record.read_text()),
                               note=f"recorded meanwhile by another runner: {cell.record}")  # fmt: skip
+        if _share_record(spec, run_config, cell.record, _recorded_runs(cell.record.parent)):  # one trained meanwhile
+            return RunOutcome(spec.run_id, "recorded", json.loads(cell.record.read_text()))
         return _train_cell(spec, run_config, cell, lock, threads, jobs, stop_at)
 
 
@@ -876,6 +878,10 @@ def run_cells(
         todo = [(s, rc, path) for s, rc, path in todo if not _share_record(s, rc, Path(path), recorded)]
     check_run_configs([(s, rc) for s, rc, _ in todo], datasets=True)  # every image the runs will train on
     records_dir.mkdir(parents=True, exist_ok=True)
+    from fedul_flwr.store import sweep_temporary
+
+    for folder in (records_dir, records_dir / FAILED_DIR):
+        sweep_temporary(folder)  # partial records of a killed writer
     per_run = threads_per_job(threads, jobs)
     soft, hard = stop_times(stop_after, started) if stop_after is not None else (None, None)
     print(f"[{name}] {len(runs) - len(todo)} of {len(runs)} runs have records; running {len(todo)}, "
@@ -900,29 +906,52 @@ def run_cells(
             elif outcome.status == "stopped":
                 when = f"after round {outcome.round} (checkpointed)" if outcome.round else "before its first round"
                 bar.write(f"{head} {outcome.run_id}: stopped by the time limit {when}")
-            elif outcome.status == "recorded":
+            elif outcome.status == "recorded" and outcome.note:
                 bar.write(f"{head} {outcome.run_id}: recorded meanwhile by another runner")
 
-        args = [(spec, rc, path, per_run, jobs, soft) for spec, rc, path in todo]
-        if soft is not None and time.time() >= soft:
-            args = []  # no time left for a round: start no worker
-        if jobs <= 1 and hard is None:
-            for item in args:
-                report(_execute_to_file(*item))
-        else:
+        def run(items: list[tuple[Any, ...]]) -> None:
+            if soft is not None and time.time() >= soft:
+                return  # no time left for a round: start no worker
+            if jobs <= 1 and hard is None:
+                for item in items:
+                    report(_execute_to_file(*item))
+                return
             # SIGTERM (kill, a scheduler's time limit) becomes SystemExit here, so leaving the
             # ``with`` block terminates the workers instead of leaving them running orphaned
             previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
             try:
-                run_in_workers(args, jobs, hard, report)
+                run_in_workers(items, jobs, hard, report)
             finally:
                 signal.signal(signal.SIGTERM, previous)
-    left = [RunOutcome(s.run_id, "not-started", round=_checkpoint_round(Path(rc["output-dir"]) / rc["run-name"]))
-            for s, rc, _ in todo if s.run_id not in outcomes]  # fmt: skip
-    unfinished = [o for o in outcomes.values() if o.status in ("stopped", "not-started")] + left
+
+        args = {spec.run_id: (spec, rc, path, per_run, jobs, soft) for spec, rc, path in todo}
+        run(list(args.values()))
+        # a cell another runner held may be free by now (that runner ended or stopped it): one more pass
+        again = [args[o.run_id] for o in outcomes.values() if o.status == "busy" and _free(args[o.run_id])]
+        if again:
+            bar.write(f"[{name}] {len(again)} cell(s) another runner held are free now: running them")
+            run(again)
+    records_done = {s.run_id for s, _, path in todo if Path(path).exists()}
+    mine = [o for o in outcomes.values() if o.status in ("stopped", "not-started") and o.run_id not in records_done]
+    held = [o for o in outcomes.values() if o.status == "busy" and o.run_id not in records_done]
+    for spec, rc, path in todo:  # never tried (the time limit): this runner's, unless another runner has it
+        if spec.run_id in outcomes or spec.run_id in records_done:
+            continue
+        outcome = RunOutcome(spec.run_id, "not-started", round=_checkpoint_round(_Cell.of(rc, path).run_dir))
+        (mine if _free(args[spec.run_id]) else held).append(outcome)
     failed = [o.record for o in outcomes.values() if o.status == "failed" and o.record is not None]
-    busy = [o for o in outcomes.values() if o.status == "busy" and not (records_dir / f"{o.run_id}.json").exists()]
-    return GridResult(load_records([s for s, _ in runs], records_dir), failed, unfinished, stop_after, busy)
+    return GridResult(load_records([s for s, _ in runs], records_dir), failed, mine, stop_after, held)
+
+
+def _free(item: tuple[Any, ...]) -> bool:
+    """Whether the run folder of a cell (:func:`_execute_to_file`'s arguments) has no live holder."""
+    from fedul_flwr.store import FolderLock, RunFolderInUse
+
+    try:
+        FolderLock.acquire(_Cell.of(item[1], item[2]).run_dir).release()
+    except RunFolderInUse:
+        return False
+    return True
 
 
 def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
