@@ -151,6 +151,7 @@ class RunConfig:
     tensorboard: bool
     verbose: bool
     eval_batch_size: int
+    evaluate_every: int
     device: str
     client_threads: int
     precision: str
@@ -492,8 +493,8 @@ def check_values(cfg: RunConfig) -> None:
     d = cfg.as_dict()
     for key, allowed in CHOICES.items():
         _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}{closest(d[key], allowed)}")
-    for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "min-available-nodes", "shards-per-client",
-                "num-labeled"):  # fmt: skip
+    for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "evaluate-every", "min-available-nodes",
+                "shards-per-client", "num-labeled"):  # fmt: skip
         _check(d[key] >= 1, f"{key}={d[key]} must be >= 1")
     for key in ("val-fraction", "client-test-fraction"):
         _check(0.0 <= d[key] < 1.0, f"{key}={d[key]} must be in [0, 1)")

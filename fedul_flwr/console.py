@@ -141,9 +141,9 @@ class RoundClock:
         self.start_round = start_round
         self.started = self.last = time.monotonic()
 
-    def line(self, server_round: int, accuracy: float) -> str:
+    def line(self, server_round: int, accuracy: float | None) -> str:
         """The line after ``server_round`` (round ``start_round``: the initial model); accuracy
-        in [0, 1]."""
+        in [0, 1], ``None`` for a round not evaluated (``evaluate-every``)."""
         now = time.monotonic()
         took, self.last = now - self.last, now
         if server_round <= self.start_round:  # the estimate counts the training rounds only
@@ -151,5 +151,5 @@ class RoundClock:
             return f"round {server_round}/{self.num_rounds}: test-accuracy {100 * accuracy:.2f}% (initial model)"
         per_round = (now - self.started) / (server_round - self.start_round)
         eta = per_round * (self.num_rounds - server_round)
-        return (f"round {server_round}/{self.num_rounds}: test-accuracy {100 * accuracy:.2f}%, "
-                f"{took:.1f}s, ETA {_clock(eta)}")  # fmt: skip
+        tested = "" if accuracy is None else f"test-accuracy {100 * accuracy:.2f}%, "
+        return f"round {server_round}/{self.num_rounds}: {tested}{took:.1f}s, ETA {_clock(eta)}"

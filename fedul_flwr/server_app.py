@@ -85,7 +85,7 @@ def resume_from(ckpt: Checkpoint | None, models: nn.ModuleDict, strategy: Strate
 class RoundEnd:
     """What the server does after every round (Flower's ``evaluate_fn``, called at round 0
     and after each round): evaluate every predictor of the method on the test split (and the
-    validation hold-out), record the round's aggregated train metrics and training replies
+    validation hold-out) at round 0, every ``evaluate-every``-th round and the last round, record the round's aggregated train metrics and training replies
     (:meth:`record_replies`) and the test metrics, print the progress line, and write the
     checkpoint of a trained round."""
 
@@ -106,6 +106,12 @@ class RoundEnd:
         self.clock = RoundClock(self.cfg.num_rounds, self.start_round)
         # per test set: a model unchanged since the last round runs no forward
         self.caches = {"test": EvaluationCache(), "val": EvaluationCache()}
+
+    def evaluates(self, server_round: int) -> bool:
+        """Whether round ``server_round`` is evaluated centrally: the initial model, every
+        ``evaluate-every``-th round and the last round."""
+        return (server_round <= self.start_round or server_round >= self.cfg.num_rounds
+                or server_round % self.cfg.evaluate_every == 0)  # fmt: skip
 
     def test(self, x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
         """``<prefix>-loss``/``-accuracy``/``-error`` of the headline predictor, with
@@ -138,11 +144,13 @@ class RoundEnd:
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         server_round += self.start_round  # Flower counts the rounds of this start() from 1
         global_arrays = arrays.to_torch_state_dict()
-        self.models.load_state_dict(global_arrays)
-        metrics = self.test(self.data.test_x, self.data.test_y, "test")
-        if self.val_idx is not None:
-            val = self.test(self.data.train_x[self.val_idx], self.data.train_y[self.val_idx], "val")
-            metrics.update({k: v for k, v in val.items() if not k.startswith("val-loss")})
+        metrics: dict[str, float] = {}
+        if self.evaluates(server_round):
+            self.models.load_state_dict(global_arrays)
+            metrics = self.test(self.data.test_x, self.data.test_y, "test")
+            if self.val_idx is not None:
+                val = self.test(self.data.train_x[self.val_idx], self.data.train_y[self.val_idx], "val")
+                metrics.update({k: v for k, v in val.items() if not k.startswith("val-loss")})
         inner = inner_strategy(self.strategy)
         train = inner.last_train_metrics  # this round's aggregate (evaluation comes last)
         if train is not None:  # recorded as the run goes (not at the end), so a stopped run keeps them
@@ -155,7 +163,7 @@ class RoundEnd:
         if self.cfg.differential_privacy == "server-adaptive" and clipped_to is not None:
             spent[wire.PRIVACY_CLIPPING_NORM] = clipped_to
         self.outputs.record(server_round, **metrics, **spent)
-        progress = self.clock.line(server_round, metrics["test-accuracy"])
+        progress = self.clock.line(server_round, metrics.get("test-accuracy"))
         if spent:
             progress += f", epsilon {spent[wire.PRIVACY_EPSILON]:.4g} (delta {spent[wire.PRIVACY_DELTA]:g})"
         PROGRESS.info(progress)

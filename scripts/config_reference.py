@@ -245,6 +245,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "nothing written, unless the checkpoint was written with the same settings (only "
         + ", ".join(f"`{k}`" for k in RESUME_FREE_KEYS) + " may differ)",
         "eval-batch-size": "batch size of evaluation (under `torch.inference_mode`)",
+        "evaluate-every": "central evaluation (test set, validation hold-out) every N rounds, and always at round 0 "
+        "and the last round, as pfl-research's `evaluation_frequency`; the other rounds' rows hold their training "
+        "replies and privacy figures, and their progress line no accuracy",
         "device": "`auto` (CUDA when present), `cpu`, `cuda`",
         "client-threads": "torch threads per client: `0` = the client's CPU share (`OMP_NUM_THREADS`, set by Ray "
         "from `client-resources-num-cpus`), n = exactly n. The thread count changes float reduction order, so "

@@ -12,6 +12,7 @@ import csv
 import hashlib
 import json
 import logging
+import re
 import os
 import signal
 import subprocess
@@ -270,3 +271,17 @@ def test_a_client_error_under_ray_keeps_its_type(tmp_path: Path) -> None:
     context: Context = grid.contexts[1]
     _, reply, _ = VirtualClientEngineActor.run(object.__new__(VirtualClientEngineActor), lambda: client_app, msg, "0", context)
     assert reply.has_error() and error_type(reply.error) == "ValueError", reply.error
+
+
+def test_evaluate_every_skips_central_evaluation_between_and_keeps_the_last_round(tmp_path: Path, caplog) -> None:
+    """``evaluate-every=2`` over 3 rounds: rounds 0, 2 and 3 (the last) are evaluated; round 1's
+    row holds its training replies but no test metric, and its progress line no accuracy; the
+    summary and the saved model are those of the last round."""
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        outputs = _run(tmp_path, **{"num-rounds": 3, "run-name": "every", "evaluate-every": 2})
+    rows = {r["round"]: r for r in json.loads((outputs.path / "metrics.json").read_text())}
+    assert [r for r in sorted(rows) if "test-accuracy" in rows[r]] == [0, 2, 3]
+    assert "test-loss" not in rows[1] and rows[1]["trained-nodes"]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
+    assert re.match(r"round 1/3: \d+\.\ds, ETA ", lines[1]) and "test-accuracy" in lines[2], lines
+    assert f"final-test-accuracy={100 * rows[3]['test-accuracy']:.2f}% " in outputs.summary()
