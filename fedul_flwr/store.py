@@ -142,6 +142,7 @@ def sweep_temporary(folder: Path) -> list[Path]:
 
 
 def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists on this host."""
     if pid == os.getpid():
         return True
     try:
@@ -184,13 +185,8 @@ def _holder(path: Path) -> str:
         pid, host = int(holder["pid"]), str(holder["host"])
     except (OSError, ValueError, KeyError, TypeError):
         return "a process that is still starting (its lock file names no holder yet)"
-    if host == socket.gethostname():
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:  # the lock was taken since, by one that has not written itself yet
-            return "a process that is still starting (its lock file names no holder yet)"
-        except PermissionError:
-            pass
+    if host == socket.gethostname() and not _running(pid):  # taken since, by one not yet written in
+        return "a process that is still starting (its lock file names no holder yet)"
     return f"PID {pid} on host {host}"
 
 

@@ -219,10 +219,20 @@ def superlink(tmp_path: Path, extra_env: dict[str, str] | None = None) -> Iterat
         "--log-file",
         str(log_file),
     ]
-    process = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    with serving(cmd, env, tmp_path, port, log_file, connection="test") as link:
+        yield link
+
+
+@contextmanager
+def serving(cmd: list[str], env: dict[str, str], cwd: Path, port: int, log_file: Path,
+            connection: str) -> Iterator[SuperLink]:  # fmt: skip
+    """Start the SuperLink ``cmd`` in its own session, wait until it answers on ``port``, yield
+    it, and stop its whole process group afterwards (SIGTERM, SIGKILL after 20 s)."""
+    process = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                               start_new_session=True)  # fmt: skip
     try:
         wait_healthy(process, port, log_file)
-        yield SuperLink(process=process, connection="test", env=env, log_file=log_file)
+        yield SuperLink(process=process, connection=connection, env=env, log_file=log_file)
     finally:
         try:
             os.killpg(process.pid, 15)

@@ -50,12 +50,12 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 
-from tests.flower_harness import BIN, SuperLink, app_dir, flower_env, free_port, printed_lines, ray_cluster, wait_healthy
+from tests.flower_harness import BIN, SuperLink, app_dir, flower_env, free_port, printed_lines, ray_cluster, serving
 
 REPO = Path(__file__).resolve().parent.parent
 PAGES = ("README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md"))))
@@ -483,17 +483,9 @@ def docs_superlink(docs_world: World) -> Iterator[SuperLink]:
            "--host", "127.0.0.1", "--port", port, "--log-file", str(home / "superlink.log"),
            "--database", str(home / "state.db")]  # fmt: skip
     with ray_cluster(nodes=1, cpus_per_node=len(os.sched_getaffinity(0))) as ray:
-        process = subprocess.Popen(cmd, env={**env, "RAY_ADDRESS": ray.address}, cwd=docs_world.root,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            wait_healthy(process, int(port), home / "superlink.log")
-            yield SuperLink(process=process, connection="local", env=env, log_file=home / "superlink.log")
-        finally:
-            try:
-                os.killpg(process.pid, 15)
-                process.wait(timeout=20)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(process.pid, 9)
+        with serving(cmd, {**env, "RAY_ADDRESS": ray.address}, docs_world.root, int(port), home / "superlink.log",
+                     connection="local") as link:  # fmt: skip
+            yield replace(link, env=env)  # the commands' environment has no RAY_ADDRESS
 
 
 def _write_nodes(out: Path, run_config: str, nodes: int = 1, max_set_size: int = 5) -> Path:

@@ -731,20 +731,18 @@ def check_records_match(runs: Sequence[tuple[RunSpec, dict[str, Any]]], records_
         Naming the run, its record, and up to three settings that differ.
     """
     from fedul_flwr.checks import resolve_config
-    from fedul_flwr.config import ConfigError, default_config
+    from fedul_flwr.config import ConfigError
 
-    defaults = default_config()
     for spec, run_config in runs:
         path = records_dir / f"{spec.run_id}.json"
         if not path.is_file():
             continue
         recorded = run_settings(json.loads(path.read_text()).get("config", {}))
-        requested = run_settings(resolve_config(dict(run_config)).as_dict())
-        if same_settings(recorded, requested):
+        differ = setting_differences(recorded, run_settings(resolve_config(dict(run_config)).as_dict()))
+        if not differ:
             continue
-        differ = sorted(k for k in {*recorded, *requested} if recorded.get(k, defaults.get(k)) != requested.get(k, defaults.get(k)))
-        shown = ", ".join(f"{k}={recorded.get(k, defaults.get(k))!r} there, {requested.get(k, defaults.get(k))!r} here"
-                          for k in differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")  # fmt: skip
+        shown = ", ".join(f"{k}={a!r} there, {b!r} here" for k, a, b in differ[:3]) + (
+            f" and {len(differ) - 3} more" if len(differ) > 3 else "")  # fmt: skip
         raise ConfigError(
             f"run {spec.run_id}: its record {path} was made with other settings ({shown}); a record answers for the "
             "run that made it: give these settings another --out, or move that record away to train the run anew"
@@ -978,10 +976,17 @@ def same_settings(recorded: Mapping[str, Any], requested: Mapping[str, Any]) -> 
     (added to the project after its record was written) counts as its default, the rule a
     resumed checkpoint follows (:func:`fedul_flwr.checks.resume_conflicts`): a new key's
     default keeps the behaviour the older record was trained with."""
+    return not setting_differences(recorded, requested)
+
+
+def setting_differences(recorded: Mapping[str, Any], requested: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, recorded value, requested value) of every setting two runs differ in, sorted by key,
+    a key one of them lacks counting as its default (:func:`same_settings`)."""
     from fedul_flwr.config import default_config
 
     defaults = default_config()
-    return all(recorded.get(k, defaults.get(k)) == requested.get(k, defaults.get(k)) for k in {*recorded, *requested})
+    pairs = ((k, recorded.get(k, defaults.get(k)), requested.get(k, defaults.get(k))) for k in sorted({*recorded, *requested}))
+    return [(k, a, b) for k, a, b in pairs if a != b]
 
 
 def _recorded_runs(records_dir: Path) -> list[tuple[int, dict[str, Any], dict[str, Any]]]:
