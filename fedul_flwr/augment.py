@@ -38,8 +38,8 @@ Python, and its ``warp_affine`` samples through ``grid_sample`` in float (times 
 
 Randomness: one draw from the client's generator (run seed, round, node) seeds the batch. The
 crop, rotation and RandAugment draw from a CPU generator seeded from it; Kornia's flip and
-erasing sample from torch's global CPU generator, so for them that generator is forked
-(``torch.random.fork_rng``) and seeded from the batch seed. The views therefore depend only on
+erasing sample from torch's global CPU generator, so for them that generator is forked and
+seeded from the batch seed (:func:`fedul_flwr.rng.seeded_global_rng`, one thread at a time). The views therefore depend only on
 the client's generator: the same seed gives the same parameters on every device (the same
 pixels on the same device), and the global random state is neither used nor changed.
 
@@ -69,6 +69,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fedul_flwr.registry import Registry
+from fedul_flwr.rng import seeded_global_rng
 
 __all__ = ["AUGMENTATIONS", "MIRRORED", "RANDAUGMENT_OPS", "Augmentation", "RandAugment", "ReflectCrop", "build_augmentation"]
 
@@ -422,8 +423,7 @@ class Augmentation:
         own = torch.Generator().manual_seed(seed)
         if not self._global_rng:
             return self._apply(images, own)
-        with torch.random.fork_rng(devices=[]):  # Kornia samples on the CPU, whatever the device
-            torch.default_generator.manual_seed(seed)
+        with seeded_global_rng(seed):  # Kornia samples on the CPU, whatever the device
             return self._apply(images, own)
 
     def _apply(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -15,6 +15,7 @@ Evaluate: test the method's headline predictor on the client's labeled local tes
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from logging import ERROR, INFO
 from typing import Any
@@ -99,16 +100,17 @@ def _client(msg: Message, context: Context) -> _Client:
     return _Client(cfg, method, data, device, key, loop_acceleration(cfg, device))
 
 
-@functools.lru_cache(maxsize=8)
-def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str, width: float) -> nn.Module:
+@functools.lru_cache(maxsize=32)
+def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str, width: float, thread: int) -> nn.Module:
     return build_model(arch, channels, classes, size, width=width).to(device)
 
 
 def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
     """The method's models on the device, with this round's weights.
 
-    Modules are built once per process (and model, shape, device); their weights are
-    replaced every message: ``load_state_dict`` overwrites every parameter and buffer, so
+    Modules are built once per process and thread (and model, shape, device: the in-process
+    engine's parallel path trains clients in threads at once, :mod:`fedul_flwr.inprocess`);
+    their weights are replaced every message: ``load_state_dict`` overwrites every parameter and buffer, so
     nothing carries over between clients or rounds except what the method keeps in the
     node's ``context.state``. A kept model that is not in the state yet starts from weights
     seeded by (run seed, model, node key).
@@ -118,7 +120,7 @@ def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
     models = nn.ModuleDict()
     for spec in specs:
         models[spec.name] = _module(spec.name, spec.arch or c.cfg.model, channels, c.data.num_classes, size, str(c.device),
-                                    spec.width)  # fmt: skip
+                                    spec.width, threading.get_ident())  # fmt: skip
     exchanged = nn.ModuleDict({s.name: models[s.name] for s in specs if s.exchanged})
     exchanged.load_state_dict(msg.content[wire.ARRAYS].to_torch_state_dict())
     for index, spec in enumerate(specs):

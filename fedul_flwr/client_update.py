@@ -41,7 +41,7 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.methods.base import LocalTask
-from fedul_flwr.training import StepHook, TrainResult, augment_generator, iterate_batches
+from fedul_flwr.training import StepHook, TrainResult, augment_generator, dropout_masks, iterate_batches
 
 Tensors = dict[str, torch.Tensor]
 Parameters = dict[str, nn.Parameter]
@@ -128,7 +128,7 @@ def full_gradient(
     Runs in training mode (as during local training) and restores every model's weights,
     gradients and BatchNorm statistics afterwards. Uses the first stream's own batch order
     when it has one, else consecutive batches; batch losses are weighted by batch size. The
-    images are not augmented; a stream's views (FixMatch) draw from a fixed generator.
+    images are not augmented; a stream's views (FixMatch) and dropout masks draw from fixed generators.
 
     Returns
     -------
@@ -141,9 +141,10 @@ def full_gradient(
     batches = list(iterate_batches(task, None, device, to_input, augment_gen=augment_generator(0)))
     first = next(iter(task.streams))
     total = sum(len(next(iter(b[first].values()))) for b in batches)
-    for batch in batches:
-        rows = len(next(iter(batch[first].values())))
-        (task.loss(models, batch) * (rows / total)).backward()
+    with dropout_masks(0, device):
+        for batch in batches:
+            rows = len(next(iter(batch[first].values())))
+            (task.loss(models, batch) * (rows / total)).backward()
     grads = {name: p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for name, p in params.items()}
     models.zero_grad(set_to_none=True)
     for name, m in models.items():

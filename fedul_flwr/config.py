@@ -59,6 +59,7 @@ log = get_logger(__name__)
 CHOICES: dict[str, tuple[str, ...]] = {
     "aggregation-weights": ("num-examples", "uniform"),
     "device": ("auto", "cpu", "cuda"),
+    "cohort": ("auto", "sequential", "parallel"),
     "precision": ("auto", "fp32", "bf16"),
     "memory-format": ("auto", "channels-last", "contiguous"),
     "local-optimizer": ("adam", "sgd"),
@@ -154,6 +155,7 @@ class RunConfig:
     evaluate_every: int
     device: str
     client_threads: int
+    cohort: str
     precision: str
     memory_format: str
     fused_optimizer: bool
@@ -512,6 +514,9 @@ def check_values(cfg: RunConfig) -> None:
     for key in ("server-momentum", "beta-1", "beta-2", "local-momentum"):
         _check(d[key] < 1, f"{key}={d[key]} must be < 1")
     _check(0.0 < cfg.lr_decay <= 1.0, f"lr-decay={cfg.lr_decay} must be in (0, 1]")
+    _check(cfg.cohort != "parallel" or cfg.client_threads <= 1,
+           f"cohort='parallel' trains each client on one torch thread; client-threads={cfg.client_threads} asks for more "
+           "(use cohort='sequential', or client-threads=0)")  # fmt: skip
     _check(
         cfg.local_momentum == 0 or cfg.local_optimizer == "sgd",
         f"local-momentum={cfg.local_momentum} needs local-optimizer='sgd' (got {cfg.local_optimizer!r})",

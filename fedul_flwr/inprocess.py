@@ -2,9 +2,20 @@
 SuperLink and no Ray.
 
 :class:`InProcessGrid` implements Flower's :class:`~flwr.serverapp.Grid` by calling the
-ClientApp directly, one node after another, each node with its own persistent
-:class:`~flwr.app.Context` (so ``context.state`` survives between rounds as it does in a
-simulation). A ClientApp exception becomes an error reply, as in Flower's runtimes.
+ClientApp directly, each node with its own persistent :class:`~flwr.app.Context` (so
+``context.state`` survives between rounds as it does in a simulation). A ClientApp exception
+becomes an error reply, as in Flower's runtimes.
+
+The cohort path (``workers``, from the run setting ``cohort`` by
+:func:`fedul_flwr.runtime.cohort_workers`): with 1 the nodes of a message batch run one after
+another on the process's torch threads; with W > 1 they run W at once in a pool of threads,
+each on one torch thread (:func:`fedul_flwr.runtime.pinned_threads`). torch releases Python's
+lock inside its kernels, so the clients' forward and backward passes run on W cores at once. A
+client's replies do not depend on the path: every random draw of a client comes from
+generators of (run seed, round, node), the ClientApp keeps its modules per thread, and the few
+library draws from torch's global generator are serialised (:mod:`fedul_flwr.rng`). With one
+torch thread on both paths the replies are equal bit for bit; the thread count otherwise
+changes the order of floating-point sums, hence the last bits.
 Used by the tests, the reproduction runner and the benchmarks; ``flwr run .`` is the way
 to run the app for real.
 
@@ -17,6 +28,7 @@ from __future__ import annotations
 import traceback
 import uuid
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from flwr.app import Context, Error, Message, RecordDict
@@ -25,6 +37,8 @@ from flwr.supercore.run import Run
 from flwr.serverapp import Grid
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 from flwr.supercore.task_identity import TaskIdentity
+
+from fedul_flwr.runtime import pinned_threads
 
 CLIENT_EXCEPTION = 1  # error code of a reply whose ClientApp raised
 
@@ -44,6 +58,9 @@ class InProcessGrid(Grid):
         ``override_config`` (so the ServerApp's ``main`` resolves them as Flower would).
     node_configs : list[dict] | None
         Per-node ``node_config`` (deployment-style, e.g. ``{"data-dir": ...}``).
+    workers : int
+        Clients trained at once (the module docstring): 1 one after another, W > 1 in a pool
+        of W threads with one torch thread each.
     """
 
     def __init__(
@@ -52,6 +69,7 @@ class InProcessGrid(Grid):
         num_nodes: int,
         run_config: Mapping[str, Any],
         node_configs: list[dict[str, Any]] | None = None,
+        workers: int = 1,
     ) -> None:
         configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.client_app = client_app
@@ -72,6 +90,8 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id=1)
         self._run.override_config = dict(run_config)  # what a user typed, as the SuperLink keeps it
         self._replies: dict[str, Message] = {}
+        self.workers = max(1, int(workers))
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="fedul-client") if self.workers > 1 else None
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
 
     def set_run(self, run: Run) -> None:
@@ -93,9 +113,23 @@ class InProcessGrid(Grid):
         """Ids of the connected nodes."""
         return [n for n in self.contexts if n not in self.down]
 
+    @property
+    def cohort_path(self) -> str:
+        """``"sequential"`` or ``"parallel"`` (the module docstring)."""
+        return "parallel" if self.workers > 1 else "sequential"
+
+    def _call(self, msg: Message) -> Message:
+        """The ClientApp's reply to ``msg`` (an exception becomes an error reply)."""
+        try:
+            return self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+        except Exception as exc:  # noqa: BLE001 -- a failing client becomes an error reply
+            reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+            return Message(Error(code=CLIENT_EXCEPTION, reason=reason), reply_to=msg)
+
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Run the ClientApp on each message now; keep the replies for :meth:`pull_messages`."""
-        ids = []
+        """Run the ClientApp on each message now (the cohort path of ``workers``); keep the
+        replies for :meth:`pull_messages`."""
+        ids, run = [], []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = uuid.uuid4().hex  # the SuperLink's job
             ids.append(msg.metadata.message_id)
@@ -104,14 +138,21 @@ class InProcessGrid(Grid):
             if msg.metadata.dst_node_id in self.lost:
                 self._replies[msg.metadata.message_id] = create_message_error_unavailable_res_message(msg.metadata, "node")
                 continue
-            context = self.contexts[msg.metadata.dst_node_id]
-            try:
-                reply = self.client_app(msg, context)
-            except Exception as exc:  # noqa: BLE001 -- a failing client becomes an error reply
-                reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
-                reply = Message(Error(code=CLIENT_EXCEPTION, reason=reason), reply_to=msg)
+            run.append(msg)
+        if self._pool is not None and len(run) > 1:
+            with pinned_threads(1):
+                replies = list(self._pool.map(self._call, run))
+        else:
+            replies = [self._call(msg) for msg in run]
+        for msg, reply in zip(run, replies):
             self._replies[msg.metadata.message_id] = reply
         return ids
+
+    def close(self) -> None:
+        """Stop the pool of client threads (the grid still answers, one node after another)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """Replies to the given message ids (removed once pulled)."""

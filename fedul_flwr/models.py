@@ -15,6 +15,14 @@ images ``[B, C, H, W]`` (float32, normalised) to class logits ``[B, K]``.
   16/32/64 channels, ~78k parameters), HASSLE's CIFAR model; takes a width factor.
 - ``wrn-28-2``: Wide ResNet 28-2 (Zagoruyko and Komodakis, BMVC 2016), the model of FixMatch's
   and FedDB's CIFAR experiments (~1.47M parameters); torchvision has no CIFAR-style WRN.
+- ``simple-cnn``: pfl-research's ``simple_cnn`` (the CIFAR-10 model of its benchmarks, Granqvist
+  et al., 2024): 2 conv layers (32, 64 channels, 3x3) + max-pool + FC 128, dropout 0.25 and
+  0.5 (~1.6M parameters on 32x32x3); the model of the peer benchmark.
+
+Dropout (:class:`Dropout`) draws its masks from the generator the training loop gives it
+(:data:`DROPOUT_GENERATOR`, seeded from the client's batch seed), never from torch's global
+generator: a client's masks are a function of (run seed, round, node), whichever thread or
+process trains it.
 
 Every model has K outputs, K the run's dataset's number of classes (100 on CIFAR-100:
 FedDB's and HASSLE's CIFAR-100 columns train WRN-28-2 and ResNet-8 with 100 outputs).
@@ -22,6 +30,7 @@ FedDB's and HASSLE's CIFAR-100 columns train WRN-28-2 and ResNet-8 with 100 outp
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 from collections.abc import Callable
 
@@ -29,11 +38,42 @@ import torch
 from torch import nn
 
 from fedul_flwr.registry import Registry
+from fedul_flwr.rng import seeded_global_rng
 
 ModelFactory = Callable[..., nn.Module]
 MODELS: Registry[ModelFactory] = Registry("model")
 """Model factories ``(in_channels, num_classes, image_size[, width]) -> nn.Module`` by name;
 those with a ``width`` keyword scale their channels by it."""
+
+
+DROPOUT_GENERATOR: contextvars.ContextVar[torch.Generator | None] = contextvars.ContextVar("dropout_generator", default=None)
+"""The generator :class:`Dropout` draws its masks from in this thread (the training loop sets
+it per client and round; on the training device)."""
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout(p)`` whose masks come from :data:`DROPOUT_GENERATOR`.
+
+    In training mode each element of ``x`` is kept with probability 1 - p and scaled by
+    1 / (1 - p) (Srivastava et al., JMLR 2014), the mask drawn by ``torch.bernoulli`` from the
+    context's generator; in eval mode it is the identity. Shapes: any, unchanged.
+
+    Raises
+    ------
+    RuntimeError
+        In training mode with no generator set: a mask from torch's global generator would
+        depend on which thread ran first.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Drop elements of ``x`` (class docstring)."""
+        if not self.training or self.p == 0:
+            return x
+        generator = DROPOUT_GENERATOR.get()
+        if generator is None:
+            raise RuntimeError("Dropout in training mode needs a generator in models.DROPOUT_GENERATOR (the training loop sets it)")
+        keep = torch.empty(x.shape, device=x.device, dtype=torch.float32).bernoulli_(1.0 - self.p, generator=generator)
+        return x * keep.to(x.dtype) / (1.0 - self.p)
 
 
 def _scaled(channels: int, width: float) -> int:
@@ -95,6 +135,28 @@ class SmallCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` -> logits ``[B, K]``."""
         return self.classifier(self.features(x))
+
+
+@MODELS.register("simple-cnn")
+def simple_cnn(in_channels: int, num_classes: int, image_size: int) -> nn.Sequential:
+    """pfl-research's ``simple_cnn`` (``benchmarks/model/pytorch/cnn.py``) on NCHW inputs:
+    Conv(C,32,3)-ReLU-Conv(32,64,3)-ReLU-MaxPool(2)-Dropout(0.25)-Flatten-FC(64 s s,128)-ReLU-
+    Dropout(0.5)-FC(128,K), s = (H - 4) // 2; Glorot-uniform weights as pfl's (its
+    ``Transpose2D`` of NHWC inputs is left out: inputs here are NCHW). The layers are at the
+    same indices as pfl's minus that transpose, so the two share state-dict keys.
+
+    Shapes: ``[B, C, H, W]`` float -> logits ``[B, K]``.
+    """
+    side = (image_size - 4) // 2
+    model = nn.Sequential(
+        nn.Conv2d(in_channels, 32, kernel_size=3), nn.ReLU(), nn.Conv2d(32, 64, kernel_size=3), nn.ReLU(),
+        nn.MaxPool2d(2), Dropout(0.25), nn.Flatten(), nn.Linear(side * side * 64, 128), nn.ReLU(),
+        Dropout(0.5), nn.Linear(128, num_classes),
+    )  # fmt: skip
+    for module in model.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.xavier_uniform_(module.weight)
+    return model
 
 
 @MODELS.register("paper-cnn")
@@ -242,9 +304,9 @@ class WideResNet(nn.Module):
         return self.classifier(self.features(x))
 
 
-MIN_IMAGE_SIZE: dict[str, int] = {"small-cnn": 16, "paper-cnn": 4, "resnet18": 4, "resnet8": 4, "wrn-28-2": 4}
+MIN_IMAGE_SIZE: dict[str, int] = {"small-cnn": 16, "paper-cnn": 4, "resnet18": 4, "resnet8": 4, "wrn-28-2": 4, "simple-cnn": 6}
 """The smallest image side (pixels) each model accepts: LeNet's two 5x5 convolutions and 2x2
-poolings leave no pixel below 16; the others pool or stride to 1/4 of the side (``paper-cnn``
+poolings leave no pixel below 16, ``simple-cnn``'s two 3x3 convolutions and pooling none below 6; the others pool or stride to 1/4 of the side (``paper-cnn``
 also needs a side divisible by 4)."""
 
 
@@ -277,9 +339,10 @@ def build_model(
     in_channels, num_classes, image_size : int
         C, K and H (= W) of the dataset.
     seed : int | None
-        Seed of the initial weights: they are drawn inside :func:`torch.random.fork_rng`
-        from ``torch.manual_seed(seed)``, so the same seed gives the same weights and torch's
-        global RNG is left as it was. ``None``: torch's global RNG.
+        Seed of the initial weights: they are drawn inside
+        :func:`~fedul_flwr.rng.seeded_global_rng` (torch's global generator forked and seeded,
+        one thread at a time), so the same seed gives the same weights and torch's global RNG
+        is left as it was. ``None``: torch's global RNG.
     width : float
         Channel width factor (> 0) for the models that take one (``small-cnn``, ``resnet8``).
 
@@ -305,6 +368,5 @@ def build_model(
     check_input_size(name, image_size)
     if seed is None:
         return factory(in_channels, num_classes, image_size, **kwargs)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_global_rng(seed):
         return factory(in_channels, num_classes, image_size, **kwargs)

@@ -1,10 +1,12 @@
 """Process-level runtime choices shared by both apps: torch threads, device, loop execution,
-model seeds."""
+how the in-process engine trains a round's clients (the cohort path), model seeds."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -19,8 +21,32 @@ if TYPE_CHECKING:
 log = get_logger(__name__)
 
 
-@functools.cache
+_PINNED: list[int] = []  # the thread count pinned_threads fixes for this process (empty: none)
+
+
+@contextlib.contextmanager
+def pinned_threads(threads: int) -> Iterator[None]:
+    """Within the block torch's intra-op thread count of this process is ``threads`` and
+    :func:`configure_threads` leaves it; afterwards the count and the pin are as before. The
+    in-process engine pins one thread while it trains several clients at once in threads
+    (``cohort = "parallel"``): torch's thread pool is shared by the whole process."""
+    before, pins = torch.get_num_threads(), list(_PINNED)
+    torch.set_num_threads(threads)
+    _PINNED[:] = [threads]
+    try:
+        yield
+    finally:
+        _PINNED[:] = pins
+        torch.set_num_threads(before)
+
+
 def configure_threads(threads: int = 0) -> int:
+    """:func:`_configure_threads` unless :func:`pinned_threads` fixed the count (then that count)."""
+    return _PINNED[0] if _PINNED else _configure_threads(threads)
+
+
+@functools.cache
+def _configure_threads(threads: int = 0) -> int:
     """Set torch's intra-op thread count of this process.
 
     Parameters
@@ -70,6 +96,50 @@ def loop_acceleration(cfg: RunConfig, device: torch.device) -> Acceleration:
         device, precision=cfg.precision, memory_format=cfg.memory_format,
         fused_optimizer=cfg.fused_optimizer, compile=cfg.compile,
     )  # fmt: skip
+
+
+COHORT_PATHS = ("sequential", "parallel")
+"""How the in-process engine trains a round's clients: one after another with the run's torch
+threads, or several at once in threads (one torch thread each)."""
+
+
+def cohort_workers(cohort: str, device: torch.device, threads: int, client_threads: int = 0) -> int:
+    """How many clients the in-process engine trains at once (1: the sequential path).
+
+    ``cohort = "auto"`` measured: on a CPU, small per-client kernels (a step of 10 images) use
+    several cores poorly, so training as many clients at once as the run has threads, each on
+    one thread, beats one client after another on all of them (``fedul benchmark --only
+    peers``); on a GPU the clients run one after another (the GPU runs one client's kernels
+    at a time anyway, and threads would only contend for it).
+
+    Parameters
+    ----------
+    cohort : str
+        The run setting ``cohort``: ``auto``, ``sequential`` or ``parallel``.
+    device : torch.device
+        The training device.
+    threads : int
+        The run's torch thread budget (``torch.get_num_threads()`` of the runner).
+    client_threads : int
+        The run setting ``client-threads`` (auto stays sequential when it asks for more than one).
+
+    Returns
+    -------
+    int
+        Clients at once: ``threads`` for the parallel path (at least 2 when forced), else 1.
+
+    Raises
+    ------
+    ValueError
+        For ``parallel`` on a CUDA device.
+    """
+    if cohort == "parallel" and device.type != "cpu":
+        raise ValueError(f"cohort='parallel' trains clients in threads on a CPU; the device is {device.type} (use cohort='auto')")
+    if cohort == "parallel":
+        return max(2, threads)
+    if cohort == "auto" and device.type == "cpu" and threads >= 2 and client_threads <= 1:
+        return threads
+    return 1
 
 
 def model_seed(seed: int, index: int, node_key: int | None = None) -> int:

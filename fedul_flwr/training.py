@@ -22,6 +22,7 @@ under :func:`torch.inference_mode` with the sums read once at the end.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -34,16 +35,31 @@ from torch import nn
 
 from fedul_flwr.acceleration import PLAIN, Acceleration
 from fedul_flwr.methods.base import Augment, Batch, LocalTask, Predictor, Stream
+from fedul_flwr.models import DROPOUT_GENERATOR
 
-__all__ = ["EvaluationCache", "LocalLoop", "StepHook", "TrainResult", "augment_generator", "evaluate", "evaluate_predictors", "iterate_batches", "train_local"]
+__all__ = ["EvaluationCache", "LocalLoop", "StepHook", "TrainResult", "augment_generator", "dropout_masks", "evaluate", "evaluate_predictors", "iterate_batches", "train_local"]
 
 ToInput = Callable[[torch.Tensor], torch.Tensor]
 _AUGMENT_STREAM = 1  # entropy word of the augmentation generator (beside the batch seed)
+_DROPOUT_STREAM = 2  # entropy word of the dropout generator
 
 
 def augment_generator(seed: int) -> torch.Generator:
     """The generator of a round's augmentations, from its batch seed."""
     return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, _AUGMENT_STREAM]).generate_state(1)[0]))
+
+
+@contextlib.contextmanager
+def dropout_masks(seed: int, device: torch.device | str) -> Iterator[None]:
+    """Within the block, the models' :class:`~fedul_flwr.models.Dropout` layers draw their masks
+    from a generator on ``device`` seeded from ``seed`` (a round's batch seed) and a stream
+    word of their own; the block's thread only (a context variable)."""
+    generator = torch.Generator(device=device).manual_seed(int(np.random.SeedSequence([seed, _DROPOUT_STREAM]).generate_state(1)[0]))
+    token = DROPOUT_GENERATOR.set(generator)
+    try:
+        yield
+    finally:
+        DROPOUT_GENERATOR.reset(token)
 
 
 class StepHook(Protocol):
@@ -224,28 +240,29 @@ def train_local(
         model.train(name in names)
     forwards = acc.prepare(models)  # channels-last weights from here on (if chosen) ...
     try:
-        opt = acc.optimizer(optimizer, params, lr, momentum)  # ... so the optimiser state matches them
-        generator = torch.Generator().manual_seed(seed)
-        views = augment_generator(seed)
-        total, steps = torch.zeros((), device=device), 0
-        for epoch in range(epochs):
-            if task.before_epoch is not None:
-                task.before_epoch(forwards)
-            epoch_sum = torch.zeros((), device=device)
-            for batch in iterate_batches(task, generator, device, to_input, augment, views):
-                loss = task.loss(forwards, batch)
-                objective = loss + l1_weight * sum(p.abs().sum() for p in penalised) if l1_weight else loss
-                opt.zero_grad(set_to_none=True)
-                objective.backward()
-                for hook in hooks:
-                    hook.after_backward()
-                opt.step()
-                epoch_sum += loss.detach()
-                steps += 1
-            value = float(epoch_sum)  # the one host synchronisation of the epoch
-            if not math.isfinite(value):
-                raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
-            total += epoch_sum
+        with dropout_masks(seed, device):
+            opt = acc.optimizer(optimizer, params, lr, momentum)  # ... so the optimiser state matches them
+            generator = torch.Generator().manual_seed(seed)
+            views = augment_generator(seed)
+            total, steps = torch.zeros((), device=device), 0
+            for epoch in range(epochs):
+                if task.before_epoch is not None:
+                    task.before_epoch(forwards)
+                epoch_sum = torch.zeros((), device=device)
+                for batch in iterate_batches(task, generator, device, to_input, augment, views):
+                    loss = task.loss(forwards, batch)
+                    objective = loss + l1_weight * sum(p.abs().sum() for p in penalised) if l1_weight else loss
+                    opt.zero_grad(set_to_none=True)
+                    objective.backward()
+                    for hook in hooks:
+                        hook.after_backward()
+                    opt.step()
+                    epoch_sum += loss.detach()
+                    steps += 1
+                value = float(epoch_sum)  # the one host synchronisation of the epoch
+                if not math.isfinite(value):
+                    raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
+                total += epoch_sum
     finally:
         acc.restore(models)
     return TrainResult(loss=float(total) / steps, num_examples=n, num_steps=steps)

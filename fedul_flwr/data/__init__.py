@@ -4,3 +4,4 @@ datasets (:mod:`fedul_flwr.data.user_datasets`) included, so any import of a dat
 the whole registry."""
 
 from fedul_flwr.data import user_datasets as _user_datasets  # noqa: F401  (registers "hf:")
+from fedul_flwr.data import synthetic as _synthetic  # noqa: F401,E402  (registers "synthetic-cifar")

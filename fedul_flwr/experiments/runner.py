@@ -48,7 +48,9 @@ configuration's ``output-dir``. Then:
 ``jobs`` runs go at once, each in its own spawned worker process (:func:`run_in_workers`;
 a worker the OS kills is its run's failure record, never a grid that hangs), each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
-depend on ``jobs``. On one CUDA card each worker takes ``1 / jobs`` of its memory
+depend on ``jobs``. A run trains its round's clients on the cohort path of its ``cohort``
+setting (:func:`fedul_flwr.runtime.cohort_workers`: on a CPU with 2+ threads, as many clients at
+once as threads, each on one); its record names the path (``cohort``). On one CUDA card each worker takes ``1 / jobs`` of its memory
 (:func:`share_gpu`).
 """
 
@@ -195,7 +197,7 @@ def execute(
     Raises
     ------
     fedul_flwr.config.ConfigError
-        If ``run_config`` is invalid.
+        If ``run_config`` is invalid (``cohort='parallel'`` on a CUDA device included).
     StopRequested
         If ``stop_at`` comes before the next round could end (the last finished round is in
         the run's checkpoint).
@@ -204,9 +206,10 @@ def execute(
 
     from fedul_flwr.client_app import app
     from fedul_flwr.checks import resolve_config
+    from fedul_flwr.config import ConfigError
     from fedul_flwr.data import simulated
     from fedul_flwr.methods import get_method
-    from fedul_flwr.runtime import pick_device
+    from fedul_flwr.runtime import cohort_workers, pick_device
     from fedul_flwr.server_app import run_federation
 
     if threads:
@@ -216,8 +219,14 @@ def execute(
     device = pick_device(cfg.device)
     share_gpu(device, jobs)
     try:
-        outputs = run_federation(StoppableGrid(app, spec.clients, run_config, stop_at=stop_at), cfg, lock=lock)
+        workers = cohort_workers(cfg.cohort, device, torch.get_num_threads(), cfg.client_threads)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    grid = StoppableGrid(app, spec.clients, run_config, stop_at=stop_at, workers=workers)
+    try:
+        outputs = run_federation(grid, cfg, lock=lock)
     finally:  # a grid visits many configs, and a worker goes on after a failed or stopped run
+        grid.close()
         simulated.load_client.cache_clear()  # free the client tensors
         if device.type == "cuda":
             torch.cuda.empty_cache()  # and the card's cached blocks, for the other runs on it
@@ -247,6 +256,7 @@ def execute(
         **predictors,
         "wall-time-s": time.time() - start,
         "threads": torch.get_num_threads(),
+        "cohort": {"path": grid.cohort_path, "clients-at-once": grid.workers},
         "device": device.type,
         "device-name": device_name(device),
         "run-dir": str(outputs.path),
