@@ -105,6 +105,24 @@ def _module(name: str, arch: str, channels: int, classes: int, size: int, device
     return build_model(arch, channels, classes, size, width=width).to(device)
 
 
+_RECEIVED: list[Any] = [None, None]  # the last received ArrayRecord and its tensors
+_RECEIVED_LOCK = threading.Lock()
+
+
+def _received(record: ArrayRecord) -> dict[str, torch.Tensor]:
+    """``record.to_torch_state_dict()``, decoded once per record object: a strategy sends one
+    ArrayRecord to every node of a round, and in one process (the in-process engine) the
+    nodes' messages share it, so the round's clients decode it once instead of once each. The
+    tensors are only read (copied into the modules)."""
+    with _RECEIVED_LOCK:
+        if _RECEIVED[0] is record:
+            return _RECEIVED[1]
+    tensors = record.to_torch_state_dict()
+    with _RECEIVED_LOCK:
+        _RECEIVED[:] = [record, tensors]
+    return tensors
+
+
 def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
     """The method's models on the device, with this round's weights.
 
@@ -122,7 +140,7 @@ def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
         models[spec.name] = _module(spec.name, spec.arch or c.cfg.model, channels, c.data.num_classes, size, str(c.device),
                                     spec.width, threading.get_ident())  # fmt: skip
     exchanged = nn.ModuleDict({s.name: models[s.name] for s in specs if s.exchanged})
-    exchanged.load_state_dict(msg.content[wire.ARRAYS].to_torch_state_dict())
+    exchanged.load_state_dict(_received(msg.content[wire.ARRAYS]))
     for index, spec in enumerate(specs):
         if spec.kept:
             saved = state.array_records.get(wire.KEPT_MODEL_STATE + spec.name)

@@ -19,13 +19,16 @@ In the PU setting the client's labeled part holds the labeled images of its posi
 (with their labels), the unlabeled part everything else, and the positive classes and class
 prior are parts of their own. In the labels-at-clients setting the labeled pool and the
 unlabeled pool are partitioned separately. Everything is a pure function of (config, partition id) and is
-cached per process, so a Ray actor builds its clients once, not every round.
+cached per process (the clients in memory while they fit, :class:`ClientCache`), so a Ray actor
+or the in-process engine builds a client once, not every round.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -44,7 +47,7 @@ from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_posit
 from fedul_flwr.data.usets import USets, build_usets, condition_number
 from fedul_flwr.registry import Registry
 
-__all__ = ["SETTINGS", "client_rows", "client_usets", "load_client", "load_run_dataset", "prior_noise_rng",
+__all__ = ["SETTINGS", "ClientCache", "client_rows", "client_usets", "load_client", "load_run_dataset", "prior_noise_rng",
            "validation_indices"]  # fmt: skip
 
 SettingBuilder = Callable[[RunConfig, int, int, frozenset[str]], ClientData]
@@ -186,10 +189,99 @@ def prior_noise_rng(seed: int, partition_id: int) -> np.random.Generator:
     return np.random.default_rng([seed, partition_id, _PRIOR_NOISE_STREAM])
 
 
-@functools.lru_cache(maxsize=64)
-def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
-    """Build (once per process) the :class:`ClientData` of simulated client ``partition_id``
-    in the run's ``client-setting`` (:data:`SETTINGS`).
+def _nbytes(value: Any) -> int:
+    """Bytes of the tensors and arrays held by ``value`` (a ClientData and its parts)."""
+    if isinstance(value, torch.Tensor):
+        return value.nbytes
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_nbytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def _memory_budget() -> int:
+    """A quarter of the memory available when the first client is built (``MemAvailable`` of
+    ``/proc/meminfo``; 4 GiB where it cannot be read)."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 // 4
+    except OSError:
+        pass
+    return 4 * 2**30
+
+
+class ClientCache:
+    """The simulated clients of this process, each built once and kept while they fit in memory.
+
+    A client is built on its first visit (:data:`SETTINGS`) and kept, least recently used
+    first out, while the kept clients' tensors stay within ``budget`` bytes (default: a quarter
+    of the memory available at the first build): a population of any size is built once per
+    process when it fits, and never holds more memory than that when it does not. Thread-safe
+    (the in-process engine trains clients in threads); a client two threads ask for at once
+    may be built twice, the same client both times (every draw is seeded).
+
+    Parameters
+    ----------
+    build : callable
+        ``build(cfg, partition_id, num_partitions, parts) -> ClientData``.
+    budget : int | None
+        Bytes the kept clients' tensors may take; ``None``: :func:`_memory_budget` at the
+        first build.
+    """
+
+    def __init__(self, build: Callable[[RunConfig, int, int, frozenset[str]], ClientData], budget: int | None = None) -> None:
+        self.__wrapped__ = build
+        self.budget = budget
+        self._clients: OrderedDict[tuple[Any, ...], tuple[ClientData, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+        """The client (built on its first visit).
+
+        Raises
+        ------
+        UnknownChoiceError, ValueError
+            From the builder, on every call that asks for a client it cannot build.
+        """
+        key = (cfg, partition_id, num_partitions, parts)
+        with self._lock:
+            kept = self._clients.get(key)
+            if kept is not None:
+                self._clients.move_to_end(key)
+                return kept[0]
+        client = self.__wrapped__(cfg, partition_id, num_partitions, parts)
+        size = _nbytes(client)
+        with self._lock:
+            if self.budget is None:
+                self.budget = _memory_budget()
+            if key not in self._clients:
+                self._clients[key] = (client, size)
+                self._bytes += size
+            while self._bytes > self.budget and len(self._clients) > 1:
+                _, (_, freed) = self._clients.popitem(last=False)
+                self._bytes -= freed
+        return client
+
+    def cache_clear(self) -> None:
+        """Forget every kept client (their tensors are freed once no one else holds them)."""
+        with self._lock:
+            self._clients.clear()
+            self._bytes = 0
+
+    def cache_info(self) -> tuple[int, int, int]:
+        """(kept clients, their bytes, the budget in bytes; 0 before the first build)."""
+        with self._lock:
+            return len(self._clients), self._bytes, self.budget or 0
+
+
+def _build_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+    """Build the :class:`ClientData` of simulated client ``partition_id`` in the run's
+    ``client-setting`` (:data:`SETTINGS`).
 
     Raises
     ------
@@ -199,6 +291,14 @@ def load_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: f
         From the setting's builder.
     """
     return SETTINGS.get(cfg.client_setting)(cfg, partition_id, num_partitions, parts)
+
+
+load_client = ClientCache(_build_client)
+"""``load_client(cfg, partition_id, num_partitions, parts) -> ClientData``: the simulated client
+of the run's ``client-setting``, built once per process and kept while it fits in memory
+(:class:`ClientCache`).
+
+Raises UnknownChoiceError on an unknown setting, ValueError from the setting's builder."""
 
 
 @SETTINGS.register("usets")

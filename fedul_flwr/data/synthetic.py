@@ -10,9 +10,10 @@ class k has a smooth template T_k (4 x 4 Gaussian noise per channel, bilinearly 
 
     x_i = clip(128 + 40 * (a_i T_{y_i} + s_i S_i + N_i), 0, 255) as uint8,
 
-with a_i ~ U(0.5, 1.5) a contrast, S_i a smooth distractor drawn like a template (weight
-s_i ~ U(0, 1.2)) and N_i pixel noise of standard deviation 0.8: a task a small CNN learns
-over tens of federated rounds, not in one. Every draw comes from one generator seeded by a
+with a_i ~ U(0.3, 1.0) a contrast, S_i a smooth distractor drawn like a template (weight
+s_i ~ U(0, 1.5)) and N_i pixel noise of standard deviation 2 (clipped to the 8-bit range):
+a task ``simple-cnn`` learns over tens of federated rounds, not in one (centrally, SGD at lr
+0.1 and batch 10: ~38% test accuracy after 50 steps, ~77% after 250, ~80% after 500). Every draw comes from one generator seeded by a
 fixed constant: the same bytes on every machine and in every process.
 """
 
@@ -27,8 +28,8 @@ from fedul_flwr.data.datasets import DATASETS, DatasetInfo, ImageDataset, _built
 
 __all__ = ["INFO", "synthetic_cifar"]
 
-INFO = DatasetInfo("synthetic-cifar", tuple(f"class-{k}" for k in range(10)), 3, 32, (0.5,) * 3, (0.25,) * 3)
-"""Its facts: CIFAR-10's shape and class count; normalisation about the mid-grey level."""
+INFO = DatasetInfo("synthetic-cifar", tuple(f"class-{k}" for k in range(10)), 3, 32, (0.5,) * 3, (0.3,) * 3)
+"""Its facts: CIFAR-10's shape and class count; normalisation constants of its pixels (mean ~0.50, std ~0.30)."""
 _SEED = 20240601
 _TRAIN, _TEST = 50_000, 10_000
 
@@ -44,9 +45,9 @@ def _images(labels: torch.Tensor, templates: torch.Tensor, generator: torch.Gene
     out = torch.empty(n, 3, 32, 32, dtype=torch.uint8)
     for start in range(0, n, 10_000):  # chunks bound the float temporaries
         y = labels[start : start + 10_000]
-        contrast = torch.empty(len(y), 1, 1, 1).uniform_(0.5, 1.5, generator=generator)
-        distractor = torch.empty(len(y), 1, 1, 1).uniform_(0.0, 1.2, generator=generator) * _smooth(len(y), generator)
-        noise = 0.8 * torch.randn(len(y), 3, 32, 32, generator=generator)
+        contrast = torch.empty(len(y), 1, 1, 1).uniform_(0.3, 1.0, generator=generator)
+        distractor = torch.empty(len(y), 1, 1, 1).uniform_(0.0, 1.5, generator=generator) * _smooth(len(y), generator)
+        noise = 2.0 * torch.randn(len(y), 3, 32, 32, generator=generator)
         x = 128 + 40 * (contrast * templates[y] + distractor + noise)
         out[start : start + len(y)] = x.round().clamp(0, 255).to(torch.uint8)
     return out

@@ -1,9 +1,10 @@
-"""Benchmarks of the training loop and of simulation overhead: loop, Q_c, Flower + Ray, scale, GPU.
+"""Benchmarks of the training loop and of simulation overhead: loop, Q_c, Flower + Ray, scale, GPU, peers.
 
 Every section runs in this one process on this machine and prints medians over
 ``--repeats`` repeats and the ratios; ``--out`` writes everything as JSON.
 
-Sections (``--only loop,augment,hassle,qc,client,flower,scale,gpu``; default: all but ``hassle``):
+Sections (``--only loop,augment,hassle,qc,client,flower,scale,gpu,peers``; default: all but
+``hassle`` and ``peers``):
 
 ``loop``
     The loop's execution settings (:mod:`fedul_flwr.acceleration`): whole FedUL local rounds
@@ -68,6 +69,10 @@ Sections (``--only loop,augment,hassle,qc,client,flower,scale,gpu``; default: al
     client and the peak memory of the whole process tree (SuperLink, ServerApp, Ray and its
     actors) sampled every 0.5 s: sum of RSS (double counts shared pages) and sum of PSS
     (proportional set size, shared pages split among processes).
+``peers``
+    pfl-research, this project's in-process engine and ``flwr run .`` (Ray) on pfl-research's
+    CIFAR-10 workload, interleaved on the same threads (:mod:`fedul_flwr.experiments.peers`);
+    ``--pfl-python`` is pfl's own environment. Only when named (~20 minutes on 2 cores).
 ``gpu``
     Only with CUDA: ``paper-cnn`` and ``resnet18`` trained by several clients sharing one GPU
     (``client-resources-num-gpus`` = 1 / clients), once per ``--gpu-precisions`` value
@@ -81,6 +86,7 @@ Examples::
     fedul benchmark --only qc --repeats 5
     fedul benchmark --only scale --scale 10:1.0,100:0.1,1000:0.02
     fedul benchmark --quick        # smoke test, ~2 min
+    fedul benchmark --only peers --pfl-python .pfl-venv/bin/python --out docs/benchmarks/peers.json
     fedul benchmark --only hassle --data-dir /path/to/torchvision-root --hassle-rounds 6 \\
         --out docs/benchmarks/hassle.json --markdown docs/benchmarks/hassle.md
 
@@ -116,6 +122,7 @@ from fedul_flwr.acceleration import Acceleration, native_bf16
 from fedul_flwr.experiments.augment_bench import augment_markdown, section_augment
 from fedul_flwr.experiments.bare_loop import bare_round, build_federation, central_eval
 from fedul_flwr.experiments.hassle_bench import BASELINE_REVISION, hassle_markdown, section_hassle
+from fedul_flwr.experiments.peers import peers_markdown, section_peers
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.simulated import load_run_dataset
@@ -125,9 +132,10 @@ from fedul_flwr.runtime import loop_acceleration
 from fedul_flwr.server_app import global_models
 from fedul_flwr.store import write_atomic
 
-SECTIONS = ("loop", "augment", "hassle", "qc", "client", "flower", "scale", "gpu")
-DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s != "hassle")
-"""What runs without ``--only`` (the ``hassle`` section needs Fashion-MNIST and ~10 minutes)."""
+SECTIONS = ("loop", "augment", "hassle", "qc", "client", "flower", "scale", "gpu", "peers")
+DEFAULT_SECTIONS = tuple(s for s in SECTIONS if s not in ("hassle", "peers"))
+"""What runs without ``--only`` (the ``hassle`` section needs Fashion-MNIST and ~10 minutes, the
+``peers`` section pfl-research's environment and ~20 minutes)."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -965,6 +973,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-clients", type=int, default=4)
     p.add_argument("--gpu-precisions", default="fp32,bf16", help="precision values of the gpu section's runs")
     p.add_argument("--loop-device", default="cpu", help="device of the loop section (cpu or cuda)")
+    p.add_argument("--pfl-python", default="", help="peers: pfl-research's Python (default: .pfl-venv/bin/python here)")
+    p.add_argument("--peers-threads", default="1,2", help="peers: torch thread counts measured (comma list)")
+    p.add_argument("--peers-iterations", type=int, default=10, help="peers: timed iterations of each system per phase")
+    p.add_argument("--peers-warmup", type=int, default=2, help="peers: iterations left out first")
+    p.add_argument("--peers-users", type=int, default=1000, help="peers: users of the population (50 images each)")
+    p.add_argument("--peers-dataset", default="synthetic-cifar", help="peers: synthetic-cifar, or cifar10 with --data-dir")
+    p.add_argument("--peers-ray-rounds", type=int, default=6, help="peers: rounds of the Ray run (0: none)")
+    p.add_argument("--peers-precision", action=argparse.BooleanOptionalAction, default=True,
+                   help="peers: also time the engine at precision=auto")
     p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
     p.add_argument("--markdown", default="", help="also write the loop, augment and scale results as markdown tables here")
     p.add_argument("--render", default="", help="only render --markdown from these earlier --out JSONs (comma list; runs nothing)")
@@ -984,6 +1001,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         args.scale, args.samples_per_client = "10:0.2", 300
         args.loop_clients, args.loop_samples, args.augment_batch, args.augment_clients = 2, "resnet18:32", 32, 2
         args.feddb_clients, args.hassle_rounds = 1, 3
+        args.peers_iterations, args.peers_warmup, args.peers_ray_rounds, args.peers_threads = 2, 1, 2, "1"
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
@@ -991,7 +1009,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
-    """Markdown of the ``loop``, ``augment``, ``hassle`` and ``scale`` sections of a results dict (with the
+    """Markdown of the ``loop``, ``augment``, ``hassle``, ``scale`` and ``peers`` sections of a results dict (with the
     machine)."""
     m = results["machine"]
     parts = [f"Measured {m['date-utc']} on {m['cpu']} ({m['cpu-count']} cores, {m.get('cpu-capability', '?')}, "
@@ -1007,6 +1025,8 @@ def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
         parts.append(hassle_markdown(results["hassle"]))
     if "scale" in results:
         parts.append(scale_markdown(results["scale"], label))
+    if "peers" in results:
+        parts.append(peers_markdown(results["peers"], m))
     return "\n\n".join(parts) + "\n"
 
 
@@ -1050,6 +1070,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "flower": lambda: section_flower(args, workdir),
         "scale": lambda: section_scale(args, workdir),
         "gpu": lambda: section_gpu(args, workdir),
+        "peers": lambda: section_peers(args, workdir),
     }
     for name in args.only.split(","):
         start = time.perf_counter()

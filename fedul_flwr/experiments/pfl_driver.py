@@ -10,8 +10,8 @@ starts it as a subprocess::
 and talks to it in JSON lines: the driver answers ``{"ready": ..., "probe-logits": ...}``
 once it has built everything, then runs one central iteration for every ``go`` line it
 reads, answering ``{"iteration": i, "seconds": s}`` (the wall time of that iteration, from
-the ``go`` to pfl's ``after_central_iteration``), and ends on ``stop`` with
-``{"test-accuracy": a}`` (the central model on the test arrays). Between iterations it blocks
+the ``go`` to pfl's ``after_central_iteration``); ``eval`` answers ``{"test-accuracy": a}``
+(the central model on the test arrays), and ``stop`` ends it. Between iterations it blocks
 on its standard input, so the parent can interleave the iterations with another system's
 rounds on the same cores.
 
@@ -55,7 +55,7 @@ def main(spec_path: str) -> None:
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.aggregate.weighting import WeightByUser
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
-    from pfl.callback import TrainingProcessCallback
+    from pfl.callback.base import TrainingProcessCallback
     from pfl.data.dataset import Dataset
     from pfl.data.federated_dataset import FederatedDataset
     from pfl.data.sampling import get_user_sampler
@@ -115,6 +115,9 @@ def main(spec_path: str) -> None:
 
         def _wait(self) -> bool:
             line = sys.stdin.readline().strip()
+            while line == "eval":
+                _say({"test-accuracy": accuracy()})
+                line = sys.stdin.readline().strip()
             self.started = time.perf_counter()
             return line == "go"
 
@@ -127,6 +130,15 @@ def main(spec_path: str) -> None:
             _say({"iteration": central_iteration, "seconds": time.perf_counter() - self.started})
             return (not self._wait()), Metrics()
 
+    test_x = torch.from_numpy(as_input(data["test_x"]))
+    test_y = torch.from_numpy(data["test_y"].astype(np.int64))
+
+    def accuracy() -> float:
+        model.eval()
+        with torch.no_grad():
+            correct = sum(int((model(test_x[i : i + 512]).argmax(-1) == test_y[i : i + 512]).sum()) for i in range(0, len(test_y), 512))
+        return correct / len(test_y)
+
     _say({"ready": True, "probe-logits": probe_logits, "torch": torch.__version__, "threads": torch.get_num_threads()})
     FederatedAveraging().run(
         algorithm_params=NNAlgorithmParams(central_num_iterations=10**9, evaluation_frequency=10**9,
@@ -138,12 +150,6 @@ def main(spec_path: str) -> None:
         model_eval_params=NNEvalHyperParams(local_batch_size=256),
         callbacks=[Pacer()],
     )  # fmt: skip
-    test_x = torch.from_numpy(as_input(data["test_x"]))
-    test_y = torch.from_numpy(data["test_y"].astype(np.int64))
-    model.eval()
-    with torch.no_grad():
-        correct = sum(int((model(test_x[i : i + 512]).argmax(-1) == test_y[i : i + 512]).sum()) for i in range(0, len(test_y), 512))
-    _say({"test-accuracy": correct / len(test_y)})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,390 @@
+"""The peer benchmark: pfl-research, this project's in-process engine and Flower's Ray simulation
+on one workload, on the same machine and threads (``fedul benchmark --only peers``).
+
+The workload is pfl-research's CIFAR-10 benchmark (``benchmarks/image_classification/configs/
+baseline.yaml`` of its repository; Granqvist et al., *pfl-research: simulation framework for
+accelerating research in private federated learning*, NeurIPS 2024 datasets track):
+``simple-cnn`` (:func:`fedul_flwr.models.simple_cnn`), 1000 users x 50 images, a cohort of 50
+users per central iteration, local SGD (lr 0.1, batch 10, 1 local epoch, no momentum), FedAvg
+with uniform weights and central lr 1.0, float32. The images are ``synthetic-cifar``
+(:mod:`fedul_flwr.data.synthetic`, offline) unless ``--peers-dataset cifar10 --data-dir``.
+Every system starts from the same initial weights (this project's seed) and trains the same
+1000 users' images (this project's IID partition, handed to pfl as its users).
+
+The systems:
+
+- **pfl**: pfl-research 0.6.0's ``SimulatedBackend`` with its ``PyTorchModel`` and
+  ``FederatedAveraging`` (:mod:`fedul_flwr.experiments.pfl_driver`), in its own Python
+  (``--pfl-python``): pfl pins ``dp-accounting<0.6``, this project needs 0.6. Set up with
+  ``python3.11 -m venv .pfl-venv && .pfl-venv/bin/pip install "pfl[pytorch]==0.6.0"``.
+  Its torch threads: ``torch.set_num_threads(T)`` (pfl's multi-worker mode needs Horovod,
+  which does not install here; on one machine without it pfl trains one user after another).
+- **engine**: this project's ServerApp and ClientApp through the in-process grid
+  (:class:`~fedul_flwr.inprocess.InProcessGrid`; ``method = "supervised"``,
+  ``aggregation-weights = "uniform"``, ``evaluate-every`` past the timed rounds), on the
+  cohort path ``cohort = "auto"`` picks (:func:`fedul_flwr.runtime.cohort_workers`: with T >= 2
+  threads on a CPU, T clients at once, one thread each). Also with ``precision = "auto"``
+  (bf16 autocast where the CPU has it) and with ``method = "fedul"`` (the same images as 10 U
+  sets of 5 per user) beside it.
+- **ray**: ``flwr run .`` of this app on a fresh local SuperLink (Flower's Ray backend, the
+  test suite's harness), the engine's settings; at T = 1 one actor with one torch thread
+  (``client-resources-num-cpus`` = the machine's cores, ``client-threads = 1``), at T >= 2
+  T actors of one thread.
+
+Timing. pfl and the engine alternate iteration by iteration in one process pair: the engine's
+grid runs one pfl iteration (the driver blocks on its input between iterations) right before
+each of its own rounds, so both see the same machine state, load drift included. An engine
+round is timed from the end of that pfl iteration to the start of the next (training,
+aggregation, the run's records and checkpoint); a pfl iteration from its ``go`` to pfl's
+``after_central_iteration``. The first ``--peers-warmup`` iterations of each are left out
+(start-up, first visits). Ray runs on its own afterwards (a separate process tree); its
+per-round times are the differences of its ``metrics.json`` wall times, round 1 left out.
+Medians over the timed iterations; ratios are of medians.
+
+Accuracy. After the same iterations pfl and the engine report their central model's test
+accuracy (different random streams for sampling, data order and dropout, so a few points
+apart at most), and Ray the last round's: the check that the comparison is of equal work.
+
+Breakdown. During the sequential engine phase (T = 1) the grid also times every ClientApp call
+and, inside it, ``train_local`` (the forward/backward/optimizer loop): the rest of a call is the
+ClientApp's overhead (message decoding, the client's data and models, the reply's arrays), and
+the rest of a round the server's (sampling, aggregation, records, checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Message, MessageType
+
+from fedul_flwr.inprocess import InProcessGrid
+
+DRIVER = Path(__file__).with_name("pfl_driver.py")
+PFL_SETUP = 'python3.11 -m venv .pfl-venv && .pfl-venv/bin/pip install "pfl[pytorch]==0.6.0"'
+"""The one command that sets up pfl-research's environment in the checkout (``--pfl-python``'s
+default then finds it)."""
+
+
+def workload(dataset: str, data_dir: str, users: int, seed: int = 0) -> dict[str, Any]:
+    """The engine's run settings of the workload (module docstring); typed values, as a user
+    would give them to ``fedul reproduce`` or ``flwr run``."""
+    return {
+        "dataset": dataset, "data-dir": data_dir, "model": "simple-cnn", "method": "supervised", "label-fraction": 1.0,
+        "partition": "iid", "val-fraction": 0.0, "num-sets": 10, "local-optimizer": "sgd", "local-momentum": 0.0,
+        "lr": 0.1, "batch-size": 10, "local-epochs": 1, "aggregation-weights": "uniform", "strategy": "fedavg",
+        "fraction-train": 50 / users, "min-available-nodes": users, "min-train-nodes": 2, "precision": "fp32", "seed": seed,
+    }  # fmt: skip
+
+
+class PacedGrid(InProcessGrid):
+    """The in-process grid that runs another system's iteration (``pacer``) before each of its
+    rounds and times its own rounds and ClientApp calls around it (module docstring).
+
+    Attributes
+    ----------
+    round_s : list[float]
+        Seconds of each finished round (train, aggregation, records), the pacer left out.
+    call_s, train_s : list[list[float]]
+        Per round: seconds of every ClientApp call and of every ``train_local`` in them.
+    """
+
+    def __init__(self, *args: Any, pacer: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pacer = pacer
+        self.round_s: list[float] = []
+        self.call_s: list[list[float]] = []
+        self.train_s: list[list[float]] = []
+        self._resumed: float | None = None
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        """A round's training messages: close the previous round's clock, run the pacer, go."""
+        messages = list(messages)
+        if messages and messages[0].metadata.message_type == MessageType.TRAIN:
+            if self._resumed is not None:
+                self.round_s.append(time.perf_counter() - self._resumed)
+            self.pacer()
+            self.call_s.append([])
+            self.train_s.append([])
+            self._resumed = time.perf_counter()
+        return super().send_and_receive(messages, timeout=timeout)
+
+    def _call(self, msg: Message) -> Message:
+        start = time.perf_counter()
+        try:
+            return super()._call(msg)
+        finally:
+            if self.call_s:
+                self.call_s[-1].append(time.perf_counter() - start)
+
+
+class PflProcess:
+    """pfl-research's driver (:mod:`fedul_flwr.experiments.pfl_driver`) as a subprocess.
+
+    Raises
+    ------
+    RuntimeError
+        If the driver exits or answers something else than expected (its error output quoted).
+    """
+
+    def __init__(self, python: str, spec: Path) -> None:
+        self.process = subprocess.Popen([python, str(DRIVER), str(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, bufsize=1)  # fmt: skip
+        self._errors: list[str] = []
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.ready = self._answer("ready")
+        self.seconds: list[float] = []
+
+    def _drain(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._errors.append(line)
+            del self._errors[:-40]
+
+    def _answer(self, key: str) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("{"):
+                reply = json.loads(line)
+                if key in reply:
+                    return reply
+        self.process.wait()
+        raise RuntimeError(f"pfl driver exited ({self.process.returncode}) before {key!r}: {''.join(self._errors)[-2000:]}")
+
+    def _send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def iterate(self) -> float:
+        """Run one central iteration; return its seconds."""
+        self._send("go")
+        seconds = float(self._answer("iteration")["seconds"])
+        self.seconds.append(seconds)
+        return seconds
+
+    def accuracy(self) -> float:
+        """The central model's test accuracy now (in [0, 1])."""
+        self._send("eval")
+        return float(self._answer("test-accuracy")["test-accuracy"])
+
+    def close(self) -> None:
+        """Stop the driver."""
+        if self.process.poll() is None:
+            self._send("stop")
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def _median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def pfl_spec(cfg_values: Mapping[str, Any], workdir: Path, threads: int, users: int) -> tuple[Path, np.ndarray]:
+    """Write what pfl's driver needs (the images as uint8, the users' rows, the engine's initial
+    weights, a probe batch); return the spec's path and the engine's probe logits.
+
+    Raises
+    ------
+    RuntimeError
+        If a user of the partition does not hold 50 images.
+    """
+    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.data.simulated import client_rows, load_run_dataset
+    from fedul_flwr.methods import get_method
+    from fedul_flwr.server_app import global_models
+
+    cfg = resolve_config(dict(cfg_values))
+    data = load_run_dataset(cfg)
+    rows = [client_rows(cfg, k, users)[0].tolist() for k in range(users)]
+    if any(len(r) != 50 for r in rows):
+        raise RuntimeError(f"the partition gives users {sorted({len(r) for r in rows})} images, not 50")
+    workdir.mkdir(parents=True, exist_ok=True)
+    data_path, initial = workdir / "pfl-data.npz", workdir / "pfl-initial.pt"
+    if not data_path.exists():
+        np.savez(data_path, train_x=data.train_x.numpy(), train_y=data.train_y.numpy(), test_x=data.test_x.numpy(),
+                 test_y=data.test_y.numpy(), probe_x=data.test_x[:8].numpy())  # fmt: skip
+    model = global_models(cfg, get_method(cfg.method)(cfg), data.in_channels, data.num_classes, data.image_size)["f"]
+    torch.save(model.state_dict(), initial)
+    model.eval()
+    with torch.no_grad():
+        probe = model((data.test_x[:8].float() / 255 - torch.tensor(data.mean).view(1, -1, 1, 1)) / torch.tensor(data.std).view(1, -1, 1, 1))
+    spec = {
+        "data": str(data_path), "initial": str(initial), "users": rows, "num_classes": data.num_classes,
+        "mean": list(data.mean), "std": list(data.std), "threads": threads, "seed": cfg.seed, "cohort": 50,
+        "batch_size": cfg.batch_size, "lr": cfg.lr, "local_epochs": cfg.local_epochs, "central_lr": 1.0,
+    }  # fmt: skip
+    path = workdir / f"pfl-spec-{threads}.json"
+    path.write_text(json.dumps(spec))
+    return path, probe.numpy()
+
+
+def engine_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, pacer: Callable[[], None],
+                 workdir: Path, name: str) -> dict[str, Any]:  # fmt: skip
+    """One engine run of ``rounds`` rounds on the paced grid; its times, path and accuracy."""
+    import fedul_flwr.training as training_module
+    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.client_app import app
+    from fedul_flwr.runtime import cohort_workers
+    from fedul_flwr.server_app import run_federation
+
+    run = {**values, "num-rounds": rounds, "evaluate-every": rounds, "output-dir": str(workdir / "runs"),
+           "run-name": f"{name}-{time.time_ns()}"}  # fmt: skip
+    torch.set_num_threads(threads)
+    cfg = resolve_config(run)
+    workers = cohort_workers(cfg.cohort, torch.device("cpu"), threads, cfg.client_threads)
+    grid = PacedGrid(app, users, run, workers=workers, pacer=pacer)
+    original = training_module.train_local
+
+    def timed(*a: Any, **kw: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*a, **kw)
+        finally:
+            if grid.train_s:
+                grid.train_s[-1].append(time.perf_counter() - start)
+
+    training_module.train_local = timed  # type: ignore[assignment]
+    try:
+        outputs = run_federation(grid, cfg)
+    finally:
+        training_module.train_local = original  # type: ignore[assignment]
+        grid.close()
+    last = outputs.rows[max(outputs.rows)]
+    return {"round-s": grid.round_s, "call-s": grid.call_s, "train-s": grid.train_s, "cohort": grid.cohort_path,
+            "clients-at-once": grid.workers, "test-accuracy": last.get("test-accuracy"), "run-dir": str(outputs.path)}  # fmt: skip
+
+
+def ray_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, workdir: Path) -> dict[str, Any]:
+    """``flwr run .`` of the workload for ``rounds`` rounds (module docstring)."""
+    from fedul_flwr.experiments.benchmark import flwr_run
+
+    cores = os.cpu_count() or 1
+    run = {**values, "num-rounds": rounds, "evaluate-every": rounds}
+    if threads == 1:
+        run["client-threads"] = 1
+        federation = f"num-supernodes={users} client-resources-num-cpus={cores} client-resources-num-gpus=0"
+    else:
+        federation = f"num-supernodes={users} client-resources-num-cpus={max(1, cores // threads)} client-resources-num-gpus=0"
+    result = flwr_run(run, federation, workdir / f"ray-{threads}", timeout=3600, memory_every_s=5.0)
+    result.pop("rounds", None)
+    result["federation-config"] = federation
+    return result
+
+
+def section_peers(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The peer benchmark (module docstring): per thread count of ``--peers-threads``."""
+    from fedul_flwr.experiments.benchmark import say
+
+    users, timed, warm = args.peers_users, args.peers_iterations, args.peers_warmup
+    values = workload(args.peers_dataset, args.data_dir, users)
+    python = args.pfl_python or str(Path.cwd() / ".pfl-venv" / "bin" / "python")
+    has_pfl = Path(python).is_file()
+    if not has_pfl:
+        say(f"peers: no pfl-research Python at {python}: the pfl columns stay empty (set it up: {PFL_SETUP})")
+    out: dict[str, Any] = {"setting": {**values, "users": users, "images-per-user": 50, "cohort": 50, "central-lr": 1.0,
+                                       "timed-iterations": timed, "warmup": warm, "pfl-python": python if has_pfl else None},
+                           "threads": {}}  # fmt: skip
+    rounds = timed + warm
+    for threads in [int(t) for t in args.peers_threads.split(",")]:
+        entry: dict[str, Any] = {}
+        out["threads"][str(threads)] = entry
+        pfl = None
+        if has_pfl:
+            spec, probe = pfl_spec(values, workdir, threads, users)
+            pfl = PflProcess(python, spec)
+            entry["probe-max-abs-diff"] = float(np.abs(np.asarray(pfl.ready["probe-logits"]) - probe).max())
+            entry["pfl-torch"] = pfl.ready.get("torch")
+            say(f"peers T={threads}: pfl ready (torch {pfl.ready.get('torch')}, {pfl.ready.get('threads')} threads), "
+                f"same model: max |logit difference| {entry['probe-max-abs-diff']:.2e}")  # fmt: skip
+        variants = [("engine", {}), ("engine-fedul", {"method": "fedul"})]
+        if args.peers_precision:
+            variants.insert(1, ("engine-auto-precision", {"precision": "auto"}))
+        if threads > 1:
+            variants.insert(1, ("engine-sequential", {"cohort": "sequential"}))
+        for name, change in variants:
+            pfl_before = len(pfl.seconds) if pfl else 0
+            pacer = pfl.iterate if pfl else (lambda: None)
+            result = engine_phase({**values, **change}, users, threads, rounds + 1, pacer, workdir, f"{name}-{threads}")
+            result["pfl-round-s"] = pfl.seconds[pfl_before:] if pfl else []
+            if pfl and name == "engine":
+                result["pfl-test-accuracy"] = pfl.accuracy()
+            entry[name] = result
+            engine_s = _median(result["round-s"][warm:])
+            pfl_s = _median(result["pfl-round-s"][warm:]) if pfl else float("nan")
+            result["median-s"], result["pfl-median-s"] = engine_s, pfl_s
+            say(f"peers T={threads} {name} ({result['cohort']} x{result['clients-at-once']}): {engine_s:.2f} s/round, "
+                f"pfl {pfl_s:.2f} s/iteration: pfl/engine {pfl_s / engine_s:.2f}; accuracy engine "
+                f"{result['test-accuracy']}, pfl {result.get('pfl-test-accuracy')}")  # fmt: skip
+        if pfl:
+            pfl.close()
+        if args.peers_ray_rounds:
+            ray = ray_phase(values, users, threads, args.peers_ray_rounds, workdir)
+            entry["ray"] = ray
+            steady = ray.get("round-s", [])[1:]
+            ray["median-s"] = _median(steady)
+            say(f"peers T={threads} ray: {ray['median-s']:.2f} s/round over rounds 2..{args.peers_ray_rounds} "
+                f"(status {ray.get('status')}, accuracy {ray.get('final-test-accuracy')})")  # fmt: skip
+        entry["summary"] = summarize(entry, warm)
+    return out
+
+
+def summarize(entry: Mapping[str, Any], warm: int) -> dict[str, Any]:
+    """Medians and ratios of one thread count's phases."""
+    engine = entry["engine"]
+    pfl_all = [s for name in entry if name.startswith("engine") for s in entry[name]["pfl-round-s"][warm:]]
+    pfl_s = _median(pfl_all)
+    summary: dict[str, Any] = {"pfl-s": pfl_s, "engine-s": engine["median-s"], "pfl-over-engine": pfl_s / engine["median-s"]}
+    for name in ("engine-sequential", "engine-auto-precision", "engine-fedul"):
+        if name in entry:
+            summary[f"{name}-s"] = entry[name]["median-s"]
+            summary[f"pfl-over-{name}"] = pfl_s / entry[name]["median-s"]
+    if "ray" in entry and entry["ray"].get("median-s") == entry["ray"].get("median-s"):
+        summary["ray-s"] = entry["ray"]["median-s"]
+        summary["ray-over-engine"] = entry["ray"]["median-s"] / engine["median-s"]
+    calls = [c for rnd in engine["call-s"][warm:] for c in rnd]
+    trains = [t for rnd in engine["train-s"][warm:] for t in rnd]
+    if calls and engine["clients-at-once"] == 1:
+        rounds = len(engine["call-s"][warm:])
+        summary["breakdown"] = {
+            "train-local-s-per-round": sum(trains) / rounds,
+            "clientapp-overhead-ms-per-client": 1000 * (sum(calls) - sum(trains)) / len(calls),
+            "server-s-per-round": engine["median-s"] - sum(calls) / rounds,
+        }
+    return summary
+
+
+def peers_markdown(result: Mapping[str, Any], machine: Mapping[str, Any]) -> str:
+    """The table of docs/performance.md from a peers result."""
+    from fedul_flwr.experiments.tables import markdown_table
+
+    rows = []
+    for threads, entry in result["threads"].items():
+        s = entry["summary"]
+        fmt = lambda v: f"{v:.2f}" if isinstance(v, float) and v == v else "-"  # noqa: E731
+        eng = entry["engine"]
+        rows.append([threads, fmt(s["pfl-s"]), f"{fmt(s['engine-s'])} ({eng['cohort']} x{eng['clients-at-once']})",
+                     fmt(s["pfl-over-engine"]), fmt(s.get("engine-sequential-s")), fmt(s.get("ray-s")), fmt(s.get("ray-over-engine")),
+                     fmt(s.get("engine-auto-precision-s")), fmt(s.get("engine-fedul-s")),
+                     f"{eng.get('pfl-test-accuracy', float('nan')) * 100:.1f} / {eng['test-accuracy'] * 100:.1f} / "
+                     f"{(entry.get('ray', {}).get('final-test-accuracy') or float('nan')) * 100:.1f}"])  # fmt: skip
+    head = ["threads", "pfl s/iter", "engine s/round (path)", "pfl / engine", "engine one after another", "Ray s/round",
+            "Ray / engine", "engine precision=auto", "engine FedUL", "test acc. % pfl / engine / Ray"]  # fmt: skip
+    st = result["setting"]
+    return (f"{machine['cpu']} ({machine['cpu-count']} cores), torch {machine['torch']}, flwr {machine['flwr']}, "
+            f"{machine['date-utc']}; `{st['dataset']}`, {st['users']} users x 50 images, cohort 50, batch 10, "
+            f"medians of {st['timed-iterations']} interleaved iterations after {st['warmup']} left out.\n\n"
+            + markdown_table(head, rows))  # fmt: skip
