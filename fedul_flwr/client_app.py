@@ -14,7 +14,6 @@ Evaluate: test the method's headline predictor on the client's labeled local tes
 
 from __future__ import annotations
 
-import functools
 import threading
 from dataclasses import dataclass
 from logging import ERROR, INFO
@@ -100,9 +99,18 @@ def _client(msg: Message, context: Context) -> _Client:
     return _Client(cfg, method, data, device, key, loop_acceleration(cfg, device))
 
 
-@functools.lru_cache(maxsize=32)
-def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str, width: float, thread: int) -> nn.Module:
-    return build_model(arch, channels, classes, size, width=width).to(device)
+_THREAD_MODULES = threading.local()
+
+
+def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str, width: float) -> nn.Module:
+    """This thread's module of that model and shape (built on first use)."""
+    modules = _THREAD_MODULES.__dict__.setdefault("modules", {})
+    key = (name, arch, channels, classes, size, device, width)
+    if key not in modules:
+        if len(modules) >= 16:  # a long-lived thread that met many models: start again
+            modules.clear()
+        modules[key] = build_model(arch, channels, classes, size, width=width).to(device)
+    return modules[key]
 
 
 _RECEIVED: list[Any] = [None, None]  # the last received ArrayRecord and its tensors
@@ -138,7 +146,7 @@ def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
     models = nn.ModuleDict()
     for spec in specs:
         models[spec.name] = _module(spec.name, spec.arch or c.cfg.model, channels, c.data.num_classes, size, str(c.device),
-                                    spec.width, threading.get_ident())  # fmt: skip
+                                    spec.width)  # fmt: skip
     exchanged = nn.ModuleDict({s.name: models[s.name] for s in specs if s.exchanged})
     exchanged.load_state_dict(_received(msg.content[wire.ARRAYS]))
     for index, spec in enumerate(specs):
@@ -191,6 +199,7 @@ def train(msg: Message, context: Context) -> Message:
         hooks=update.hooks,
         acceleration=c.acceleration,
         augment=build_augmentation(cfg.augment, c.data.image_shape[1], cfg.dataset),
+        batchable=method.batched_cohort,
     )
     try:
         result = method.local_update(c.data, models, ctx, loop)

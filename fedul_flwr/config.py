@@ -59,7 +59,7 @@ log = get_logger(__name__)
 CHOICES: dict[str, tuple[str, ...]] = {
     "aggregation-weights": ("num-examples", "uniform"),
     "device": ("auto", "cpu", "cuda"),
-    "cohort": ("auto", "sequential", "parallel"),
+    "cohort": ("auto", "sequential", "parallel", "batched"),
     "precision": ("auto", "fp32", "bf16"),
     "memory-format": ("auto", "channels-last", "contiguous"),
     "local-optimizer": ("adam", "sgd"),

@@ -6,16 +6,19 @@ ClientApp directly, each node with its own persistent :class:`~flwr.app.Context`
 ``context.state`` survives between rounds as it does in a simulation). A ClientApp exception
 becomes an error reply, as in Flower's runtimes.
 
-The cohort path (``workers``, from the run setting ``cohort`` by
-:func:`fedul_flwr.runtime.cohort_workers`): with 1 the nodes of a message batch run one after
-another on the process's torch threads; with W > 1 they run W at once in a pool of threads,
-each on one torch thread (:func:`fedul_flwr.runtime.pinned_threads`). torch releases Python's
-lock inside its kernels, so the clients' forward and backward passes run on W cores at once. A
-client's replies do not depend on the path: every random draw of a client comes from
+The cohort path (``path``, from the run setting ``cohort`` by
+:func:`fedul_flwr.runtime.cohort_path`): ``sequential`` runs the nodes of a message batch one
+after another on the process's torch threads; ``parallel`` runs W = ``workers`` at once in a
+pool of threads, each on one torch thread (:func:`fedul_flwr.runtime.pinned_threads`): torch
+releases Python's lock inside its kernels, so the clients' forward and backward passes run on
+W cores at once; ``batched`` runs every node of the batch in a thread of its own, their
+training loops joined into one batched model (:class:`fedul_flwr.cohort.Cohort`, coordinated
+by the grid's thread). A client's replies do not depend on the path: every random draw of a client comes from
 generators of (run seed, round, node), the ClientApp keeps its modules per thread, and the few
 library draws from torch's global generator are serialised (:mod:`fedul_flwr.rng`). With one
-torch thread on both paths the replies are equal bit for bit; the thread count otherwise
-changes the order of floating-point sums, hence the last bits.
+torch thread the sequential and parallel paths give equal replies bit for bit; the thread
+count otherwise changes the order of floating-point sums, hence the last bits, and so do the
+batched path's kernels.
 Used by the tests, the reproduction runner and the benchmarks; ``flwr run .`` is the way
 to run the app for real.
 
@@ -25,6 +28,7 @@ that private detail lives here and nowhere else.
 
 from __future__ import annotations
 
+import functools
 import traceback
 import uuid
 from collections.abc import Iterable, Mapping
@@ -38,7 +42,8 @@ from flwr.serverapp import Grid
 from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedul_flwr.runtime import pinned_threads
+from fedul_flwr.cohort import Cohort
+from fedul_flwr.runtime import COHORT_PATHS, pinned_threads
 
 CLIENT_EXCEPTION = 1  # error code of a reply whose ClientApp raised
 
@@ -58,9 +63,10 @@ class InProcessGrid(Grid):
         ``override_config`` (so the ServerApp's ``main`` resolves them as Flower would).
     node_configs : list[dict] | None
         Per-node ``node_config`` (deployment-style, e.g. ``{"data-dir": ...}``).
+    path : str
+        The cohort path (module docstring): ``sequential``, ``parallel`` or ``batched``.
     workers : int
-        Clients trained at once (the module docstring): 1 one after another, W > 1 in a pool
-        of W threads with one torch thread each.
+        Clients at once on the parallel path (>= 2; ignored by the others).
     """
 
     def __init__(
@@ -69,6 +75,7 @@ class InProcessGrid(Grid):
         num_nodes: int,
         run_config: Mapping[str, Any],
         node_configs: list[dict[str, Any]] | None = None,
+        path: str = "sequential",
         workers: int = 1,
     ) -> None:
         configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
@@ -90,8 +97,13 @@ class InProcessGrid(Grid):
         self._run = Run.create_empty(run_id=1)
         self._run.override_config = dict(run_config)  # what a user typed, as the SuperLink keeps it
         self._replies: dict[str, Message] = {}
-        self.workers = max(1, int(workers))
-        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="fedul-client") if self.workers > 1 else None
+        if path not in COHORT_PATHS:
+            raise ValueError(f"cohort path {path!r} is not one of {COHORT_PATHS}")
+        self.cohort_path = path
+        """The cohort path (module docstring)."""
+        self.workers = max(2, int(workers)) if path == "parallel" else 0 if path == "batched" else 1
+        """Clients at once: W on the parallel path, 1 on the sequential one, 0 (all) batched."""
+        self._pool: ThreadPoolExecutor | None = None
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
 
     def set_run(self, run: Run) -> None:
@@ -112,11 +124,6 @@ class InProcessGrid(Grid):
     def get_node_ids(self) -> Iterable[int]:
         """Ids of the connected nodes."""
         return [n for n in self.contexts if n not in self.down]
-
-    @property
-    def cohort_path(self) -> str:
-        """``"sequential"`` or ``"parallel"`` (the module docstring)."""
-        return "parallel" if self.workers > 1 else "sequential"
 
     def _call(self, msg: Message) -> Message:
         """The ClientApp's reply to ``msg`` (an exception becomes an error reply)."""
@@ -139,17 +146,34 @@ class InProcessGrid(Grid):
                 self._replies[msg.metadata.message_id] = create_message_error_unavailable_res_message(msg.metadata, "node")
                 continue
             run.append(msg)
-        if self._pool is not None and len(run) > 1:
+        if self.cohort_path == "parallel" and len(run) > 1:
             with pinned_threads(1):
-                replies = list(self._pool.map(self._call, run))
+                replies = list(self._threads(self.workers).map(self._call, run))
+        elif self.cohort_path == "batched" and run:
+            cohort = Cohort(len(run))
+            futures = [self._threads(len(run)).submit(cohort.client, functools.partial(self._call, msg)) for msg in run]
+            try:
+                cohort.coordinate()
+            except Exception:  # noqa: BLE001 -- every member got the error: its client's error reply
+                pass
+            replies = [f.result() for f in futures]
         else:
             replies = [self._call(msg) for msg in run]
         for msg, reply in zip(run, replies):
             self._replies[msg.metadata.message_id] = reply
         return ids
 
+    def _threads(self, at_least: int) -> ThreadPoolExecutor:
+        """The pool of client threads, grown to ``at_least`` threads (a thread keeps its
+        ClientApp modules between rounds)."""
+        if self._pool is None or self._pool._max_workers < at_least:
+            if self._pool is not None:
+                self._pool.shutdown()
+            self._pool = ThreadPoolExecutor(at_least, thread_name_prefix="fedul-client")
+        return self._pool
+
     def close(self) -> None:
-        """Stop the pool of client threads (the grid still answers, one node after another)."""
+        """Stop the pool of client threads (a later round starts a new one)."""
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None

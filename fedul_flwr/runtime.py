@@ -98,35 +98,38 @@ def loop_acceleration(cfg: RunConfig, device: torch.device) -> Acceleration:
     )  # fmt: skip
 
 
-COHORT_PATHS = ("sequential", "parallel")
+COHORT_PATHS = ("sequential", "parallel", "batched")
 """How the in-process engine trains a round's clients: one after another with the run's torch
-threads, or several at once in threads (one torch thread each)."""
+threads; several at once in threads, one torch thread each (CPU); or as one batched model
+(:mod:`fedul_flwr.cohort`)."""
 
 
-def cohort_workers(cohort: str, device: torch.device, threads: int, client_threads: int = 0) -> int:
-    """How many clients the in-process engine trains at once (1: the sequential path).
+def cohort_path(cohort: str, device: torch.device, threads: int, client_threads: int = 0) -> tuple[str, int]:
+    """The cohort path of the in-process engine and how many clients it trains at once.
 
-    ``cohort = "auto"`` measured: on a CPU, small per-client kernels (a step of 10 images) use
-    several cores poorly, so training as many clients at once as the run has threads, each on
-    one thread, beats one client after another on all of them (``fedul benchmark --only
-    peers``); on a GPU the clients run one after another (the GPU runs one client's kernels
-    at a time anyway, and threads would only contend for it).
+    ``cohort = "auto"`` picks by device, as measured (``fedul benchmark --only peers``): on a
+    CPU with 2+ threads ``parallel`` with as many clients at once as threads (a step of a few
+    images uses several cores poorly, and training stacked weights on a CPU was slower than
+    one client after another: grouped convolutions); on one thread ``sequential``; on a GPU
+    ``batched`` (one client's small kernels leave the card idle).
 
     Parameters
     ----------
     cohort : str
-        The run setting ``cohort``: ``auto``, ``sequential`` or ``parallel``.
+        The run setting ``cohort``: ``auto``, ``sequential``, ``parallel`` or ``batched``.
     device : torch.device
         The training device.
     threads : int
         The run's torch thread budget (``torch.get_num_threads()`` of the runner).
     client_threads : int
-        The run setting ``client-threads`` (auto stays sequential when it asks for more than one).
+        The run setting ``client-threads`` (auto stays sequential on a CPU when it asks for
+        more than one).
 
     Returns
     -------
-    int
-        Clients at once: ``threads`` for the parallel path (at least 2 when forced), else 1.
+    (str, int)
+        The path and the clients at once (``parallel``: ``threads``, at least 2; ``batched``:
+        0, every client of the round; ``sequential``: 1).
 
     Raises
     ------
@@ -135,11 +138,16 @@ def cohort_workers(cohort: str, device: torch.device, threads: int, client_threa
     """
     if cohort == "parallel" and device.type != "cpu":
         raise ValueError(f"cohort='parallel' trains clients in threads on a CPU; the device is {device.type} (use cohort='auto')")
+    if cohort == "auto":
+        if device.type == "cuda":
+            cohort = "batched"
+        elif device.type == "cpu" and threads >= 2 and client_threads <= 1:
+            cohort = "parallel"
+        else:
+            cohort = "sequential"
     if cohort == "parallel":
-        return max(2, threads)
-    if cohort == "auto" and device.type == "cpu" and threads >= 2 and client_threads <= 1:
-        return threads
-    return 1
+        return cohort, max(2, threads)
+    return cohort, 0 if cohort == "batched" else 1
 
 
 def model_seed(seed: int, index: int, node_key: int | None = None) -> int:

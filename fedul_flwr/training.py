@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from fedul_flwr.acceleration import PLAIN, Acceleration
+from fedul_flwr.cohort import Cohort, Member, current_cohort, eligible
 from fedul_flwr.methods.base import Augment, Batch, LocalTask, Predictor, Stream
 from fedul_flwr.models import DROPOUT_GENERATOR
 
@@ -171,8 +172,14 @@ def train_local(
     momentum: float = 0.0,
     acceleration: Acceleration | None = None,
     augment: Augment | None = None,
+    batchable: bool = True,
 ) -> TrainResult:
     """Train the ``trained`` models in place on ``task`` for ``epochs`` epochs.
+
+    Inside a batched cohort (:mod:`fedul_flwr.cohort`, the in-process engine's
+    ``cohort = "batched"``) a client that may take that path trains as one member of the round's
+    batched model: the same batches, loss and optimizer update, its forward and step batched
+    with the other clients'; any other client trains here alone, one at a time.
 
     Parameters
     ----------
@@ -210,6 +217,9 @@ def train_local(
     augment : Augment | None
         The run's augmentation of every stream's images (``None``: none). It and the
         streams' views draw from :func:`augment_generator` of ``seed``.
+    batchable : bool
+        Whether the method lets this loop train in a batched cohort
+        (:attr:`fedul_flwr.methods.Method.batched_cohort`).
 
     Returns
     -------
@@ -238,6 +248,68 @@ def train_local(
         task = dataclasses.replace(task, streams=streams)
     for name, model in models.items():
         model.train(name in names)
+    cohort = current_cohort()
+    if cohort is not None:
+        if eligible(models, names, tuple(hooks), batchable):
+            member = Member(models[names[0]], _signature(models[names[0]], optimizer, lr, momentum, l1_weight, acc),
+                            l1_weight, lambda ps: acc.optimizer(optimizer, ps, lr, momentum), acc.precision, device)  # fmt: skip
+            if cohort.join(member):
+                return _train_member(cohort, member, names[0], task, epochs, seed, device, to_input, augment)
+        cohort.decline()
+        with cohort.solo:
+            return _train_alone(models, task, names, penalised, params, acc, epochs, lr, to_input, l1_weight, seed,
+                                device, hooks, optimizer, momentum, augment)  # fmt: skip
+    return _train_alone(models, task, names, penalised, params, acc, epochs, lr, to_input, l1_weight, seed, device, hooks,
+                        optimizer, momentum, augment)  # fmt: skip
+
+
+def _signature(module: nn.Module, optimizer: str, lr: float, momentum: float, l1_weight: float, acc: Acceleration) -> tuple[Any, ...]:
+    """What two clients must share to train in one batch (:class:`fedul_flwr.cohort.Member`)."""
+    shapes = tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+    buffers = tuple((name, tuple(b.shape), b.dtype) for name, b in module.named_buffers())
+    return (type(module), shapes, buffers, optimizer, lr, momentum, l1_weight, acc.precision, acc.fused_optimizer, str(acc.device))
+
+
+def _train_member(
+    cohort: Cohort, member: Member, name: str, task: LocalTask, epochs: int, seed: int, device: torch.device,
+    to_input: ToInput, augment: Augment | None,
+) -> TrainResult:  # fmt: skip
+    """:func:`train_local` as a member of a batched cohort: this client's batches and loss,
+    the forward and the step the cohort's (:mod:`fedul_flwr.cohort`)."""
+    n = task.num_examples
+    try:
+        forwards = cohort.standins(member, name)
+        generator = torch.Generator().manual_seed(seed)
+        views = augment_generator(seed)
+        total, steps = torch.zeros((), device=device), 0
+        for epoch in range(epochs):
+            if task.before_epoch is not None:
+                with cohort.direct_calls():
+                    task.before_epoch(forwards)
+            epoch_sum = torch.zeros((), device=device)
+            for batch in iterate_batches(task, generator, device, to_input, augment, views):
+                loss = task.loss(forwards, batch)
+                cohort.step(member, loss)
+                epoch_sum += loss.detach()
+                steps += 1
+            value = float(epoch_sum)
+            if not math.isfinite(value):
+                raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
+            total += epoch_sum
+        cohort.leave(member)
+    except BaseException:
+        cohort.abandon(member)
+        raise
+    return TrainResult(loss=float(total) / steps, num_examples=n, num_steps=steps)
+
+
+def _train_alone(
+    models: nn.ModuleDict, task: LocalTask, names: list[str], penalised: list[nn.Parameter], params: list[nn.Parameter],
+    acc: Acceleration, epochs: int, lr: float, to_input: ToInput, l1_weight: float, seed: int, device: torch.device,
+    hooks: Sequence[StepHook], optimizer: str, momentum: float, augment: Augment | None,
+) -> TrainResult:  # fmt: skip
+    """:func:`train_local` of one client on its own."""
+    n = task.num_examples
     forwards = acc.prepare(models)  # channels-last weights from here on (if chosen) ...
     try:
         with dropout_masks(seed, device):
@@ -295,6 +367,8 @@ class LocalLoop:
         How the loop executes (``None``: the plain float32 NCHW loop).
     augment : Augment | None
         The run's augmentation of training images (``None``: none).
+    batchable : bool
+        Whether the method lets the loop train in a batched cohort.
     """
 
     epochs: int
@@ -308,6 +382,7 @@ class LocalLoop:
     acceleration: Acceleration | None = None
     momentum: float = 0.0
     augment: Augment | None = None
+    batchable: bool = True
 
     def run(self, models: nn.ModuleDict, task: LocalTask, trained: Sequence[str] | None = None) -> TrainResult:
         """:func:`train_local` of ``task`` with these settings."""
@@ -326,6 +401,7 @@ class LocalLoop:
             momentum=self.momentum,
             acceleration=self.acceleration,
             augment=self.augment,
+            batchable=self.batchable,
         )
 
 

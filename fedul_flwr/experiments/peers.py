@@ -22,8 +22,8 @@ The systems:
 - **engine**: this project's ServerApp and ClientApp through the in-process grid
   (:class:`~fedul_flwr.inprocess.InProcessGrid`; ``method = "supervised"``,
   ``aggregation-weights = "uniform"``, ``evaluate-every`` past the timed rounds), on the
-  cohort path ``cohort = "auto"`` picks (:func:`fedul_flwr.runtime.cohort_workers`: with T >= 2
-  threads on a CPU, T clients at once, one thread each). Also with ``precision = "auto"``
+  cohort path ``cohort = "auto"`` picks (:func:`fedul_flwr.runtime.cohort_path`: with T >= 2
+  threads on a CPU, T clients at once, one thread each; on a GPU the batched cohort). Also with ``precision = "auto"``
   (bf16 autocast where the CPU has it) and with ``method = "fedul"`` (the same images as 10 U
   sets of 5 per user) beside it.
 - **ray**: ``flwr run .`` of this app on a fresh local SuperLink (Flower's Ray backend, the
@@ -238,15 +238,15 @@ def engine_phase(values: Mapping[str, Any], users: int, threads: int, rounds: in
     import fedul_flwr.training as training_module
     from fedul_flwr.checks import resolve_config
     from fedul_flwr.client_app import app
-    from fedul_flwr.runtime import cohort_workers
+    from fedul_flwr.runtime import cohort_path
     from fedul_flwr.server_app import run_federation
 
     run = {**values, "num-rounds": rounds, "evaluate-every": rounds, "output-dir": str(workdir / "runs"),
            "run-name": f"{name}-{time.time_ns()}"}  # fmt: skip
     torch.set_num_threads(threads)
     cfg = resolve_config(run)
-    workers = cohort_workers(cfg.cohort, torch.device("cpu"), threads, cfg.client_threads)
-    grid = PacedGrid(app, users, run, workers=workers, pacer=pacer)
+    path, workers = cohort_path(cfg.cohort, torch.device("cpu"), threads, cfg.client_threads)
+    grid = PacedGrid(app, users, run, path=path, workers=workers, pacer=pacer)
     original = training_module.train_local
 
     def timed(*a: Any, **kw: Any) -> Any:

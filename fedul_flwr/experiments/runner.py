@@ -49,8 +49,9 @@ configuration's ``output-dir``. Then:
 a worker the OS kills is its run's failure record, never a grid that hangs), each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
 depend on ``jobs``. A run trains its round's clients on the cohort path of its ``cohort``
-setting (:func:`fedul_flwr.runtime.cohort_workers`: on a CPU with 2+ threads, as many clients at
-once as threads, each on one); its record names the path (``cohort``). On one CUDA card each worker takes ``1 / jobs`` of its memory
+setting (:func:`fedul_flwr.runtime.cohort_path`: on a CPU with 2+ threads, as many clients at
+once as threads, each on one; on a GPU one batched model); its record names the path
+(``cohort``). On one CUDA card each worker takes ``1 / jobs`` of its memory
 (:func:`share_gpu`).
 """
 
@@ -209,7 +210,7 @@ def execute(
     from fedul_flwr.config import ConfigError
     from fedul_flwr.data import simulated
     from fedul_flwr.methods import get_method
-    from fedul_flwr.runtime import cohort_workers, pick_device
+    from fedul_flwr.runtime import cohort_path, pick_device
     from fedul_flwr.server_app import run_federation
 
     if threads:
@@ -219,10 +220,10 @@ def execute(
     device = pick_device(cfg.device)
     share_gpu(device, jobs)
     try:
-        workers = cohort_workers(cfg.cohort, device, torch.get_num_threads(), cfg.client_threads)
+        path, workers = cohort_path(cfg.cohort, device, torch.get_num_threads(), cfg.client_threads)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    grid = StoppableGrid(app, spec.clients, run_config, stop_at=stop_at, workers=workers)
+    grid = StoppableGrid(app, spec.clients, run_config, stop_at=stop_at, path=path, workers=workers)
     try:
         outputs = run_federation(grid, cfg, lock=lock)
     finally:  # a grid visits many configs, and a worker goes on after a failed or stopped run

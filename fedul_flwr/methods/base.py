@@ -268,6 +268,12 @@ class Method(ABC):
     (:func:`fedul_flwr.checks.method_settings`); empty: every setting whose clients hold the
     parts in ``requires``. A method that requires no part (it adapts to what each client
     holds) names them."""
+    batched_cohort: ClassVar[bool] = True
+    """Whether a client's local update may train as one member of a batched cohort
+    (:mod:`fedul_flwr.cohort`, the in-process engine's ``cohort = "batched"``). The loop still
+    trains alone any client with more than one trained model, strategy gradient hooks or a
+    model with dropout; a method whose local update does more than the shared loop allows
+    (e.g. two phases over two models) sets it ``False``."""
     recorded_metrics: ClassVar[tuple[str, ...]] = ()
     """Aggregated train metrics written to the run's ``metrics.json`` besides the train loss
     (its uploads, or what its aggregation mixin adds)."""

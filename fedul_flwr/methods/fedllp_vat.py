@@ -100,6 +100,7 @@ class FedLLPVAT(FedLLP):
     ``vat-weight`` * VAT consistency of radius ``vat-epsilon``."""
 
     name = "fedllp-vat"
+    batched_cohort = False  # the VAT direction is a gradient of the client's own forward: its graph cannot be the cohort's
     options = FedLLP.options + (
         Option("vat-weight", lambda v: v >= 0, ">= 0"),
         Option("vat-epsilon", lambda v: v >= 0, ">= 0"),

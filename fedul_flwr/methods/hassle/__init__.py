@@ -294,6 +294,7 @@ def teacher_forwards(frozen: nn.ModuleDict, loop: LocalLoop) -> nn.ModuleDict:
 class Hassle(Method):
     """HASSLE / SUMA (module docstring)."""
 
+    batched_cohort = False  # two phases over the dual models and their residuals: one client at a time
     name = "hassle"
     requires = ()
     uses = ("labeled", "unlabeled")
