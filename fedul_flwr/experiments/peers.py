@@ -58,7 +58,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
