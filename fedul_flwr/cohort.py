@@ -25,9 +25,11 @@ in the client's thread on its own objects.
 
 Who takes it: a client whose loop trains one model, with no strategy hook on its gradients
 (FedProx's proximal term and SCAFFOLD's correction run one client at a time), whose method
-allows it (:attr:`fedul_flwr.methods.Method.batched_cohort`; HASSLE's dual models do not) and
-whose model has no dropout (a mask per client from its own generator cannot be drawn inside
-``vmap``). Any other client trains alone, in its thread, one at a time. The replies equal
+allows it (:attr:`fedul_flwr.methods.Method.batched_cohort`; HASSLE's dual models and
+FedLLP-VAT's inner gradient do not) and whose model has no dropout other than the project's
+:class:`~fedul_flwr.models.Dropout`: the cohort draws each client's masks from the client's
+own generator, in the order its forward would draw them alone, and hands them to the batched
+forward (a generator cannot be used inside ``vmap``). Any other client trains alone, in its thread, one at a time. The replies equal
 those of one-after-another training to float tolerance (batched kernels sum in another order;
 tests/test_cohort.py, per method).
 """
@@ -45,6 +47,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from fedul_flwr.models import DROPOUT_MASKS, Dropout
+
 __all__ = ["Cohort", "Member", "current_cohort", "eligible"]
 
 _CURRENT: contextvars.ContextVar[Cohort | None] = contextvars.ContextVar("fedul_cohort", default=None)
@@ -56,10 +60,13 @@ def current_cohort() -> Cohort | None:
 
 
 def eligible(models: nn.ModuleDict, trained: list[str], hooks: tuple[Any, ...], batchable: bool) -> bool:
-    """Whether a client's loop may train in the batched cohort (module docstring)."""
+    """Whether a client's loop may train in the batched cohort (module docstring): one trained
+    model, no gradient hook, a method that allows it, and no dropout but the project's own
+    :class:`~fedul_flwr.models.Dropout` (whose masks the cohort draws from each client's
+    generator)."""
     if not batchable or hooks or len(trained) != 1 or set(models.keys()) != set(trained):
         return False
-    return not any(isinstance(m, nn.Dropout) for m in models[trained[0]].modules())
+    return not any(isinstance(m, nn.Dropout) and not isinstance(m, Dropout) for m in models[trained[0]].modules())
 
 
 @dataclass(eq=False)
@@ -88,6 +95,9 @@ class Member:
     loss: torch.Tensor | None = None
     group: _Group | None = None
     error: BaseException | None = None
+    dropout: torch.Generator | None = None
+    """The client's dropout generator (its masks are drawn from it in the order of its own
+    forward passes)."""
 
 
 @dataclass(eq=False)
@@ -99,7 +109,8 @@ class _Group:
     base: nn.Module
     precision: str
     device: torch.device
-    names: list[str] = field(default_factory=list)
+    dropouts: list[Dropout] = field(default_factory=list)
+    shapes: dict[tuple[Any, ...], list[tuple[int, ...]]] = field(default_factory=dict)
 
 
 class _Standin(nn.Module):
@@ -295,7 +306,12 @@ class Cohort:
             buffers = {name: torch.stack([dict(m.module.named_buffers())[name] for m in same])
                        for name, _ in base.named_buffers()}  # fmt: skip
             optimizer = same[0].make_optimizer(list(params.values()))
-            groups.append(_Group(same, params, buffers, optimizer, base, same[0].precision, same[0].device))
+            dropouts = []
+            for name, module in base.named_modules():
+                if isinstance(module, Dropout):
+                    module.cohort_name = name
+                    dropouts.append(module)
+            groups.append(_Group(same, params, buffers, optimizer, base, same[0].precision, same[0].device, dropouts))
         return groups
 
     def _serve(self, requests: list[Member]) -> None:
@@ -312,21 +328,54 @@ class Cohort:
             buffers = {k: v.index_select(0, index) for k, v in group.buffers.items()}
             x = torch.stack([m.request[1] for m in same])  # type: ignore[index]
             base = group.base
-            base.train(same[0].request[0])  # type: ignore[index]
+            training = bool(same[0].request[0])  # type: ignore[index]
+            base.train(training)
+            masks = self._masks(group, same, x[0]) if training and group.dropouts else {}
 
-            def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xi: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            def one(p: dict[str, torch.Tensor], b: dict[str, torch.Tensor], xi: torch.Tensor,
+                    mi: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:  # fmt: skip
                 b = {k: v.clone() for k, v in b.items()}  # batch norm updates its running statistics in place
-                out = functional_call(base, (p, b), (xi,))
+                token = DROPOUT_MASKS.set(mi)
+                try:
+                    out = functional_call(base, (p, b), (xi,))
+                finally:
+                    DROPOUT_MASKS.reset(token)
                 return out, b
 
             with torch.autocast(group.device.type, dtype=torch.bfloat16, enabled=group.precision == "bf16"):
-                out, new_buffers = vmap(one)(params, buffers, x)
+                out, new_buffers = vmap(one)(params, buffers, x, masks)
             with torch.no_grad():
                 for k, v in new_buffers.items():
                     group.buffers[k].index_copy_(0, index, v)
             for i, m in enumerate(same):
                 m.reply = out[i].float()
                 m.request = None
+
+    def _masks(self, group: _Group, same: list[Member], x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Every member's dropout masks for a forward of input ``x``'s shape, stacked
+        ``[K, ...]`` by layer, each drawn from the member's own generator in its layers' order
+        (the draws its forward would make alone). The shapes come from one forward without
+        gradient in eval mode, once per input shape."""
+        key = tuple(x.shape)
+        if key not in group.shapes:
+            shapes: list[tuple[int, ...]] = []
+            hooks = [d.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape))) for d in group.dropouts]
+            group.base.eval()
+            try:
+                with torch.no_grad():
+                    functional_call(group.base, ({k: v[0] for k, v in group.params.items()}, {k: v[0] for k, v in group.buffers.items()}),
+                                    (x,))  # fmt: skip
+            finally:
+                group.base.train(True)
+                for hook in hooks:
+                    hook.remove()
+            group.shapes[key] = shapes
+        masks: dict[str, list[torch.Tensor]] = {d.cohort_name: [] for d in group.dropouts}
+        for m in same:
+            for d, shape in zip(group.dropouts, group.shapes[key]):
+                masks[d.cohort_name].append(
+                    torch.empty(shape, device=x.device, dtype=torch.float32).bernoulli_(1.0 - d.p, generator=m.dropout))
+        return {name: torch.stack(values) for name, values in masks.items()}
 
     def _step(self, group: _Group, ready: list[Member]) -> None:
         """One optimizer step of the group: backward of the sum of the ready members' losses

@@ -49,6 +49,10 @@ those with a ``width`` keyword scale their channels by it."""
 DROPOUT_GENERATOR: contextvars.ContextVar[torch.Generator | None] = contextvars.ContextVar("dropout_generator", default=None)
 """The generator :class:`Dropout` draws its masks from in this thread (the training loop sets
 it per client and round; on the training device)."""
+DROPOUT_MASKS: contextvars.ContextVar[dict[str, torch.Tensor] | None] = contextvars.ContextVar("dropout_masks", default=None)
+"""Masks drawn beforehand, by the layer's ``cohort_name`` (the batched cohort,
+:mod:`fedul_flwr.cohort`, draws each client's masks from its own generator and hands them to
+its batched forward)."""
 
 
 class Dropout(nn.Dropout):
@@ -56,7 +60,8 @@ class Dropout(nn.Dropout):
 
     In training mode each element of ``x`` is kept with probability 1 - p and scaled by
     1 / (1 - p) (Srivastava et al., JMLR 2014), the mask drawn by ``torch.bernoulli`` from the
-    context's generator; in eval mode it is the identity. Shapes: any, unchanged.
+    context's generator (or, in a batched cohort, the mask drawn beforehand from the client's
+    generator, :data:`DROPOUT_MASKS`); in eval mode it is the identity. Shapes: any, unchanged.
 
     Raises
     ------
@@ -65,10 +70,16 @@ class Dropout(nn.Dropout):
         depend on which thread ran first.
     """
 
+    cohort_name = ""
+    """Its name in the model, set by the batched cohort (the key of :data:`DROPOUT_MASKS`)."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Drop elements of ``x`` (class docstring)."""
         if not self.training or self.p == 0:
             return x
+        masks = DROPOUT_MASKS.get()
+        if masks is not None and self.cohort_name in masks:
+            return x * masks[self.cohort_name].to(x.dtype) / (1.0 - self.p)
         generator = DROPOUT_GENERATOR.get()
         if generator is None:
             raise RuntimeError("Dropout in training mode needs a generator in models.DROPOUT_GENERATOR (the training loop sets it)")

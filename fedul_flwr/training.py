@@ -274,28 +274,30 @@ def _train_member(
     cohort: Cohort, member: Member, name: str, task: LocalTask, epochs: int, seed: int, device: torch.device,
     to_input: ToInput, augment: Augment | None,
 ) -> TrainResult:  # fmt: skip
-    """:func:`train_local` as a member of a batched cohort: this client's batches and loss,
-    the forward and the step the cohort's (:mod:`fedul_flwr.cohort`)."""
+    """:func:`train_local` as a member of a batched cohort: this client's batches, loss and
+    dropout generator, the forward and the step the cohort's (:mod:`fedul_flwr.cohort`)."""
     n = task.num_examples
     try:
-        forwards = cohort.standins(member, name)
-        generator = torch.Generator().manual_seed(seed)
-        views = augment_generator(seed)
-        total, steps = torch.zeros((), device=device), 0
-        for epoch in range(epochs):
-            if task.before_epoch is not None:
-                with cohort.direct_calls():
-                    task.before_epoch(forwards)
-            epoch_sum = torch.zeros((), device=device)
-            for batch in iterate_batches(task, generator, device, to_input, augment, views):
-                loss = task.loss(forwards, batch)
-                cohort.step(member, loss)
-                epoch_sum += loss.detach()
-                steps += 1
-            value = float(epoch_sum)
-            if not math.isfinite(value):
-                raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
-            total += epoch_sum
+        with dropout_masks(seed, device):
+            member.dropout = DROPOUT_GENERATOR.get()
+            forwards = cohort.standins(member, name)
+            generator = torch.Generator().manual_seed(seed)
+            views = augment_generator(seed)
+            total, steps = torch.zeros((), device=device), 0
+            for epoch in range(epochs):
+                if task.before_epoch is not None:
+                    with cohort.direct_calls():
+                        task.before_epoch(forwards)
+                epoch_sum = torch.zeros((), device=device)
+                for batch in iterate_batches(task, generator, device, to_input, augment, views):
+                    loss = task.loss(forwards, batch)
+                    cohort.step(member, loss)
+                    epoch_sum += loss.detach()
+                    steps += 1
+                value = float(epoch_sum)
+                if not math.isfinite(value):
+                    raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
+                total += epoch_sum
         cohort.leave(member)
     except BaseException:
         cohort.abandon(member)

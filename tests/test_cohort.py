@@ -16,7 +16,9 @@ lr, and FedPL keeps an image when its confidence passes a threshold, which a las
 difference can flip: their cases (``supervised-adam``, ``fedpl``) are held to lr per step. Clients a path cannot take
 (HASSLE's dual models, FedProx's gradient hook, FedLLP-VAT's inner gradient) train alone and
 reply bit for bit as before; a
-model with dropout is refused by :func:`fedul_flwr.cohort.eligible`."""
+model with torch's own dropout is refused by :func:`fedul_flwr.cohort.eligible` (the project's
+:class:`~fedul_flwr.models.Dropout` takes masks drawn from each client's generator:
+``supervised-dropout``)."""
 
 from __future__ import annotations
 
@@ -54,6 +56,8 @@ CASES: dict[str, dict[str, Any]] = {
     "fedllp-vat": {"method": "fedllp-vat"},
     "supervised-adam": {"method": "supervised", "local-optimizer": "adam", "lr": 0.001},
     "supervised-batch-norm": {"method": "supervised", "model": "resnet8", "samples-per-client": 32},
+    "supervised-dropout": {"method": "supervised", "model": "simple-cnn", "dataset": "synthetic-cifar", "samples-per-client": 20,
+                           "batch-size": 10},  # fmt: skip
     "hassle": {"preset": "hassle", "label-layout": "L,P,P,U", "labeled-share": 0.4},
     "fedprox": {"strategy": "fedprox", "proximal-mu": 0.1},
 }
@@ -134,9 +138,9 @@ def test_each_path_gives_the_replies_of_one_after_another_training(name: str) ->
             assert worst <= max(2 * reference, 1e-4 * scale), (k, worst, reference, scale)
 
 
-def test_a_model_with_dropout_or_two_models_or_a_hook_trains_alone() -> None:
-    """:func:`fedul_flwr.cohort.eligible`: one trained model without dropout, no gradient hook,
-    a method that allows it."""
+def test_a_model_with_torch_dropout_or_two_models_or_a_hook_trains_alone() -> None:
+    """:func:`fedul_flwr.cohort.eligible`: one trained model without torch's own dropout, no
+    gradient hook, a method that allows it."""
     from torch import nn
 
     from fedul_flwr.cohort import eligible
@@ -146,7 +150,9 @@ def test_a_model_with_dropout_or_two_models_or_a_hook_trains_alone() -> None:
     assert eligible(small, ["f"], (), True)
     assert not eligible(small, ["f"], (), False)
     assert not eligible(small, ["f"], (object(),), True)
-    assert not eligible(nn.ModuleDict({"f": build_model("simple-cnn", 3, 10, 32)}), ["f"], (), True)
+    assert eligible(nn.ModuleDict({"f": build_model("simple-cnn", 3, 10, 32)}), ["f"], (), True)  # the seeded Dropout
+    torch_dropout = nn.ModuleDict({"f": nn.Sequential(nn.Flatten(), nn.Dropout(0.5), nn.Linear(784, 10))})
+    assert not eligible(torch_dropout, ["f"], (), True)
     two = nn.ModuleDict({"f": build_model("small-cnn", 1, 10, 28), "g": build_model("small-cnn", 1, 10, 28)})
     assert not eligible(two, ["f", "g"], (), True)
     assert not eligible(two, ["f"], (), True)

@@ -985,6 +985,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peers-ray-rounds", type=int, default=6, help="peers: rounds of the Ray run (0: none)")
     p.add_argument("--peers-precision", action=argparse.BooleanOptionalAction, default=True,
                    help="peers: also time the engine at precision=auto")
+    p.add_argument("--peers-batched", action=argparse.BooleanOptionalAction, default=True,
+                   help="peers: also time the engine's batched path (at one thread on a CPU)")
     p.add_argument("--quick", action="store_true", help="tiny settings (smoke test of the script)")
     p.add_argument("--markdown", default="", help="also write the loop, augment and scale results as markdown tables here")
     p.add_argument("--render", default="", help="only render --markdown from these earlier --out JSONs (comma list; runs nothing)")
@@ -1073,7 +1075,7 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
         "flower": lambda: section_flower(args, workdir),
         "scale": lambda: section_scale(args, workdir),
         "gpu": lambda: section_gpu(args, workdir),
-        "peers": lambda: section_peers(args, workdir),
+        "peers": lambda: section_peers(args, workdir, say, flwr_run),
     }
     for name in args.only.split(","):
         start = time.perf_counter()

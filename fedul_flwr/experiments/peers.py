@@ -23,9 +23,11 @@ The systems:
   (:class:`~fedul_flwr.inprocess.InProcessGrid`; ``method = "supervised"``,
   ``aggregation-weights = "uniform"``, ``evaluate-every`` past the timed rounds), on the
   cohort path ``cohort = "auto"`` picks (:func:`fedul_flwr.runtime.cohort_path`: with T >= 2
-  threads on a CPU, T clients at once, one thread each; on a GPU the batched cohort). Also with ``precision = "auto"``
-  (bf16 autocast where the CPU has it) and with ``method = "fedul"`` (the same images as 10 U
-  sets of 5 per user) beside it.
+  threads on a CPU, T clients at once, one thread each; on a GPU the batched cohort). Also
+  with ``precision = "auto"`` (bf16 autocast where the CPU has it), with ``method = "fedul"``
+  (the same images as 10 U sets of 5 per user), at T >= 2 one client after another on all T
+  threads, and at T = 1 on the batched path (``--peers-batched``: the GPU's path, timed on the
+  CPU too).
 - **ray**: ``flwr run .`` of this app on a fresh local SuperLink (Flower's Ray backend, the
   test suite's harness), the engine's settings; at T = 1 one actor with one torch thread
   (``client-resources-num-cpus`` = the machine's cores, ``client-threads = 1``), at T >= 2
@@ -267,10 +269,10 @@ def engine_phase(values: Mapping[str, Any], users: int, threads: int, rounds: in
             "clients-at-once": grid.workers, "test-accuracy": last.get("test-accuracy"), "run-dir": str(outputs.path)}  # fmt: skip
 
 
-def ray_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, workdir: Path) -> dict[str, Any]:
-    """``flwr run .`` of the workload for ``rounds`` rounds (module docstring)."""
-    from fedul_flwr.experiments.benchmark import flwr_run
-
+def ray_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, workdir: Path,
+              flwr_run: Callable[..., dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """``flwr run .`` of the workload for ``rounds`` rounds (module docstring), by ``flwr_run``
+    (:func:`fedul_flwr.experiments.benchmark.flwr_run`)."""
     cores = os.cpu_count() or 1
     run = {**values, "num-rounds": rounds, "evaluate-every": rounds}
     if threads == 1:
@@ -284,10 +286,10 @@ def ray_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, 
     return result
 
 
-def section_peers(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """The peer benchmark (module docstring): per thread count of ``--peers-threads``."""
-    from fedul_flwr.experiments.benchmark import say
-
+def section_peers(args: argparse.Namespace, workdir: Path, say: Callable[[str], None],
+                  flwr_run: Callable[..., dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
+    """The peer benchmark (module docstring): per thread count of ``--peers-threads``;
+    ``say`` prints progress, ``flwr_run`` runs ``flwr run .`` (the benchmark's helpers)."""
     users, timed, warm = args.peers_users, args.peers_iterations, args.peers_warmup
     values = workload(args.peers_dataset, args.data_dir, users)
     python = args.pfl_python or str(Path.cwd() / ".pfl-venv" / "bin" / "python")
@@ -314,6 +316,8 @@ def section_peers(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             variants.insert(1, ("engine-auto-precision", {"precision": "auto"}))
         if threads > 1:
             variants.insert(1, ("engine-sequential", {"cohort": "sequential"}))
+        elif args.peers_batched:
+            variants.append(("engine-batched", {"cohort": "batched"}))
         for name, change in variants:
             pfl_before = len(pfl.seconds) if pfl else 0
             pacer = pfl.iterate if pfl else (lambda: None)
@@ -331,7 +335,7 @@ def section_peers(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         if pfl:
             pfl.close()
         if args.peers_ray_rounds:
-            ray = ray_phase(values, users, threads, args.peers_ray_rounds, workdir)
+            ray = ray_phase(values, users, threads, args.peers_ray_rounds, workdir, flwr_run)
             entry["ray"] = ray
             steady = ray.get("round-s", [])[1:]
             ray["median-s"] = _median(steady)
@@ -347,7 +351,7 @@ def summarize(entry: Mapping[str, Any], warm: int) -> dict[str, Any]:
     pfl_all = [s for name in entry if name.startswith("engine") for s in entry[name]["pfl-round-s"][warm:]]
     pfl_s = _median(pfl_all)
     summary: dict[str, Any] = {"pfl-s": pfl_s, "engine-s": engine["median-s"], "pfl-over-engine": pfl_s / engine["median-s"]}
-    for name in ("engine-sequential", "engine-auto-precision", "engine-fedul"):
+    for name in ("engine-sequential", "engine-auto-precision", "engine-fedul", "engine-batched"):
         if name in entry:
             summary[f"{name}-s"] = entry[name]["median-s"]
             summary[f"pfl-over-{name}"] = pfl_s / entry[name]["median-s"]
@@ -377,11 +381,11 @@ def peers_markdown(result: Mapping[str, Any], machine: Mapping[str, Any]) -> str
         eng = entry["engine"]
         rows.append([threads, fmt(s["pfl-s"]), f"{fmt(s['engine-s'])} ({eng['cohort']} x{eng['clients-at-once']})",
                      fmt(s["pfl-over-engine"]), fmt(s.get("engine-sequential-s")), fmt(s.get("ray-s")), fmt(s.get("ray-over-engine")),
-                     fmt(s.get("engine-auto-precision-s")), fmt(s.get("engine-fedul-s")),
+                     fmt(s.get("engine-auto-precision-s")), fmt(s.get("engine-fedul-s")), fmt(s.get("engine-batched-s")),
                      f"{eng.get('pfl-test-accuracy', float('nan')) * 100:.1f} / {eng['test-accuracy'] * 100:.1f} / "
                      f"{(entry.get('ray', {}).get('final-test-accuracy') or float('nan')) * 100:.1f}"])  # fmt: skip
     head = ["threads", "pfl s/iter", "engine s/round (path)", "pfl / engine", "engine one after another", "Ray s/round",
-            "Ray / engine", "engine precision=auto", "engine FedUL", "test acc. % pfl / engine / Ray"]  # fmt: skip
+            "Ray / engine", "engine precision=auto", "engine FedUL", "engine batched", "test acc. % pfl / engine / Ray"]  # fmt: skip
     st = result["setting"]
     return (f"{machine['cpu']} ({machine['cpu-count']} cores), torch {machine['torch']}, flwr {machine['flwr']}, "
             f"{machine['date-utc']}; `{st['dataset']}`, {st['users']} users x 50 images, cohort 50, batch 10, "
