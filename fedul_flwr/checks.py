@@ -87,6 +87,11 @@ DEVICE_FREE_PRECISION = "fp32"
 and on ``cuda`` computes the same model (the runs differ by floating-point rounding only),
 so a run may stop on one device and continue on the other, and its record counts for either.
 (``precision=auto`` resolves to bfloat16 autocast on one device and float32 on the other.)"""
+SCHEDULE_KEYS: tuple[str, ...] = ("cohort",)
+"""Settings that change only how a round's clients are scheduled on the machine (one after
+another, in threads, as one batched model): the replies differ by floating-point rounding
+only (``tests/test_cohort.py``), as on another device in float32, so they are free like it: a
+record or checkpoint made on one path counts for the others."""
 RESUME_FREE_KEYS: tuple[str, ...] = ("num-rounds", *OUTPUT_KEYS)
 """Keys a resumed run may set differently from the checkpoint's run: how long it runs and
 :data:`OUTPUT_KEYS` (and ``device`` in float32, :data:`DEVICE_FREE_PRECISION`). Every other
@@ -96,7 +101,7 @@ key (``lr``, ``seed``, which also draws the data split, ...) must be the same.""
 def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """The resolved settings that can change what a run trains: all of ``config`` but the
     options of methods other than its ``method`` (:attr:`Method.options`), the
-    :data:`OUTPUT_KEYS`, and ``device`` where ``precision`` is
+    :data:`OUTPUT_KEYS`, the :data:`SCHEDULE_KEYS`, and ``device`` where ``precision`` is
     :data:`DEVICE_FREE_PRECISION`. So a checkpoint or a record written before another method
     gained an option, with another ``verbose``, or on the other device in float32 still
     matches its run.
@@ -117,7 +122,7 @@ def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     method = str(config.get("method", default_config()["method"]))
     own = {o.key for o in METHODS.get(method).options} if method in METHODS else set()
     foreign = {o.key for name in METHODS.names() for o in METHODS.get(name).options} - own
-    free = {*OUTPUT_KEYS, *foreign, *(("device",) if config.get("precision") == DEVICE_FREE_PRECISION else ())}
+    free = {*OUTPUT_KEYS, *SCHEDULE_KEYS, *foreign, *(("device",) if config.get("precision") == DEVICE_FREE_PRECISION else ())}
     return {k: v for k, v in config.items() if k not in free}
 
 
@@ -526,7 +531,7 @@ def resume_conflicts(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     ``"key: <saved> in the checkpoint, <requested> now"``; empty when the run may continue.
 
     ``num-rounds`` may differ, and so may every key :func:`run_settings` leaves out (the
-    :data:`OUTPUT_KEYS`, the options of methods other than the run's, ``device`` when both
+    :data:`OUTPUT_KEYS`, the :data:`SCHEDULE_KEYS`, the options of methods other than the run's, ``device`` when both
     runs compute in float32). A key the checkpoint lacks (added to the project after it was
     written) counts as its default.
     """

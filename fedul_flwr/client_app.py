@@ -99,18 +99,33 @@ def _client(msg: Message, context: Context) -> _Client:
     return _Client(cfg, method, data, device, key, loop_acceleration(cfg, device))
 
 
-_THREAD_MODULES = threading.local()
+class _ThreadModules(threading.local):
+    """The ClientApp's modules, built once per thread (the in-process engine trains clients in
+    threads at once, :mod:`fedul_flwr.inprocess`) and model, shape and device."""
+
+    def __init__(self) -> None:
+        self.modules: dict[tuple[Any, ...], nn.Module] = {}
+
+    def __call__(self, name: str, arch: str, channels: int, classes: int, size: int, device: str, width: float) -> nn.Module:
+        """This thread's module of that model and shape (built on first use)."""
+        key = (name, arch, channels, classes, size, device, width)
+        if key not in self.modules:
+            if len(self.modules) >= 16:  # a long-lived thread that met many models: start again
+                self.modules.clear()
+            self.modules[key] = build_model(arch, channels, classes, size, width=width).to(device)
+        return self.modules[key]
+
+    def cache_clear(self) -> None:
+        """Forget this thread's modules."""
+        self.modules.clear()
+
+    @property
+    def currsize(self) -> int:
+        """How many modules this thread holds."""
+        return len(self.modules)
 
 
-def _module(name: str, arch: str, channels: int, classes: int, size: int, device: str, width: float) -> nn.Module:
-    """This thread's module of that model and shape (built on first use)."""
-    modules = _THREAD_MODULES.__dict__.setdefault("modules", {})
-    key = (name, arch, channels, classes, size, device, width)
-    if key not in modules:
-        if len(modules) >= 16:  # a long-lived thread that met many models: start again
-            modules.clear()
-        modules[key] = build_model(arch, channels, classes, size, width=width).to(device)
-    return modules[key]
+_module = _ThreadModules()
 
 
 _RECEIVED: list[Any] = [None, None]  # the last received ArrayRecord and its tensors

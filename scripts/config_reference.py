@@ -110,7 +110,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "model": "`small-cnn` (LeNet, the FedUL paper's Sec. 4.1 MNIST backbone; ~0.43M parameters, "
         "CPU-friendly), `paper-cnn` (Table D.2, ~14M), `resnet18` (Table D.3, from scratch), `resnet8` "
         "(CIFAR ResNet-8, ~78k, HASSLE's CIFAR model), `wrn-28-2` (Wide ResNet 28-2, FixMatch's and FedDB's "
-        "CIFAR model, ~1.47M); `small-cnn` and `resnet8` take a width factor (a method's `ModelSpec.width`)",
+        "CIFAR model, ~1.47M), `simple-cnn` (pfl-research's CIFAR-10 benchmark model, ~1.6M, dropout from the "
+        "client's generator); `small-cnn` and `resnet8` take a width factor (a method's `ModelSpec.width`)",
         "augment": "augmentation of every method's training images, per image from the client's generator: "
         "`none`, `weak` (pad-and-crop; flips only for Fashion-MNIST and CIFAR-10), `strong` (weak + "
         "RandAugment(2, 10) + Cutout), `rotate` (up to 20 degrees, the FedUL authors' MNIST transform)",
@@ -243,7 +244,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "(needs `run-name`; strategies " + ", ".join(f"`{k}`" for k in RESUMABLE_STRATEGIES) + ", not with "
         "`differential-privacy=server-adaptive`, whose adapted clipping norm is not checkpointed); refused, with "
         "nothing written, unless the checkpoint was written with the same settings (only "
-        + ", ".join(f"`{k}`" for k in RESUME_FREE_KEYS) + " may differ)",
+        + ", ".join(f"`{k}`" for k in RESUME_FREE_KEYS) + ", `cohort`, and `device` in fp32 may differ)",
         "eval-batch-size": "batch size of evaluation (under `torch.inference_mode`)",
         "evaluate-every": "central evaluation (test set, validation hold-out) every N rounds, and always at round 0 "
         "and the last round, as pfl-research's `evaluation_frequency`; the other rounds' rows hold their training "
@@ -252,6 +253,12 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "client-threads": "torch threads per client: `0` = the client's CPU share (`OMP_NUM_THREADS`, set by Ray "
         "from `client-resources-num-cpus`), n = exactly n. The thread count changes float reduction order, so "
         "bit-identical repeats need the same count",
+        "cohort": "how the in-process engine (`fedul reproduce`) trains a round's clients: `sequential` (one after "
+        "another, all threads), `parallel` (CPU: as many at once as threads, one thread each; the same replies as "
+        "sequential at one thread), `batched` (one batched model with stacked weights; a client it cannot take "
+        "trains alone) or `auto` (batched on a GPU, parallel on a CPU with 2+ threads, else sequential); the "
+        "record names the path ([the cohort paths](performance.md#the-cohort-paths)); `flwr run .`'s Ray actors "
+        "ignore it",
         "precision": "`fp32`, `bf16` (autocast of the model forwards; losses, weights and optimiser stay "
         "float32) or `auto`: bf16 only where the CPU (AVX512-BF16/AMX) or GPU computes bfloat16 natively "
         "([performance](performance.md))",

@@ -445,9 +445,6 @@ def _clear_client_caches(client_module: Any) -> None:
         cache = getattr(client_module, name, None)
         if cache is not None and hasattr(cache, "cache_clear"):
             cache.cache_clear()
-    modules = getattr(client_module, "_THREAD_MODULES", None)  # the modules of this thread
-    if modules is not None:
-        modules.__dict__.pop("modules", None)
 
 
 def section_client(args: argparse.Namespace) -> dict[str, Any]:

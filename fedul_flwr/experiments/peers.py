@@ -71,6 +71,7 @@ import torch
 from flwr.app import Message, MessageType
 
 from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.store import write_atomic
 
 DRIVER = Path(__file__).with_name("pfl_driver.py")
 PFL_SETUP = 'python3.11 -m venv .pfl-venv && .pfl-venv/bin/pip install "pfl[pytorch]==0.6.0"'
@@ -216,10 +217,10 @@ def pfl_spec(cfg_values: Mapping[str, Any], workdir: Path, threads: int, users: 
     workdir.mkdir(parents=True, exist_ok=True)
     data_path, initial = workdir / "pfl-data.npz", workdir / "pfl-initial.pt"
     if not data_path.exists():
-        np.savez(data_path, train_x=data.train_x.numpy(), train_y=data.train_y.numpy(), test_x=data.test_x.numpy(),
-                 test_y=data.test_y.numpy(), probe_x=data.test_x[:8].numpy())  # fmt: skip
+        write_atomic(data_path, lambda fh: np.savez(fh, train_x=data.train_x.numpy(), train_y=data.train_y.numpy(), test_x=data.test_x.numpy(),
+                 test_y=data.test_y.numpy(), probe_x=data.test_x[:8].numpy()))  # fmt: skip
     model = global_models(cfg, get_method(cfg.method)(cfg), data.in_channels, data.num_classes, data.image_size)["f"]
-    torch.save(model.state_dict(), initial)
+    write_atomic(initial, lambda fh: torch.save(model.state_dict(), fh))
     model.eval()
     with torch.no_grad():
         probe = model((data.test_x[:8].float() / 255 - torch.tensor(data.mean).view(1, -1, 1, 1)) / torch.tensor(data.std).view(1, -1, 1, 1))
@@ -229,7 +230,7 @@ def pfl_spec(cfg_values: Mapping[str, Any], workdir: Path, threads: int, users: 
         "batch_size": cfg.batch_size, "lr": cfg.lr, "local_epochs": cfg.local_epochs, "central_lr": 1.0,
     }  # fmt: skip
     path = workdir / f"pfl-spec-{threads}.json"
-    path.write_text(json.dumps(spec))
+    write_atomic(path, json.dumps(spec))
     return path, probe.numpy()
 
 
