@@ -1028,7 +1028,7 @@ def render_markdown(results: Mapping[str, Any], label: str = "") -> str:
     if "scale" in results:
         parts.append(scale_markdown(results["scale"], label))
     if "peers" in results:
-        parts.append(peers_markdown(results["peers"], m))
+        parts.append(peers_markdown(results["peers"], results.get("args", {}).get("peers_ray_rounds")))
     return "\n\n".join(parts) + "\n"
 
 

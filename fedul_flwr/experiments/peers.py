@@ -371,24 +371,27 @@ def summarize(entry: Mapping[str, Any], warm: int) -> dict[str, Any]:
     return summary
 
 
-def peers_markdown(result: Mapping[str, Any], machine: Mapping[str, Any]) -> str:
-    """The table of docs/performance.md from a peers result."""
+def peers_markdown(result: Mapping[str, Any], ray_rounds: int | None = None) -> str:
+    """The table of docs/performance.md from a peers result (the machine is the caller's line;
+    ``ray_rounds``: the rounds of the Ray runs, ``--peers-ray-rounds``)."""
     from fedul_flwr.experiments.tables import markdown_table
 
+    fmt = lambda v: f"{v:.2f}" if isinstance(v, float) and v == v else "-"  # noqa: E731
+    pct = lambda v: f"{100 * v:.1f}" if isinstance(v, float) else "-"  # noqa: E731
+    st = result["setting"]
     rows = []
     for threads, entry in result["threads"].items():
         s = entry["summary"]
-        fmt = lambda v: f"{v:.2f}" if isinstance(v, float) and v == v else "-"  # noqa: E731
         eng = entry["engine"]
         rows.append([threads, fmt(s["pfl-s"]), f"{fmt(s['engine-s'])} ({eng['cohort']} x{eng['clients-at-once']})",
                      fmt(s["pfl-over-engine"]), fmt(s.get("engine-sequential-s")), fmt(s.get("ray-s")), fmt(s.get("ray-over-engine")),
                      fmt(s.get("engine-auto-precision-s")), fmt(s.get("engine-fedul-s")), fmt(s.get("engine-batched-s")),
-                     f"{eng.get('pfl-test-accuracy', float('nan')) * 100:.1f} / {eng['test-accuracy'] * 100:.1f} / "
-                     f"{(entry.get('ray', {}).get('final-test-accuracy') or float('nan')) * 100:.1f}"])  # fmt: skip
+                     f"{pct(eng.get('pfl-test-accuracy'))} / {pct(eng['test-accuracy'])}",
+                     pct(entry.get("ray", {}).get("final-test-accuracy"))])  # fmt: skip
+    rounds = st["timed-iterations"] + st["warmup"] + 1
     head = ["threads", "pfl s/iter", "engine s/round (path)", "pfl / engine", "engine one after another", "Ray s/round",
-            "Ray / engine", "engine precision=auto", "engine FedUL", "engine batched", "test acc. % pfl / engine / Ray"]  # fmt: skip
-    st = result["setting"]
-    return (f"{machine['cpu']} ({machine['cpu-count']} cores), torch {machine['torch']}, flwr {machine['flwr']}, "
-            f"{machine['date-utc']}; `{st['dataset']}`, {st['users']} users x 50 images, cohort 50, batch 10, "
-            f"medians of {st['timed-iterations']} interleaved iterations after {st['warmup']} left out.\n\n"
-            + markdown_table(head, rows))  # fmt: skip
+            "Ray / engine", "engine precision=auto", "engine FedUL", "engine batched",
+            f"test acc. % after {rounds} iterations: pfl / engine",
+            f"Ray test acc. % after {ray_rounds or 'its'} rounds (other users sampled)"]  # fmt: skip
+    return (f"`{st['dataset']}`, {st['users']} users x 50 images, cohort 50, batch 10, medians of "
+            f"{st['timed-iterations']} interleaved iterations after {st['warmup']} left out.\n\n" + markdown_table(head, rows))
