@@ -568,7 +568,7 @@ def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
     conflicts = resume_conflicts(ckpt.config, cfg)
     _check(
         not conflicts,
-        f"resume=true: {run_dir} was run with other settings; only {RESUME_FREE_KEYS} (and device, "
+        f"resume=true: {run_dir} was run with other settings; only {RESUME_FREE_KEYS + SCHEDULE_KEYS} (and device, "
         f"with precision={DEVICE_FREE_PRECISION!r}) may change on resume: "
         + "; ".join(conflicts),
     )

@@ -36,6 +36,7 @@ tests/test_cohort.py, per method).
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
 import threading
@@ -152,6 +153,8 @@ class Cohort:
         """Held by a client that trains alone (one at a time)."""
         self.direct = threading.local()
         self.counted = threading.local()
+        self.alone = 0
+        """Clients of the round that trained alone (their loop could not join)."""
 
     # ---------------------------------------------------------------- client threads
     def client(self, call: Callable[[], Any]) -> Any:
@@ -187,6 +190,16 @@ class Cohort:
         if member.error is not None:
             raise member.error
         return True
+
+    @contextlib.contextmanager
+    def training_alone(self) -> Iterator[None]:
+        """Within the block this client trains alone: one such client at a time, counted in
+        :attr:`alone`."""
+        self.decline()
+        with self.solo:
+            with self.cond:
+                self.alone += 1
+            yield
 
     def abandon(self, member: Member) -> None:
         """The member's training failed in its thread: it leaves the batch (the error is its

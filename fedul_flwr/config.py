@@ -517,6 +517,8 @@ def check_values(cfg: RunConfig) -> None:
     _check(cfg.cohort != "parallel" or cfg.client_threads <= 1,
            f"cohort='parallel' trains each client on one torch thread; client-threads={cfg.client_threads} asks for more "
            "(use cohort='sequential', or client-threads=0)")  # fmt: skip
+    _check(cfg.cohort != "parallel" or cfg.device != "cuda",
+           "cohort='parallel' trains clients in threads on a CPU; device='cuda' (use cohort='auto' or 'batched')")  # fmt: skip
     _check(
         cfg.local_momentum == 0 or cfg.local_optimizer == "sgd",
         f"local-momentum={cfg.local_momentum} needs local-optimizer='sgd' (got {cfg.local_optimizer!r})",

@@ -104,6 +104,8 @@ class InProcessGrid(Grid):
         self.workers = max(2, int(workers)) if path == "parallel" else 0 if path == "batched" else 1
         """Clients at once: W on the parallel path, 1 on the sequential one, 0 (all) batched."""
         self._pool: ThreadPoolExecutor | None = None
+        self.trained = {"batched": 0, "alone": 0}
+        """On the batched path: client trainings of this grid in the batched model and alone."""
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
 
     def set_run(self, run: Run) -> None:
@@ -157,6 +159,8 @@ class InProcessGrid(Grid):
             except Exception:  # noqa: BLE001 -- every member got the error: its client's error reply
                 pass
             replies = [f.result() for f in futures]
+            self.trained["batched"] += len(cohort.members)
+            self.trained["alone"] += cohort.alone
         else:
             replies = [self._call(msg) for msg in run]
         for msg, reply in zip(run, replies):

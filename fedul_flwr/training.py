@@ -255,8 +255,7 @@ def train_local(
                             l1_weight, lambda ps: acc.optimizer(optimizer, ps, lr, momentum), acc.precision, device)  # fmt: skip
             if cohort.join(member):
                 return _train_member(cohort, member, names[0], task, epochs, seed, device, to_input, augment)
-        cohort.decline()
-        with cohort.solo:
+        with cohort.training_alone():
             return _train_alone(models, task, names, penalised, params, acc, epochs, lr, to_input, l1_weight, seed,
                                 device, hooks, optimizer, momentum, augment)  # fmt: skip
     return _train_alone(models, task, names, penalised, params, acc, epochs, lr, to_input, l1_weight, seed, device, hooks,

@@ -174,7 +174,8 @@ def test_the_path_is_picked_by_device_and_the_typed_value_wins() -> None:
 
 
 def test_the_record_names_the_path_and_a_failing_client_fails_alike(tmp_path: Path) -> None:
-    """A grid run's record names the path that ran. FedPL with an exploding mix weight turns
+    """A grid run's record names the path that ran and, batched, how many clients joined the
+    batched model and how many trained alone (FedProx: all alone). FedPL with an exploding mix weight turns
     one round's losses NaN: on the batched path the run fails with the failure of the
     sequential path, and no client thread is left waiting."""
     bad = {"method": "fedpl", "fedpl-mix-weight": 1e39, "fedpl-threshold": 0.1}
@@ -189,4 +190,9 @@ def test_the_record_names_the_path_and_a_failing_client_fails_alike(tmp_path: Pa
     assert not [t for t in threading.enumerate() if t.name.startswith("fedul-client") and t.is_alive()]
     spec = runner.RunSpec("cohort", "supervised", "batched", "", 0, NODES, "", {})
     values = {**BASE, "method": "supervised", "cohort": "batched", "output-dir": str(tmp_path), "run-name": "recorded"}
-    assert runner.execute(spec, values, 1)["cohort"] == {"path": "batched", "clients-at-once": 0}
+    assert runner.execute(spec, values, 1)["cohort"] == {"path": "batched", "clients-at-once": "all", "trained-batched": NODES,
+                                                         "trained-alone": 0}  # fmt: skip
+    spec = runner.RunSpec("cohort", "fedprox", "batched", "", 0, NODES, "", {})
+    values = {**values, **CASES["fedprox"], "run-name": "recorded-alone"}
+    assert runner.execute(spec, values, 1)["cohort"] == {"path": "batched", "clients-at-once": "all", "trained-batched": 0,
+                                                         "trained-alone": NODES}  # fmt: skip

@@ -122,7 +122,7 @@ from fedul_flwr.acceleration import Acceleration, native_bf16
 from fedul_flwr.experiments.augment_bench import augment_markdown, section_augment
 from fedul_flwr.experiments.bare_loop import bare_round, build_federation, central_eval
 from fedul_flwr.experiments.hassle_bench import BASELINE_REVISION, hassle_markdown, section_hassle
-from fedul_flwr.experiments.peers import peers_markdown, section_peers
+from fedul_flwr.experiments.peers import check_peers_arguments, peers_markdown, section_peers
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.simulated import load_run_dataset
@@ -1007,6 +1007,8 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
     unknown = set(args.only.split(",")) - set(SECTIONS)
     if unknown:
         raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; valid: {','.join(SECTIONS)}")
+    if "peers" in args.only.split(",") and not args.render:
+        check_peers_arguments(args)
     return args
 
 
@@ -1048,6 +1050,9 @@ def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     if args.render:
         files = [Path(f) for f in args.render.split(",")]
         results = {f.stem: json.loads(f.read_text()) for f in files}
+        for f in files:
+            if not isinstance(results[f.stem], dict) or "machine" not in results[f.stem]:
+                raise SystemExit(f"--render {f}: not the --out JSON of a benchmark run (it has no 'machine' entry)")
         text = "\n".join(
             (f"### `{f.name}`\n\n" if len(files) > 1 else "") + render_markdown(results[f.stem], f.stem) for f in files
         )

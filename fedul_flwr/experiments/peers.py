@@ -287,6 +287,28 @@ def ray_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, 
     return result
 
 
+def check_peers_arguments(args: argparse.Namespace) -> None:
+    """The peers options a run cannot take, refused before anything runs.
+
+    Raises
+    ------
+    SystemExit
+        Naming the option and the value (one line).
+    """
+    try:
+        threads = [int(t) for t in args.peers_threads.split(",")]
+    except ValueError:
+        raise SystemExit(f"--peers-threads {args.peers_threads!r}: a comma list of thread counts (e.g. 1,2)") from None
+    if not threads or min(threads) < 1:
+        raise SystemExit(f"--peers-threads {args.peers_threads!r}: every thread count must be >= 1")
+    if args.peers_users < 50:
+        raise SystemExit(f"--peers-users {args.peers_users}: the cohort is 50 users, so the population needs at least 50")
+    if args.peers_iterations < 1 or args.peers_warmup < 0 or args.peers_ray_rounds < 0:
+        raise SystemExit("--peers-iterations must be >= 1, --peers-warmup and --peers-ray-rounds >= 0")
+    if args.pfl_python and not Path(args.pfl_python).is_file():
+        raise SystemExit(f"--pfl-python {args.pfl_python}: no such file (set up pfl-research's Python with: {PFL_SETUP})")
+
+
 def section_peers(args: argparse.Namespace, workdir: Path, say: Callable[[str], None],
                   flwr_run: Callable[..., dict[str, Any]]) -> dict[str, Any]:  # fmt: skip
     """The peer benchmark (module docstring): per thread count of ``--peers-threads``;

@@ -257,11 +257,23 @@ def execute(
         **predictors,
         "wall-time-s": time.time() - start,
         "threads": torch.get_num_threads(),
-        "cohort": {"path": grid.cohort_path, "clients-at-once": grid.workers},
+        "cohort": cohort_record(grid),
         "device": device.type,
         "device-name": device_name(device),
         "run-dir": str(outputs.path),
     }
+
+
+def cohort_record(grid: InProcessGrid) -> dict[str, Any]:
+    """The record's ``cohort``: the path this process ran the run's rounds on, how many clients
+    at once (``"all"`` on the batched path) and, there, how many client trainings joined the
+    batched model and how many trained alone (a method, strategy or model the path cannot
+    take). A resumed run's rounds before the resume ran in another process, maybe on another
+    path: the record names this process's."""
+    out: dict[str, Any] = {"path": grid.cohort_path, "clients-at-once": "all" if grid.cohort_path == "batched" else grid.workers}
+    if grid.cohort_path == "batched":
+        out.update({"trained-batched": grid.trained["batched"], "trained-alone": grid.trained["alone"]})
+    return out
 
 
 class StopRequested(RunStopped):
