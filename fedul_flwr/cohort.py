@@ -251,9 +251,15 @@ class Cohort:
             member.state = "done"
             self.cond.notify_all()
 
+    @contextlib.contextmanager
     def direct_calls(self) -> Iterator[None]:
-        """Context in which the member's stand-ins run its weights alone (``before_epoch``)."""
-        return _DirectCalls(self)
+        """Context in which the member's stand-ins run its weights alone (``before_epoch``; this
+        thread only)."""
+        self.direct.on = True
+        try:
+            yield
+        finally:
+            self.direct.on = False
 
     # ---------------------------------------------------------------- coordinator
     def coordinate(self) -> None:
@@ -403,13 +409,3 @@ class Cohort:
         for m in ready:
             m.loss = None
 
-
-class _DirectCalls:
-    def __init__(self, cohort: Cohort) -> None:
-        self.cohort = cohort
-
-    def __enter__(self) -> None:
-        self.cohort.direct.on = True
-
-    def __exit__(self, *exc: object) -> None:
-        self.cohort.direct.on = False

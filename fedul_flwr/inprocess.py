@@ -104,6 +104,7 @@ class InProcessGrid(Grid):
         self.workers = max(2, int(workers)) if path == "parallel" else 0 if path == "batched" else 1
         """Clients at once: W on the parallel path, 1 on the sequential one, 0 (all) batched."""
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_size = 0
         self.trained = {"batched": 0, "alone": 0}
         """On the batched path: client trainings of this grid in the batched model and alone."""
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 0
@@ -170,10 +171,10 @@ class InProcessGrid(Grid):
     def _threads(self, at_least: int) -> ThreadPoolExecutor:
         """The pool of client threads, grown to ``at_least`` threads (a thread keeps its
         ClientApp modules between rounds)."""
-        if self._pool is None or self._pool._max_workers < at_least:
+        if self._pool is None or self._pool_size < at_least:
             if self._pool is not None:
                 self._pool.shutdown()
-            self._pool = ThreadPoolExecutor(at_least, thread_name_prefix="fedul-client")
+            self._pool, self._pool_size = ThreadPoolExecutor(at_least, thread_name_prefix="fedul-client"), at_least
         return self._pool
 
     def close(self) -> None:

@@ -465,25 +465,15 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
     the other sections.
     """
     import fedul_flwr.client_app as client_module
-    import fedul_flwr.training as training_module
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     from fedul_flwr import wire
+    from fedul_flwr.experiments.timing import timed_train_local
     from fedul_flwr.inprocess import InProcessGrid
 
     inner: list[float] = []
-    original = training_module.train_local
-
-    def timed_train_local(*a: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*a, **kw)
-        finally:
-            inner.append(time.perf_counter() - start)
-
     out: dict[str, Any] = {"setting": {"images": args.client_images, "calls": args.client_calls}, "runs": []}
-    training_module.train_local = timed_train_local  # type: ignore[assignment]
-    try:
+    with timed_train_local(inner.append):
         for model_name in args.client_models.split(","):
             for preset in ("", "authors-code"):
                 cfg = resolve_config(
@@ -534,8 +524,6 @@ def section_client(args: argparse.Namespace) -> dict[str, Any]:
                     f"(rebuilding model + config every message: {entry['uncached-overhead-ms']:.1f}ms); "
                     f"call {entry['call-ms']:.1f}ms"
                 )
-    finally:
-        training_module.train_local = original  # type: ignore[assignment]
     return out
 
 

@@ -70,6 +70,7 @@ import numpy as np
 import torch
 from flwr.app import Message, MessageType
 
+from fedul_flwr.experiments.timing import timed_train_local
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.store import write_atomic
 
@@ -237,7 +238,6 @@ def pfl_spec(cfg_values: Mapping[str, Any], workdir: Path, threads: int, users: 
 def engine_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, pacer: Callable[[], None],
                  workdir: Path, name: str) -> dict[str, Any]:  # fmt: skip
     """One engine run of ``rounds`` rounds on the paced grid; its times, path and accuracy."""
-    import fedul_flwr.training as training_module
     from fedul_flwr.checks import resolve_config
     from fedul_flwr.client_app import app
     from fedul_flwr.runtime import cohort_path
@@ -249,21 +249,10 @@ def engine_phase(values: Mapping[str, Any], users: int, threads: int, rounds: in
     cfg = resolve_config(run)
     path, workers = cohort_path(cfg.cohort, torch.device("cpu"), threads, cfg.client_threads)
     grid = PacedGrid(app, users, run, path=path, workers=workers, pacer=pacer)
-    original = training_module.train_local
-
-    def timed(*a: Any, **kw: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return original(*a, **kw)
-        finally:
-            if grid.train_s:
-                grid.train_s[-1].append(time.perf_counter() - start)
-
-    training_module.train_local = timed  # type: ignore[assignment]
     try:
-        outputs = run_federation(grid, cfg)
+        with timed_train_local(lambda seconds: grid.train_s[-1].append(seconds) if grid.train_s else None):
+            outputs = run_federation(grid, cfg)
     finally:
-        training_module.train_local = original  # type: ignore[assignment]
         grid.close()
     last = outputs.rows[max(outputs.rows)]
     return {"round-s": grid.round_s, "call-s": grid.call_s, "train-s": grid.train_s, "cohort": grid.cohort_path,
