@@ -15,6 +15,16 @@ method's training images, and FixMatch-style methods build their two views from 
     FixMatch's strong view: the weak view, then RandAugment (Cubuk et al., 2020) with N = 2
     operations at magnitude M = 10 of 31 levels (:class:`RandAugment`), then Cutout (DeVries
     and Taylor, 2017) as a grey (127) square covering 2-25% of the image.
+``strong-random``
+    The strong view as FixMatch's paper (Sec. 2.3, App. D: "a random magnitude ... for each
+    transformation") and USB's and kekmodel's code draw it: the weak view, then RandAugment
+    with N = 2 operations whose magnitude is drawn per image and operation uniformly over the
+    full range (shear +-0.3, translation +-30% of the side, rotation +-30 degrees, enhance
+    factors 1 +- 0.9, posterize 4-8 bits, solarize any threshold; :class:`RandAugment` with
+    ``random_magnitude``), then Cutout of a grey square of side up to half the image's,
+    centred anywhere and cut off at the border (:class:`Cutout`, USB's ``CutoutAbs``). USB's
+    enhance factors lie in [0.05, 0.95] only (they darken, blur and desaturate); these are
+    torchvision's symmetric ones.
 ``rotate``
     A random rotation of up to +-20 degrees (nearest pixel, black corners): what the FedUL
     authors' code applies to MNIST (``transforms.RandomRotation(20)``).
@@ -71,7 +81,7 @@ import torch
 from fedul_flwr.registry import Registry
 from fedul_flwr.rng import seeded_global_rng
 
-__all__ = ["AUGMENTATIONS", "MIRRORED", "RANDAUGMENT_OPS", "Augmentation", "RandAugment", "ReflectCrop", "build_augmentation"]
+__all__ = ["AUGMENTATIONS", "MIRRORED", "RANDAUGMENT_OPS", "Augmentation", "Cutout", "RandAugment", "ReflectCrop", "build_augmentation"]
 
 MIRRORED = frozenset({"fashion-mnist", "cifar10", "cifar100"})
 """Datasets whose classes are invariant under horizontal mirroring (weak views may flip)."""
@@ -133,29 +143,40 @@ class RandAugment:
         On N < 1 or M outside 0 .. num_bins - 1.
     """
 
-    def __init__(self, num_ops: int = 2, magnitude: int = 10, num_bins: int = 31) -> None:
+    def __init__(self, num_ops: int = 2, magnitude: int = 10, num_bins: int = 31, random_magnitude: bool = False) -> None:
         if num_ops < 1 or not 0 <= magnitude < num_bins:
             raise ValueError(f"RandAugment: num_ops must be >= 1 and magnitude in 0..{num_bins - 1}; got {num_ops}, {magnitude}")
         self.num_ops, self.level = num_ops, magnitude / (num_bins - 1)
+        self.random_magnitude = random_magnitude
+        self.translate = 0.3 if random_magnitude else 150.0 / 331.0  # largest shift, a fraction of the side
 
-    def draw(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """Operation indices and signs: two CPU tensors ``[num_ops, batch]`` (long; float +-1)."""
+    def draw(self, batch: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Operation indices, signs and levels: three CPU tensors ``[num_ops, batch]`` (long;
+        float +-1; float64 in [0, 1], uniform with ``random_magnitude``, else the fixed level)."""
         ops = torch.randint(0, len(RANDAUGMENT_OPS), (self.num_ops, batch), generator=generator)
         signs = torch.where(torch.rand(self.num_ops, batch, generator=generator) < 0.5, -1.0, 1.0)
-        return ops, signs
+        if self.random_magnitude:
+            levels = torch.rand(self.num_ops, batch, generator=generator, dtype=torch.float64)
+        else:
+            levels = torch.full((self.num_ops, batch), self.level, dtype=torch.float64)
+        return ops, signs, levels
 
-    def magnitude(self, op: str, side: int) -> float:
-        """The unsigned magnitude of ``op`` at this level for ``side``-pixel images
-        (torchvision's table): shear tan, pixels, degrees, enhance factor - 1, bits kept
-        (posterize), threshold in [0, 1] (solarize); 0 for operations without one."""
+    def magnitude(self, op: str, side: int, level: torch.Tensor | float | None = None) -> torch.Tensor | float:
+        """The unsigned magnitude of ``op`` for ``side``-pixel images at ``level`` in [0, 1]
+        (a float or a tensor of levels; default: the fixed level), torchvision's table:
+        shear tan, pixels, degrees, enhance factor - 1, bits kept (posterize), threshold in
+        [0, 1] (solarize); 0 for operations without one."""
+        level = self.level if level is None else level
         if op in ("translate-x", "translate-y"):
-            return float(int(150.0 / 331.0 * side * self.level))
+            shift = self.translate * side * level
+            return float(int(shift)) if isinstance(shift, float) else shift.floor()
         if op == "posterize":
-            return float(round(8 - 4.0 * self.level))
+            bits = 8 - 4.0 * level
+            return float(round(bits)) if isinstance(bits, float) else bits.round()
         if op == "solarize":
-            return 1.0 - self.level
+            return 1.0 - level
         scale = {"shear-x": 0.3, "shear-y": 0.3, "rotate": 30.0, "brightness": 0.9, "color": 0.9, "contrast": 0.9, "sharpness": 0.9}
-        return scale.get(op, 0.0) * self.level
+        return scale.get(op, 0.0) * level
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Apply ``num_ops`` per-image operations.
@@ -172,7 +193,8 @@ class RandAugment:
         torch.Tensor
             float ``[B, C, H, W]`` in [0, 1] on the same device.
         """
-        ops, signs = self.draw(len(images), generator)
+        ops, signs, levels = self.draw(len(images), generator)
+        side = images.shape[-1]
         out = images.clone()
         for step in range(self.num_ops):
             geometric = torch.zeros(len(images), dtype=torch.bool)
@@ -183,15 +205,15 @@ class RandAugment:
                 if name in _GEOMETRIC:
                     geometric[rows] = True
                     continue
-                value = self.magnitude(name, images.shape[-1]) * (signs[step, rows] if name in _SIGNED else torch.ones(len(rows)))
+                value = self.magnitude(name, side, levels[step, rows]).float() * (signs[step, rows] if name in _SIGNED else 1.0)
                 picked = rows.to(out.device, non_blocking=True)
                 out[picked] = _enhance(name, out[picked], value.to(out.device, torch.float32, non_blocking=True))
             rows = geometric.nonzero().squeeze(1)
             if len(rows):
                 names = [RANDAUGMENT_OPS[i] for i in ops[step, rows].tolist()]
-                values = torch.tensor([self.magnitude(n, images.shape[-1]) for n in names]) * signs[step, rows]
+                values = torch.stack([self.magnitude(n, side, levels[step, r]) for n, r in zip(names, rows.tolist(), strict=True)]).float()
                 picked = rows.to(out.device, non_blocking=True)
-                out[picked] = _warp(out[picked], names, values)
+                out[picked] = _warp(out[picked], names, values * signs[step, rows])
         return out
 
 
@@ -283,9 +305,9 @@ def _enhance(name: str, images: torch.Tensor, value: torch.Tensor) -> torch.Tens
     if name == "sharpness":
         return ke.sharpness(images, factor)
     if name == "posterize":
-        return ke.posterize(images, bits=int(value[0]))
+        return ke.posterize(images, bits=value.round().to(torch.int64))
     if name == "solarize":
-        return ke.solarize(images, thresholds=float(value[0]))
+        return ke.solarize(images, thresholds=value)
     if name == "autocontrast":
         low = images.amin(dim=(2, 3), keepdim=True)
         flat = images.amax(dim=(2, 3), keepdim=True) <= low
@@ -343,6 +365,42 @@ def _strong(side: int, flip: bool) -> list[Stage]:
     return [*_weak(side, flip), RandAugment(num_ops=2, magnitude=10), _KorniaStage(cutout)]
 
 
+class Cutout:
+    """Cutout as FixMatch's and USB's code draw it (``CutoutAbs``): per image a square of
+    side v, uniform on [0, ``max_fraction`` side], centred on a uniformly drawn pixel and cut
+    off at the border, filled grey (127); one mask for the batch.
+
+    Parameters
+    ----------
+    max_fraction : float
+        Largest side of the square, a fraction of the image side (0.5).
+    """
+
+    def __init__(self, max_fraction: float = 0.5) -> None:
+        self.max_fraction = max_fraction
+
+    def draw(self, batch: int, side: int, generator: torch.Generator) -> torch.Tensor:
+        """int64 ``[4, batch]``: the squares' x0, x1, y0, y1 (pixels, half-open)."""
+        size = torch.rand(batch, generator=generator) * self.max_fraction * side
+        centre = torch.rand(2, batch, generator=generator) * side
+        low = (centre - size / 2).clamp(min=0).floor()
+        high = torch.minimum(low + size, torch.tensor(float(side))).floor()
+        return torch.stack([low[0], high[0], low[1], high[1]]).long()
+
+    def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """Cut the squares out of float ``images`` ``[B, C, H, W]`` in [0, 1] (H = W)."""
+        box = self.draw(len(images), images.shape[-1], generator).to(images.device, non_blocking=True)
+        grid = torch.arange(images.shape[-1], device=images.device)
+        xs = (grid >= box[0, :, None]) & (grid < box[1, :, None])  # [B, W]
+        ys = (grid >= box[2, :, None]) & (grid < box[3, :, None])  # [B, H]
+        mask = ys[:, None, :, None] & xs[:, None, None, :]
+        return images.masked_fill(mask, 127 / 255)
+
+
+def _strong_random(side: int, flip: bool) -> list[Stage]:
+    return [*_weak(side, flip), RandAugment(num_ops=2, random_magnitude=True), Cutout(0.5)]
+
+
 class RandomRotation:
     """Rotate each image by its own angle, uniform on [-``degrees``, ``degrees``], about the
     centre, nearest pixel, black corners (torchvision's ``RandomRotation(degrees)``), as one
@@ -372,6 +430,7 @@ def _rotate(side: int, flip: bool) -> list[Stage]:
 AUGMENTATIONS.add("none", lambda side, flip: [])
 AUGMENTATIONS.add("weak", _weak)
 AUGMENTATIONS.add("strong", _strong)
+AUGMENTATIONS.add("strong-random", _strong_random)
 AUGMENTATIONS.add("rotate", _rotate)
 
 

@@ -13,7 +13,9 @@ as an uninterrupted one. It is replaced atomically and durably
 previous checkpoint intact.
 
 What a checkpoint restores, and what it cannot: FedUL clients re-create their optimiser
-every round and derive their randomness from (seed, round, node); FedAvg, FedProx and
+every round (or, with ``local-optimizer-state = "kept"``, get back the state the server keeps
+for them, part of the strategy's state here) and derive their randomness from (seed, round,
+node); the EMA of the global weights (``ema-decay``) is saved beside them; FedAvg, FedProx and
 FedNova servers keep nothing between rounds besides f; FedAvgM keeps its momentum and
 FedAdam / FedYogi / FedAdagrad their moments m_t, v_t (Reddi et al., ICLR 2021), which
 :func:`strategy_state` saves and :func:`restore_strategy_state` puts back. For these
@@ -53,9 +55,11 @@ RESUMABLE_STRATEGIES: tuple[str, ...] = (
     "fedavg", "fedprox", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedmedian", "fedtrimmedavg"
 )  # fmt: skip
 """Strategies whose whole cross-round state is on the server (see the module doc)."""
-STRATEGY_STATE_ATTRIBUTES: tuple[str, ...] = ("current_arrays", "momentum_vector", "m_t", "v_t")
+STRATEGY_STATE_ATTRIBUTES: tuple[str, ...] = ("current_arrays", "momentum_vector", "m_t", "v_t", "client_states")
 """Attributes of Flower's FedAvgM (``current_arrays``, ``momentum_vector``) and FedOpt
-strategies (``current_arrays``, ``m_t``, ``v_t``) that carry state from round to round."""
+strategies (``current_arrays``, ``m_t``, ``v_t``) that carry state from round to round, and
+the clients' kept optimiser states (``client_states``,
+:class:`~fedul_flwr.strategies.kept_state.KeptOptimizerStates`)."""
 
 
 class CheckpointError(RuntimeError):
@@ -83,6 +87,9 @@ class Checkpoint:
     random_state : tuple or None
         ``random.getstate()`` after round r (Flower's node sampling); None in checkpoints
         written before it was saved.
+    ema_state : dict[str, torch.Tensor] | None
+        The EMA of the global weights after round r (``ema-decay > 0``,
+        :class:`fedul_flwr.ema.WeightEMA`); None without one.
     """
 
     round: int
@@ -90,12 +97,15 @@ class Checkpoint:
     config: dict[str, Any]
     strategy_state: dict[str, Any] = field(default_factory=dict)
     random_state: tuple[Any, ...] | None = None
+    ema_state: dict[str, torch.Tensor] | None = None
 
 
 def _tensors(value: Any) -> dict[str, Any]:
     """An ArrayRecord, a dict or a list of numpy arrays as tensors, with its kind."""
     if isinstance(value, ArrayRecord):
         return {"kind": "arrayrecord", "items": dict(value.to_torch_state_dict())}
+    if isinstance(value, dict) and value and all(isinstance(v, ArrayRecord) for v in value.values()):
+        return {"kind": "arrayrecords", "items": {k: dict(v.to_torch_state_dict()) for k, v in value.items()}}
     if isinstance(value, dict):
         return {"kind": "dict", "items": {k: torch.from_numpy(np.array(v, copy=True)) for k, v in value.items()}}
     if isinstance(value, (list, tuple)):
@@ -108,6 +118,8 @@ def _arrays(saved: dict[str, Any]) -> Any:
     items = saved["items"]
     if saved["kind"] == "arrayrecord":
         return ArrayRecord(items)
+    if saved["kind"] == "arrayrecords":
+        return {k: ArrayRecord(v) for k, v in items.items()}
     if saved["kind"] == "dict":
         return {k: v.numpy() for k, v in items.items()}
     return [v.numpy() for v in items]
@@ -143,10 +155,11 @@ def save_checkpoint(
     state_dict: dict[str, torch.Tensor],
     config: dict[str, Any],
     strategy: object | None = None,
+    ema_state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Atomically write ``<run_dir>/checkpoint.pt`` for ``server_round`` (f's ``state_dict``,
-    the run ``config``, if given ``strategy``'s cross-round state, and Python's ``random``
-    state); returns its path."""
+    the run ``config``, if given ``strategy``'s cross-round state and the EMA of the global
+    weights, and Python's ``random`` state); returns its path."""
     path = Path(run_dir) / CHECKPOINT_FILE
     payload = {
         "round": int(server_round),
@@ -154,6 +167,7 @@ def save_checkpoint(
         "config": config,
         "strategy_state": strategy_state(strategy) if strategy is not None else {},
         "random_state": random.getstate(),
+        "ema_state": ema_state,
     }
     return write_atomic(path, lambda fh: torch.save(payload, fh))
 
@@ -177,7 +191,7 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         return Checkpoint(
             int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {})),
-            payload.get("random_state"),
+            payload.get("random_state"), payload.get("ema_state"),
         )
     except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from exc

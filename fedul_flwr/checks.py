@@ -199,6 +199,11 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     _check(
+        cfg.local_optimizer_state == "fresh" or cfg.differential_privacy == "none",
+        f"local-optimizer-state='kept' with differential-privacy={cfg.differential_privacy!r}: the kept state "
+        "travels to the server un-noised (it carries the client's gradients); use local-optimizer-state='fresh'",
+    )
+    _check(
         not cfg.resume or cfg.strategy in RESUMABLE_STRATEGIES,
         f"resume=true with strategy={cfg.strategy!r}: only {RESUMABLE_STRATEGIES} keep all their state across "
         "rounds on the server (SCAFFOLD's client control variates live on the clients), so only they can be "

@@ -36,6 +36,7 @@ from fedul_flwr.data.datasets import DatasetInfo
 from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, NothingToTrain, RoundContext, get_method
 from fedul_flwr.models import build_model
+from fedul_flwr.optimizer_state import OptimizerStates
 from fedul_flwr.privacy import local_dp_mod
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.augment import build_augmentation
@@ -202,6 +203,8 @@ def train(msg: Message, context: Context) -> Message:
         device=c.device,
         to_input=c.data.to_input,
     )
+    kept = cfg.local_optimizer_state == "kept"  # the state the server kept for this client (none at first)
+    states = OptimizerStates.from_record(msg.content.array_records.get(wire.OPTIMIZER_STATE)) if kept else None
     loop = LocalLoop(
         epochs=cfg.local_epochs_of(c.key),
         lr=cfg.lr_of(server_round),
@@ -215,6 +218,10 @@ def train(msg: Message, context: Context) -> Message:
         acceleration=c.acceleration,
         augment=build_augmentation(cfg.augment, c.data.image_shape[1], cfg.dataset),
         batchable=method.batched_cohort,
+        weight_decay=cfg.weight_decay,
+        nesterov=cfg.nesterov,
+        grad_clip_norm=cfg.grad_clip_norm,
+        optimizer_states=states,
     )
     try:
         result = method.local_update(c.data, models, ctx, loop)
@@ -229,6 +236,8 @@ def train(msg: Message, context: Context) -> Message:
     if not sent:  # trained nothing it could send (e.g. FixMatch with no image above the threshold)
         return _idle_reply(msg, c)
     extra = update.reply_records(result, sent)  # strategy records; fills update.metrics
+    if states is not None:
+        extra[wire.OPTIMIZER_STATE] = states.to_record()
     metrics = {
         wire.TRAIN_LOSS: result.loss,
         wire.NUM_EXAMPLES: result.num_examples,
@@ -279,6 +288,8 @@ def evaluate_local(msg: Message, context: Context) -> Message:
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
-    """What the run's method announces about this node's data (e.g. FedPU's positive classes)."""
+    """What the run's method announces about this node's data (e.g. FedPU's positive classes),
+    and the node's stable key (record ``"node"``)."""
     c = _client(msg, context)
-    return Message(RecordDict({wire.METRICS: MetricRecord(c.method.announce(c.data))}), reply_to=msg)
+    node = ConfigRecord({wire.NODE_KEY: c.key})
+    return Message(RecordDict({wire.METRICS: MetricRecord(c.method.announce(c.data)), wire.NODE_RECORD: node}), reply_to=msg)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import tomllib
 from collections.abc import Callable, Iterable, Mapping
@@ -63,6 +64,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": ("auto", "fp32", "bf16"),
     "memory-format": ("auto", "channels-last", "contiguous"),
     "local-optimizer": ("adam", "sgd"),
+    "lr-schedule": ("exponential", "cosine"),
+    "local-optimizer-state": ("fresh", "kept"),
     "scaffold-option": ("I", "II"),
     "differential-privacy": ("none", "server-fixed", "server-adaptive", "client-local"),
 }
@@ -125,6 +128,12 @@ class RunConfig:
     local_optimizer: str
     local_momentum: float
     lr_decay: float
+    lr_schedule: str
+    weight_decay: float
+    nesterov: bool
+    grad_clip_norm: float
+    local_optimizer_state: str
+    ema_decay: float
     augment: str
     local_epochs_per_client: str
     proximal_mu: float
@@ -180,8 +189,20 @@ class RunConfig:
         return self.num_sets[partition_id % len(self.num_sets)]
 
     def lr_of(self, server_round: int) -> float:
-        """Local step size in round ``server_round`` (from 1): ``lr * lr-decay ** (round - 1)``."""
-        return self.lr * self.lr_decay ** (max(1, server_round) - 1)
+        """Local step size in round ``server_round`` (from 1 to R = ``num-rounds``).
+
+        ``lr-schedule = "exponential"``: ``lr * lr-decay ** (round - 1)``;
+        ``"cosine"``: FixMatch's cosine decay (Sohn et al., NeurIPS 2020, Sec. 4:
+        eta cos(7 pi k / (16 K)) over the K training steps) with the round as the step,
+        ``lr * cos(7 pi (round - 1) / (16 R))``, times ``lr-decay ** (round - 1)``. A pure
+        function of the round, so a resumed run continues the schedule exactly; the step size
+        is constant within a round (a client's steps per round differ between clients).
+        """
+        r = max(1, server_round) - 1
+        lr = self.lr * self.lr_decay**r
+        if self.lr_schedule == "cosine":
+            lr *= math.cos(7.0 * math.pi * r / (16.0 * self.num_rounds))
+        return lr
 
     def local_epochs_of(self, node_key: int) -> int:
         """Local epochs E_c of the client with node key ``node_key``: ``local-epochs`` unless
@@ -514,6 +535,12 @@ def check_values(cfg: RunConfig) -> None:
     for key in ("server-momentum", "beta-1", "beta-2", "local-momentum"):
         _check(d[key] < 1, f"{key}={d[key]} must be < 1")
     _check(0.0 < cfg.lr_decay <= 1.0, f"lr-decay={cfg.lr_decay} must be in (0, 1]")
+    for key in ("weight-decay", "grad-clip-norm"):
+        _check(d[key] >= 0, f"{key}={d[key]} must be >= 0 (0: none)")
+    _check(0.0 <= cfg.ema_decay < 1.0, f"ema-decay={cfg.ema_decay} must be in [0, 1) (0: no EMA)")
+    _check(not cfg.nesterov or (cfg.local_optimizer == "sgd" and cfg.local_momentum > 0),
+           f"nesterov=true needs local-optimizer='sgd' with local-momentum > 0 (got {cfg.local_optimizer!r}, "
+           f"local-momentum={cfg.local_momentum})")  # fmt: skip
     _check(cfg.cohort != "parallel" or cfg.client_threads <= 1,
            f"cohort='parallel' trains each client on one torch thread; client-threads={cfg.client_threads} asks for more "
            "(use cohort='sequential', or client-threads=0)")  # fmt: skip

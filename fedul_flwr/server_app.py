@@ -27,6 +27,7 @@ from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.data.datasets import ImageDataset, normalize, run_dataset_info
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
+from fedul_flwr.ema import WeightEMA
 from fedul_flwr.methods import Method, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunFolderInUse, RunOutputs, run_folder
@@ -100,12 +101,22 @@ class RoundEnd:
     outputs: RunOutputs
     num_nodes: int
     start_round: int
+    ema_state: dict[str, torch.Tensor] | None = None  # a resumed run's EMA (the checkpoint's)
 
     def __post_init__(self) -> None:
         self.predictors = self.method.predictors()
         self.clock = RoundClock(self.cfg.num_rounds, self.start_round)
         # per test set: a model unchanged since the last round runs no forward
-        self.caches = {"test": EvaluationCache(), "val": EvaluationCache()}
+        self.caches = {name: EvaluationCache() for name in ("test", "val", "test-without-ema")}
+        self.ema = WeightEMA(self.models, self.cfg.ema_decay) if self.cfg.ema_decay > 0 else None
+        if self.ema is not None and self.ema_state is not None:
+            self.ema.load_state_dict(self.ema_state)
+
+    @property
+    def evaluated(self) -> nn.ModuleDict:
+        """The models the central evaluation tests: the EMA of the global weights
+        (``ema-decay > 0``), else the global models."""
+        return self.ema.models if self.ema is not None else self.models
 
     def evaluates(self, server_round: int) -> bool:
         """Whether round ``server_round`` is evaluated centrally: the initial model, every
@@ -113,14 +124,14 @@ class RoundEnd:
         return (server_round <= self.start_round or server_round >= self.cfg.num_rounds
                 or server_round % self.cfg.evaluate_every == 0)  # fmt: skip
 
-    def test(self, x: torch.Tensor, y: torch.Tensor, prefix: str) -> dict[str, float]:
+    def test(self, x: torch.Tensor, y: torch.Tensor, prefix: str, models: nn.ModuleDict | None = None) -> dict[str, float]:
         """``<prefix>-loss``/``-accuracy``/``-error`` of the headline predictor, with
-        ``-<name>`` for the others."""
+        ``-<name>`` for the others, of ``models`` (default: :attr:`evaluated`)."""
         out = {}
         results = evaluate_predictors(
-            self.models, self.predictors, x, y, to_input=lambda v: normalize(v, self.data.mean, self.data.std),
-            batch_size=self.cfg.eval_batch_size, device=self.device, acceleration=self.acceleration,
-            cache=self.caches[prefix],
+            self.evaluated if models is None else models, self.predictors, x, y,
+            to_input=lambda v: normalize(v, self.data.mean, self.data.std), batch_size=self.cfg.eval_batch_size,
+            device=self.device, acceleration=self.acceleration, cache=self.caches[prefix],
         )  # fmt: skip
         for i, (name, result) in enumerate(results.items()):
             suffix = "" if i == 0 else f"-{name}"
@@ -145,9 +156,16 @@ class RoundEnd:
         server_round += self.start_round  # Flower counts the rounds of this start() from 1
         global_arrays = arrays.to_torch_state_dict()
         metrics: dict[str, float] = {}
+        if self.ema is not None:  # every round's weights go into the average (a resumed run's are in already)
+            self.models.load_state_dict(global_arrays)
+            if server_round > self.start_round or self.ema.rounds == 0:
+                self.ema.update(self.models)
         if self.evaluates(server_round):
             self.models.load_state_dict(global_arrays)
             metrics = self.test(self.data.test_x, self.data.test_y, "test")
+            if self.ema is not None:  # the global weights' own accuracy beside the EMA's
+                plain = self.test(self.data.test_x, self.data.test_y, "test-without-ema", self.models)
+                metrics.update({f"test-{k}-without-ema": plain[f"test-without-ema-{k}"] for k in ("accuracy", "loss")})
             if self.val_idx is not None:
                 val = self.test(self.data.train_x[self.val_idx], self.data.train_y[self.val_idx], "val")
                 metrics.update({k: v for k, v in val.items() if not k.startswith("val-loss")})
@@ -170,7 +188,8 @@ class RoundEnd:
         if server_round > self.start_round:  # every finished round, once its row is written: the models, their
             # round, the strategy state -- the global arrays as the strategy holds them, not the models'
             # float32 copy: FedOpt strategies compute in float64, and an exact resume must continue from those
-            save_checkpoint(self.outputs.path, server_round, global_arrays, self.cfg.as_dict(), inner)
+            save_checkpoint(self.outputs.path, server_round, global_arrays, self.cfg.as_dict(), inner,
+                            self.ema.state_dict() if self.ema is not None else None)  # fmt: skip
         return MetricRecord(metrics)
 
 
@@ -234,13 +253,13 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
         if ckpt is not None:
             log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
         round_end = RoundEnd(cfg, method, data, models, device, acceleration, val_idx, strategy, outputs, num_nodes,
-                             start_round)  # fmt: skip
+                             start_round, ckpt.ema_state if ckpt is not None else None)  # fmt: skip
         strategy.start(
             grid=grid, initial_arrays=initial_arrays, num_rounds=cfg.num_rounds - start_round, train_config=settings,
             evaluate_config=settings, evaluate_fn=round_end,
         )  # fmt: skip
-        # the models hold the global arrays of the last round's evaluation
-        outputs.save_models({name: {k: v.cpu() for k, v in m.state_dict().items()} for name, m in models.items()})
+        # the models of the last round's evaluation: the global arrays, or their EMA (ema-decay > 0)
+        outputs.save_models({name: {k: v.cpu() for k, v in m.state_dict().items()} for name, m in round_end.evaluated.items()})
         outputs.plot()
     except BaseException as exc:
         try:

@@ -3,8 +3,10 @@
 Local update of Eq. (3) in Lu et al. (ICLR 2022): E local epochs of Adam (lr, batch B) on
 the method's loss, plus an optional L1 penalty ``l1_weight * sum_p |p|_1`` over the trained
 parameters (App. D.2, Table D.4). The optimiser is created afresh every round, as in the
-paper's code; plain SGD (``local-optimizer = "sgd"``) is the alternative SCAFFOLD's and
-FedNova's rules assume.
+paper's code, unless the client keeps its state (``local-optimizer-state = "kept"``,
+:mod:`fedul_flwr.optimizer_state`); SGD (``local-optimizer = "sgd"``, with momentum,
+Nesterov and weight decay as FixMatch's recipe has them) is the alternative SCAFFOLD's and
+FedNova's rules assume, and ``grad-clip-norm`` clips each step's gradient norm.
 
 A task's batches come from one or several *streams* (:class:`~fedul_flwr.methods.base.Stream`):
 the first stream drives the epoch, the others are cycled. Images travel as uint8 and become
@@ -37,6 +39,7 @@ from fedul_flwr.acceleration import PLAIN, Acceleration
 from fedul_flwr.cohort import Cohort, Member, current_cohort, eligible
 from fedul_flwr.methods.base import Augment, Batch, LocalTask, Predictor, Stream
 from fedul_flwr.models import DROPOUT_GENERATOR
+from fedul_flwr.optimizer_state import OptimizerStates
 
 __all__ = ["EvaluationCache", "LocalLoop", "StepHook", "TrainResult", "augment_generator", "dropout_masks", "evaluate", "evaluate_predictors", "iterate_batches", "train_local"]
 
@@ -173,6 +176,10 @@ def train_local(
     acceleration: Acceleration | None = None,
     augment: Augment | None = None,
     batchable: bool = True,
+    weight_decay: float = 0.0,
+    nesterov: bool = False,
+    grad_clip_norm: float = 0.0,
+    optimizer_states: OptimizerStates | None = None,
 ) -> TrainResult:
     """Train the ``trained`` models in place on ``task`` for ``epochs`` epochs.
 
@@ -220,6 +227,17 @@ def train_local(
     batchable : bool
         Whether the method lets this loop train in a batched cohort
         (:attr:`fedul_flwr.methods.Method.batched_cohort`).
+    weight_decay : float
+        L2 weight decay of the optimiser (``weight-decay``; 0: none).
+    nesterov : bool
+        Nesterov momentum for SGD (``nesterov``).
+    grad_clip_norm : float
+        Clip the gradients of the trained parameters to this total 2-norm before each step
+        (:func:`torch.nn.utils.clip_grad_norm_`, after the strategy's hooks; 0: no clipping).
+    optimizer_states : OptimizerStates | None
+        The client's kept optimiser states (``local-optimizer-state = "kept"``): the
+        optimiser of these models starts from its saved state, and its state after training
+        replaces it (:mod:`fedul_flwr.optimizer_state`). ``None``: a fresh optimiser.
 
     Returns
     -------
@@ -248,25 +266,49 @@ def train_local(
         task = dataclasses.replace(task, streams=streams)
     for name, model in models.items():
         model.train(name in names)
+    settings = {"weight_decay": weight_decay, "nesterov": nesterov}
+
+    def build(ps: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
+        return acc.optimizer(optimizer, ps, lr, momentum, **settings)
+
+    alone = _Alone(names, penalised, params, build, l1_weight, grad_clip_norm, hooks, optimizer_states)
     cohort = current_cohort()
     if cohort is not None:
-        if eligible(models, names, tuple(hooks), batchable):
-            member = Member(models[names[0]], _signature(models[names[0]], optimizer, lr, momentum, l1_weight, acc),
-                            l1_weight, lambda ps: acc.optimizer(optimizer, ps, lr, momentum), acc.precision, device)  # fmt: skip
+        # clipping needs each client's own gradient norm, a kept state each client's own buffers
+        if eligible(models, names, tuple(hooks), batchable) and not grad_clip_norm and optimizer_states is None:
+            signature = _signature(models[names[0]], optimizer, lr, momentum, l1_weight, acc, weight_decay, nesterov)
+            member = Member(models[names[0]], signature, l1_weight, build, acc.precision, device)
             if cohort.join(member):
                 return _train_member(cohort, member, names[0], task, epochs, seed, device, to_input, augment)
         with cohort.training_alone():
-            return _train_alone(models, task, names, penalised, params, acc, epochs, lr, to_input, l1_weight, seed,
-                                device, hooks, optimizer, momentum, augment)  # fmt: skip
-    return _train_alone(models, task, names, penalised, params, acc, epochs, lr, to_input, l1_weight, seed, device, hooks,
-                        optimizer, momentum, augment)  # fmt: skip
+            return _train_alone(models, task, alone, acc, epochs, to_input, seed, device, augment)
+    return _train_alone(models, task, alone, acc, epochs, to_input, seed, device, augment)
 
 
-def _signature(module: nn.Module, optimizer: str, lr: float, momentum: float, l1_weight: float, acc: Acceleration) -> tuple[Any, ...]:
+def _signature(
+    module: nn.Module, optimizer: str, lr: float, momentum: float, l1_weight: float, acc: Acceleration,
+    weight_decay: float, nesterov: bool,
+) -> tuple[Any, ...]:  # fmt: skip
     """What two clients must share to train in one batch (:class:`fedul_flwr.cohort.Member`)."""
     shapes = tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
     buffers = tuple((name, tuple(b.shape), b.dtype) for name, b in module.named_buffers())
-    return (type(module), shapes, buffers, optimizer, lr, momentum, l1_weight, acc.precision, acc.fused_optimizer, str(acc.device))
+    return (type(module), shapes, buffers, optimizer, lr, momentum, weight_decay, nesterov, l1_weight, acc.precision,
+            acc.fused_optimizer, str(acc.device))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Alone:
+    """What :func:`_train_alone` steps with: the trained models' names and parameters, the
+    optimiser's builder and the step's extras (L1, clipping, hooks, the kept state)."""
+
+    names: list[str]
+    penalised: list[nn.Parameter]
+    params: list[nn.Parameter]
+    build: Callable[[Sequence[nn.Parameter]], torch.optim.Optimizer]
+    l1_weight: float
+    grad_clip_norm: float
+    hooks: Sequence[StepHook]
+    states: OptimizerStates | None
 
 
 def _train_member(
@@ -305,16 +347,17 @@ def _train_member(
 
 
 def _train_alone(
-    models: nn.ModuleDict, task: LocalTask, names: list[str], penalised: list[nn.Parameter], params: list[nn.Parameter],
-    acc: Acceleration, epochs: int, lr: float, to_input: ToInput, l1_weight: float, seed: int, device: torch.device,
-    hooks: Sequence[StepHook], optimizer: str, momentum: float, augment: Augment | None,
+    models: nn.ModuleDict, task: LocalTask, alone: _Alone, acc: Acceleration, epochs: int, to_input: ToInput, seed: int,
+    device: torch.device, augment: Augment | None,
 ) -> TrainResult:  # fmt: skip
     """:func:`train_local` of one client on its own."""
     n = task.num_examples
     forwards = acc.prepare(models)  # channels-last weights from here on (if chosen) ...
     try:
         with dropout_masks(seed, device):
-            opt = acc.optimizer(optimizer, params, lr, momentum)  # ... so the optimiser state matches them
+            opt = alone.build(alone.params)  # ... so the optimiser state matches them
+            if alone.states is not None:
+                alone.states.load(alone.names, opt, alone.params)
             generator = torch.Generator().manual_seed(seed)
             views = augment_generator(seed)
             total, steps = torch.zeros((), device=device), 0
@@ -324,11 +367,14 @@ def _train_alone(
                 epoch_sum = torch.zeros((), device=device)
                 for batch in iterate_batches(task, generator, device, to_input, augment, views):
                     loss = task.loss(forwards, batch)
-                    objective = loss + l1_weight * sum(p.abs().sum() for p in penalised) if l1_weight else loss
+                    l1 = alone.l1_weight
+                    objective = loss + l1 * sum(p.abs().sum() for p in alone.penalised) if l1 else loss
                     opt.zero_grad(set_to_none=True)
                     objective.backward()
-                    for hook in hooks:
+                    for hook in alone.hooks:
                         hook.after_backward()
+                    if alone.grad_clip_norm:
+                        torch.nn.utils.clip_grad_norm_(alone.penalised, alone.grad_clip_norm, foreach=device.type == "cuda")
                     opt.step()
                     epoch_sum += loss.detach()
                     steps += 1
@@ -336,6 +382,8 @@ def _train_alone(
                 if not math.isfinite(value):
                     raise ValueError(f"training loss became {value} in local epoch {epoch + 1} of {epochs}")
                 total += epoch_sum
+            if alone.states is not None:
+                alone.states.save(alone.names, opt, alone.params)
     finally:
         acc.restore(models)
     return TrainResult(loss=float(total) / steps, num_examples=n, num_steps=steps)
@@ -370,6 +418,12 @@ class LocalLoop:
         The run's augmentation of training images (``None``: none).
     batchable : bool
         Whether the method lets the loop train in a batched cohort.
+    weight_decay, grad_clip_norm : float
+        The optimiser's L2 weight decay and the gradient-norm clip (0: none).
+    nesterov : bool
+        Nesterov momentum (SGD).
+    optimizer_states : OptimizerStates | None
+        The client's kept optimiser states (``None``: a fresh optimiser every call).
     """
 
     epochs: int
@@ -384,6 +438,10 @@ class LocalLoop:
     momentum: float = 0.0
     augment: Augment | None = None
     batchable: bool = True
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    grad_clip_norm: float = 0.0
+    optimizer_states: OptimizerStates | None = None
 
     def run(self, models: nn.ModuleDict, task: LocalTask, trained: Sequence[str] | None = None) -> TrainResult:
         """:func:`train_local` of ``task`` with these settings."""
@@ -403,6 +461,10 @@ class LocalLoop:
             acceleration=self.acceleration,
             augment=self.augment,
             batchable=self.batchable,
+            weight_decay=self.weight_decay,
+            nesterov=self.nesterov,
+            grad_clip_norm=self.grad_clip_norm,
+            optimizer_states=self.optimizer_states,
         )
 
 

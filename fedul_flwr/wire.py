@@ -11,7 +11,9 @@ Train message (server -> client), a :class:`~flwr.app.RecordDict`:
 - ``"config"`` (ConfigRecord): ``"server-round"``, ``"run-config"`` (the resolved settings of
   the run as JSON: the server resolves them once, the clients use them as they are), and the
   strategy's own keys (``"proximal-mu"``, ``"scaffold-option"``);
-- ``"server-cv"`` (ArrayRecord, SCAFFOLD only): the server control variate.
+- ``"server-cv"`` (ArrayRecord, SCAFFOLD only): the server control variate;
+- ``"optimizer-state"`` (ArrayRecord, ``local-optimizer-state = "kept"``, from the client's
+  second round on): the client's local optimiser state (:mod:`fedul_flwr.optimizer_state`).
 
 Train reply (client -> server):
 
@@ -19,7 +21,10 @@ Train reply (client -> server):
 - ``"metrics"`` (MetricRecord): ``"train-loss"``, ``"num-examples"``, ``"uniform-weight"``,
   ``"num-steps"``, the strategy's metrics and the method's uploads (scalars or K-vectors);
 - ``"node"`` (ConfigRecord): ``"node-key"``, the node's stable key (the aggregation order);
-- ``"cv-delta"`` (ArrayRecord, SCAFFOLD only).
+- ``"cv-delta"`` (ArrayRecord, SCAFFOLD only);
+- ``"optimizer-state"`` (ArrayRecord, ``local-optimizer-state = "kept"``): its new state.
+
+Query reply (client -> server): ``"metrics"`` (the method's announcement) and ``"node"``.
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ WEIGHT_KEYS = {"num-examples": NUM_EXAMPLES, "uniform": UNIFORM_WEIGHT}
 # node identity of a reply
 NODE_RECORD = "node"
 NODE_KEY = "node-key"
+
+# the kept local optimiser state (train message and reply)
+OPTIMIZER_STATE = "optimizer-state"
 
 # SCAFFOLD records
 SERVER_CV = "server-cv"

@@ -114,7 +114,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "client's generator); `small-cnn` and `resnet8` take a width factor (a method's `ModelSpec.width`)",
         "augment": "augmentation of every method's training images, per image from the client's generator: "
         "`none`, `weak` (pad-and-crop; flips only for Fashion-MNIST and CIFAR-10), `strong` (weak + "
-        "RandAugment(2, 10) + Cutout), `rotate` (up to 20 degrees, the FedUL authors' MNIST transform)",
+        "RandAugment(2, 10) + Cutout), `strong-random` (weak + RandAugment(2) at magnitudes drawn over the full "
+        "range + Cutout up to half the side), `rotate` (up to 20 degrees, the FedUL authors' MNIST transform)",
     },
     "Options of the methods": {
         "loss": "FedUL's loss: `nll` (paper: -log Q_c[ybar]) or `ce-prob` (authors' code: cross-entropy applied "
@@ -139,6 +140,9 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "fixmatch-threshold": "confidence threshold tau of the pseudo-labels",
         "fixmatch-lambda": "weight lambda of the unlabeled loss",
         "fixmatch-mu": "unlabeled images per labeled one in a step",
+        "fixmatch-strong-augment": "the strong view: `strong` (RandAugment at the fixed magnitude 10 of 30, "
+        "torchvision's) or `strong-random` (a magnitude per image and operation drawn over the full range, and "
+        "Cutout up to half the side: FixMatch's paper and USB's code)",
         "fixmatch-weight": "a reply's aggregation weight: `epoch` (the images one local epoch passes over: n_L "
         "where the client has labels, else n_U), `all` (n_L + n_U) or `used` (labeled rows plus pseudo-labels "
         "kept over the round's steps; a client with none sends no model)",
@@ -183,6 +187,19 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "local-momentum": "heavy-ball momentum of `local-optimizer=sgd` (FedPU's protocol: 0.5); the optimiser "
         "starts afresh every round",
         "lr-decay": "step size of round r = `lr * lr-decay ** (r - 1)` (FedPU's protocol: 0.995)",
+        "lr-schedule": "`exponential` (`lr-decay` alone) or `cosine`: FixMatch's cosine decay with the round as "
+        "the step, `lr * cos(7 pi (r - 1) / (16 num-rounds))` (times `lr-decay ** (r - 1)`); a function of the "
+        "round, so a resumed run continues it exactly",
+        "weight-decay": "L2 weight decay of the local optimiser (FixMatch's and FedDB's code: 5e-4)",
+        "nesterov": "Nesterov momentum for `local-optimizer=sgd` with `local-momentum > 0` (FixMatch, FedDB's code)",
+        "grad-clip-norm": "clip each local step's gradient to this 2-norm (FedDB's code: 1); 0 = no clipping",
+        "local-optimizer-state": "`fresh` (a new optimiser every round, the FedUL and FedPU papers' code) or "
+        "`kept`: a client's optimiser state (momentum, Adam's moments) carries over to its next round, held by "
+        "the server between rounds and in its checkpoint (FedDB's code; [FedDB](feddb.md#the-recipe)); refused "
+        "with differential privacy",
+        "ema-decay": "exponential moving average of the global weights per round, which the central evaluation "
+        "tests and the run saves (`test-accuracy-without-ema` beside it); 0 = none. FixMatch's 0.999 per step is "
+        "0.999 ** S per round of S steps",
     },
     "Server strategy": {
         "strategy": "the server algorithm ([server strategies](server-strategies.md))",

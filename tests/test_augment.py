@@ -127,7 +127,7 @@ def test_rotation_angles_are_uniform_within_20_degrees() -> None:
 
 
 def test_randaugment_draws_its_operations_per_image_uniformly() -> None:
-    ops, signs = RandAugment(2, 10).draw(14000, torch.Generator().manual_seed(0))
+    ops, signs, _ = RandAugment(2, 10).draw(14000, torch.Generator().manual_seed(0))
     assert ops.shape == signs.shape == (2, 14000)
     counts = torch.bincount(ops.flatten(), minlength=len(RANDAUGMENT_OPS)).float()
     assert counts.min() > 1800 and counts.max() < 2200  # expected 2000 each

@@ -62,6 +62,7 @@ from fedul_flwr import wire
 from fedul_flwr.config import RunConfig
 from fedul_flwr.registry import Registry
 from fedul_flwr.strategies.fednova import FedNova
+from fedul_flwr.strategies.kept_state import KeptOptimizerStates
 from fedul_flwr.strategies.scaffold import Scaffold
 
 __all__ = [
@@ -252,9 +253,12 @@ class ResumedRounds:
         return super().aggregate_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
 
 
-def strict(strategy_class: type[FedAvg], method_mixin: type | None = None) -> type[FedAvg]:
+def strict(strategy_class: type[FedAvg], method_mixin: type | None = None, kept_states: bool = False) -> type[FedAvg]:
     """``strategy_class`` with :class:`ResumedRounds`, :class:`RequireReplies`,
-    :class:`OrderedReplies` and the method's aggregation mixin (if any) mixed in, and
+    :class:`OrderedReplies`, with ``kept_states``
+    :class:`~fedul_flwr.strategies.kept_state.KeptOptimizerStates` (the clients' kept
+    optimiser states, ``local-optimizer-state = "kept"``) and the method's aggregation mixin
+    (if any) mixed in, and
     :class:`~fedul_flwr.privacy.NoisedMean` right above FedAvg (server-side DP's noise on the
     mean, before any server step).
 
@@ -271,7 +275,7 @@ def strict(strategy_class: type[FedAvg], method_mixin: type | None = None) -> ty
     type[FedAvg]
         ``Strict<Name>`` (one class per combination).
     """
-    return _strict(strategy_class, method_mixin)
+    return _strict(strategy_class, method_mixin, kept_states)
 
 
 @functools.cache
@@ -282,9 +286,10 @@ def _noised_fedavg() -> type[FedAvg]:
 
 
 @functools.cache
-def _strict(strategy_class: type[FedAvg], method_mixin: type | None) -> type[FedAvg]:
-    mixins = (ResumedRounds, RequireReplies, OrderedReplies) + ((method_mixin,) if method_mixin else ())
-    name = f"Strict{'' if method_mixin is None else method_mixin.__name__}{strategy_class.__name__}"
+def _strict(strategy_class: type[FedAvg], method_mixin: type | None, kept_states: bool = False) -> type[FedAvg]:
+    kept = (KeptOptimizerStates,) if kept_states else ()
+    mixins = (ResumedRounds, RequireReplies, OrderedReplies, *kept) + ((method_mixin,) if method_mixin else ())
+    name = f"Strict{'Kept' if kept_states else ''}{'' if method_mixin is None else method_mixin.__name__}{strategy_class.__name__}"
     # NoisedMean right above FedAvg: server-side DP's noise goes on the mean, before a server step
     noised = _noised_fedavg()
     core = (noised,) if strategy_class in (FedAvg, noised) or issubclass(strategy_class, noised) else (strategy_class, noised)
@@ -378,7 +383,7 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
             cfg.local_optimizer,
         )
     strategy_class, specific = STRATEGIES.get(cfg.strategy)(cfg)
-    strategy = strict(strategy_class, method_mixin)(
+    strategy = strict(strategy_class, method_mixin, cfg.local_optimizer_state == "kept")(
         fraction_train=cfg.fraction_train,
         fraction_evaluate=evaluate,
         min_train_nodes=cfg.min_train_nodes,

@@ -24,7 +24,10 @@ Choices:
 - L_u is divided by mu B, masked images included (FixMatch, and FedDB's 1/N_u); FedDB's code
   averages over the confident images only.
 - The run's ``augment`` does not apply: FixMatch's views are part of the method (weak for
-  labeled images, weak and strong for unlabeled ones).
+  labeled images, weak and strong for unlabeled ones). The strong view is
+  ``fixmatch-strong-augment``: ``strong`` (RandAugment at the fixed magnitude 10 of 30, as
+  torchvision's) or ``strong-random`` (a magnitude drawn per image and operation over the
+  full range, and Cutout up to half the side, as FixMatch's paper and USB's code).
 - **A client with one part only** (the annotation-heterogeneity setting: fully labeled or
   unlabeled clients) trains on what it holds: L_s alone on labeled images, lambda L_u alone
   on unlabeled ones (the unlabeled stream, mu B images per step, then drives the epoch), as
@@ -68,10 +71,14 @@ from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stre
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
 
-__all__ = ["FIXMATCH_WEIGHTS", "FixMatch", "unlabeled_loss"]
+__all__ = ["FIXMATCH_WEIGHTS", "STRONG_VIEWS", "FixMatch", "unlabeled_loss"]
 
 FIXMATCH_WEIGHTS = ("epoch", "all", "used")
 """Values of ``fixmatch-weight``, the reply's aggregation weight (module docstring)."""
+STRONG_VIEWS = ("strong", "strong-random")
+"""Values of ``fixmatch-strong-augment``, the strong view (:mod:`fedul_flwr.augment`): RandAugment
+at a fixed magnitude (the default), or at a magnitude drawn per image and operation over the
+full range with FixMatch's Cutout (the ``fixmatch`` and ``feddb-authors`` presets)."""
 
 
 def unlabeled_loss(strong_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -111,6 +118,7 @@ class FixMatch(Method):
         Option("fixmatch-lambda", lambda v: v >= 0, ">= 0"),
         Option("fixmatch-mu", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
         Option("fixmatch-weight", lambda v: v in FIXMATCH_WEIGHTS, f"one of {FIXMATCH_WEIGHTS}"),
+        Option("fixmatch-strong-augment", lambda v: v in STRONG_VIEWS, f"one of {STRONG_VIEWS}"),
     )
 
     def sits_out(self, client: ClientData) -> bool:
@@ -120,7 +128,8 @@ class FixMatch(Method):
     def views(self, client: ClientData) -> tuple[Augmentation, Augmentation]:
         """The weak and the strong augmentation of this client's images."""
         side = client.image_shape[1]
-        return Augmentation("weak", side, self.cfg.dataset), Augmentation("strong", side, self.cfg.dataset)
+        strong = self.option("fixmatch-strong-augment")
+        return Augmentation("weak", side, self.cfg.dataset), Augmentation(strong, side, self.cfg.dataset)
 
     def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
         """The unlabeled images (``x``) with their weak and strong views; FixMatch computes
