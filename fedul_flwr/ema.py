@@ -5,11 +5,15 @@ kekmodel's FixMatch-pytorch) evaluate an EMA of the model's weights with decay 0
 optimiser step, not the trained weights themselves. In federated learning the server only sees
 the global weights once per round, so this average runs per server round:
 
-    EMA_0 = w_0,    EMA_r = d * EMA_{r-1} + (1 - d) * w_r,
+    EMA_0 = w_0,    EMA_r = d_r * EMA_{r-1} + (1 - d_r) * w_r,    d_r = min(d, (1 + r) / (10 + r)),
 
-with w_r the global weights after round r and d = ``ema-decay``
-(:func:`torch.optim.swa_utils.get_ema_multi_avg_fn` inside
-:class:`torch.optim.swa_utils.AveragedModel`). Buffers (batch-norm statistics) are copied
+with w_r the global weights after round r, d = ``ema-decay``, inside
+:class:`torch.optim.swa_utils.AveragedModel`. The warm-up of d_r is TensorFlow's
+``ExponentialMovingAverage(num_updates=...)`` rule, a choice the FixMatch paper leaves open:
+without it, FixMatch's 0.999 per step keeps 0.999 ** 1600 = 20% of the random initial weights
+in the average after 1,600 steps (the paper trains 2 ** 20, where the share vanishes); measured
+on the ``fixmatch`` preset (0.984 a round), 3 rounds in: 14% test accuracy with the plain
+average against 66% for the weights themselves. Buffers (batch-norm statistics) are copied
 from w_r, as kekmodel's ``ModelEMA`` does. The clients always train from w_r; only the
 central evaluation (and the saved final models) use the EMA. A per-step decay d_s of a run
 whose clients take S steps a round corresponds to d = d_s ** S (the ``fixmatch`` preset's
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 
 __all__ = ["WeightEMA"]
 
@@ -41,7 +45,15 @@ class WeightEMA:
 
     def __init__(self, models: nn.ModuleDict, decay: float) -> None:
         self.decay = decay
-        self.averaged = AveragedModel(models, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=False)
+        self.averaged = AveragedModel(models, multi_avg_fn=self._fold, use_buffers=False)
+
+    def decay_at(self, seen: int) -> float:
+        """d_r of the update that follows ``seen`` averaged weights (r = ``seen``)."""
+        return min(self.decay, (1.0 + seen) / (10.0 + seen))
+
+    def _fold(self, averaged: list[torch.Tensor], current: list[torch.Tensor], seen: torch.Tensor | int) -> None:
+        weight = 1.0 - self.decay_at(int(seen))
+        torch._foreach_lerp_(averaged, current, weight)
 
     @property
     def models(self) -> nn.ModuleDict:

@@ -110,9 +110,10 @@ def test_simulated_labels_at_clients_clients_of_the_embedded_sample() -> None:
                              "client-test-fraction": 0.1})  # fmt: skip
     small = simulated.load_client(capped, 1, 4, frozenset({"labeled", "unlabeled"}))
     assert small.test is not None and len(small.test) == 30 and len(small.unlabeled) == 270 + 25
-    bad = resolve_config({"client-setting": "labels-at-clients", "samples-per-client": 10**6})
-    with pytest.raises(ValueError, match="samples-per-client=1000000 but client 0 holds only"):
-        simulated.load_client(bad, 0, 4, frozenset({"labeled", "unlabeled"}))
+    # a cap: a client holding fewer unlabeled images keeps them all (the small clients of a Dirichlet split)
+    whole = simulated.load_client(cfg, 0, 4, frozenset({"labeled", "unlabeled"}))
+    above = resolve_config({"client-setting": "labels-at-clients", "num-labeled": 100, "samples-per-client": 10**6})
+    assert torch.equal(simulated.load_client(above, 0, 4, frozenset({"labeled", "unlabeled"})).unlabeled, whole.unlabeled)
 
 
 def test_pseudo_label_correct_share_counts_kept_pseudo_labels_of_the_true_class() -> None:

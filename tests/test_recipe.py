@@ -39,8 +39,9 @@ def _run(tmp_path: Path, clients: int = 2, **overrides: object):
 
 def test_ema_equals_the_hand_computed_average_after_three_rounds(tmp_path: Path, small_test_set: None,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """EMA_3 = d^3 w_0 + d^2 (1 - d) w_1 + d (1 - d) w_2 + (1 - d) w_3 of the global weights w_r
-    the server saw; the headline accuracy is the EMA's, the global weights' beside it."""
+    """EMA_r = d_r EMA_{r-1} + (1 - d_r) w_r with d_r = min(d, (1 + r) / (10 + r)) over the
+    global weights w_0..w_3 the server saw; the headline accuracy is the EMA's, the global
+    weights' beside it."""
     seen: list[dict[str, torch.Tensor]] = []
     call = server_app.RoundEnd.__call__
 
@@ -49,7 +50,7 @@ def test_ema_equals_the_hand_computed_average_after_three_rounds(tmp_path: Path,
         return call(self, server_round, arrays)
 
     monkeypatch.setattr(server_app.RoundEnd, "__call__", spy)
-    d = 0.6
+    d = 0.3  # below the warm-up from round 3 on: d_3 = 0.3
     out = _run(tmp_path, **{"num-rounds": 3, "run-name": "ema", "ema-decay": d})
     assert len(seen) == 4
     ema = load_checkpoint(out.path).ema_state
@@ -57,7 +58,10 @@ def test_ema_equals_the_hand_computed_average_after_three_rounds(tmp_path: Path,
     for key, w0 in seen[0].items():
         if not w0.is_floating_point() or "running" in key:
             continue  # buffers are copied from w_3
-        by_hand = d**3 * w0 + d**2 * (1 - d) * seen[1][key] + d * (1 - d) * seen[2][key] + (1 - d) * seen[3][key]
+        by_hand = w0
+        for r in (1, 2, 3):
+            d_r = min(d, (1 + r) / (10 + r))  # 2/11, 3/12, 4/13
+            by_hand = d_r * by_hand + (1 - d_r) * seen[r][key]
         torch.testing.assert_close(ema[f"module.{key}"], by_hand, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(saved[key.split(".", 1)[1]], by_hand, rtol=1e-5, atol=1e-6)
     assert int(ema["n_averaged"]) == 4
@@ -82,7 +86,9 @@ def test_weight_ema_unit() -> None:
     with torch.no_grad():
         model["f"].weight.add_(1.0)
     ema.update(model)
-    torch.testing.assert_close(ema.models["f"].weight, 0.9 * w0 + 0.1 * (w0 + 1.0))
+    d_1 = 2 / 11  # the warm-up: min(0.9, (1 + 1) / (10 + 1))
+    torch.testing.assert_close(ema.models["f"].weight, d_1 * w0 + (1 - d_1) * (w0 + 1.0))
+    assert ema.decay_at(1000) == 0.9
     assert ema.rounds == 2
 
 

@@ -443,23 +443,20 @@ def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: 
     """A client of the labels-at-clients setting (FedDB, Zhu et al., IJCAI 2024): its share of
     the class-balanced labeled pool (with labels) and of the unlabeled pool, the unlabeled part
     holding its labeled images too (without labels). ``samples-per-client`` caps its share of
-    the unlabeled pool; ``client-test-fraction`` of that share becomes its labeled local test
-    split.
+    the unlabeled pool (a random subset of that size; a client holding fewer keeps them all,
+    as the small clients of a Dirichlet split do); ``client-test-fraction`` of that share
+    becomes its labeled local test split.
 
     Raises
     ------
     ValueError
-        If ``partition_id`` is out of range or ``samples-per-client`` exceeds the client's
-        share of the unlabeled pool; see :func:`labels_at_clients_splits`.
+        If ``partition_id`` is out of range; see :func:`labels_at_clients_splits`.
     """
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} out of range for num-partitions={num_partitions}")
     split = labels_at_clients_splits(cfg, num_partitions)[partition_id]
     pooled = np.setdiff1d(split.unlabeled, split.labeled)  # its share of the unlabeled pool
-    if cfg.samples_per_client > 0:
-        if cfg.samples_per_client > len(pooled):
-            raise ValueError(f"samples-per-client={cfg.samples_per_client} but client {partition_id} holds only "
-                             f"{len(pooled)} images of the unlabeled pool")  # fmt: skip
+    if 0 < cfg.samples_per_client < len(pooled):  # a cap: a smaller share stays whole (Dirichlet splits)
         sub_rng = np.random.default_rng([cfg.seed, partition_id, _SUBSAMPLE_STREAM])
         pooled = np.sort(sub_rng.choice(pooled, cfg.samples_per_client, replace=False))
     local_test = np.zeros(0, dtype=np.int64)

@@ -212,12 +212,85 @@ BRACKET_NOTES = {  # what the [paper] numbers are where they are not the same ex
     "hassle-table1": "[paper]: trained with SGD lr 0.1, as the rows marked lr 0.1 are; the others use the `hassle` "
                      "preset's lr 0.01, at which FedAvg on the labeled data trains at every share here (docs/hassle.md).",
     "hassle-table7": "[paper]: trained with SGD lr 0.1; the `hassle` preset uses lr 0.01 (docs/hassle.md).",
+    "feddb-recipe": "[paper]: the paper's CIFAR-10 numbers (WRN-28-2, 100 clients), for reference only.",
+    "hassle-recipe": "[paper]: Table 1, Fashion-MNIST 10%, SGD lr 0.1 (its weight decay and clipping not stated).",
     "hassle-sweep": "[paper]: Table 1, Fashion-MNIST 10%, trained with SGD lr 0.1; the rows named `lr 0.1` train at "
                     "that lr, the others at the `hassle` preset's lr 0.01.",
 }
 ACCURACY_GRIDS = ("fedpu-table1", "fedpu-table2", "fedpu-table3", "fedpu-table6", "fedpu-table7", "feddb-ablation",
-                  *HASSLE_ROWS, "hassle-sweep", "feddb-svhn", "feddb-cifar100", "hassle-cifar100")  # fmt: skip
+                  *HASSLE_ROWS, "hassle-sweep", "feddb-svhn", "feddb-cifar100", "hassle-cifar100",
+                  "fixmatch-central", "feddb-recipe", "hassle-recipe")  # fmt: skip
 """Grids rendered in % test accuracy (the FedPU paper's unit); the others in % test error."""
+
+# The semi-supervised recipe (FixMatch's paper, FedDB's code): each piece alone on top of the
+# loop as it was before them, then all together, centrally (one client) and in the FedDB and
+# HASSLE Fashion-MNIST grids, with labeled-only FedAvg on the same weak views beside them.
+def recipe_of(preset: str, base: str) -> dict[str, Any]:
+    """What preset ``preset`` sets beyond preset ``base`` (one source for a recipe's values)."""
+    over, under = load_preset(preset), load_preset(base)
+    return {k: v for k, v in over.items() if under.get(k, default_config().get(k)) != v}
+
+
+RECIPE_OFF: dict[str, Any] = {"nesterov": False, "weight-decay": 0.0, "grad-clip-norm": 0.0, "lr-schedule": "exponential",
+                              "ema-decay": 0.0, "local-optimizer-state": "fresh", "fixmatch-strong-augment": "strong"}  # fmt: skip
+"""The loop without the recipe's pieces (the defaults): SGD with heavy-ball momentum, a fresh
+optimiser every round, a constant step size, RandAugment at a fixed magnitude, no EMA."""
+CENTRAL_ROWS: dict[str, dict[str, Any]] = {
+    "without the recipe": RECIPE_OFF,
+    "+ EMA (0.999 per step)": {**RECIPE_OFF, "ema-decay": 0.984},
+    "+ cosine schedule": {**RECIPE_OFF, "lr-schedule": "cosine"},
+    "+ weight decay 5e-4": {**RECIPE_OFF, "weight-decay": 5e-4},
+    "+ Nesterov": {**RECIPE_OFF, "nesterov": True},
+    "+ kept optimizer": {**RECIPE_OFF, "local-optimizer-state": "kept"},
+    "+ random-magnitude RandAugment": {**RECIPE_OFF, "fixmatch-strong-augment": "strong-random"},
+    "+ clipping at 1 (FedDB's code)": {**RECIPE_OFF, "grad-clip-norm": 1.0},
+    "the whole recipe (fixmatch preset)": {},
+}
+"""Rows of ``fixmatch-central``: the ``fixmatch`` preset (FixMatch's recipe on one client) with
+every piece off, with one piece on, and as it is."""
+CENTRAL_COLUMNS: dict[str, dict[str, Any]] = {
+    "Supervised (labeled only, weak views)": {"method": "supervised", "label-fraction": 1.0, "augment": "weak"},
+    "FixMatch": {"method": "fixmatch"},
+}
+CENTRAL_STEPS = {"1,600 steps": {"num-rounds": 100}, "6,400 steps": {"num-rounds": 400}}
+"""Sub-columns of ``fixmatch-central``: 16 steps a round (1000 labels, B = 64)."""
+CENTRAL_LONG_ROWS = ("without the recipe", "the whole recipe (fixmatch preset)")
+"""The rows also run at 6,400 steps, and the only rows with the supervised column."""
+FEDDB_RECIPE_COLUMNS = {k: FEDDB_COLUMNS[k] for k in ("FedAvg (labeled only)", "FixMatch", "FedDB")}
+"""Columns of ``feddb-recipe``: FedDB's ablation, labeled-only FedAvg on the same weak views."""
+HASSLE_RECIPE_COLUMNS: dict[str, dict[str, Any]] = {
+    "FedAvg (labeled only, weak views)": {"method": "supervised", "label-fraction": 1.0, "augment": "weak"},
+    "FedAvg (labeled only, plain images)": {"method": "supervised", "label-fraction": 1.0},
+    "FedAvg+FixMatch, weights all": {"method": "fixmatch", "fixmatch-weight": "all"},
+    "HASSLE": {"method": "hassle"},
+}
+"""Columns of ``hassle-recipe``: HASSLE as the ``hassle`` preset sets it, FixMatch with the
+preset's ``all`` weights, and FedAvg on the labeled images with and without FixMatch's weak view."""
+HASSLE_RECIPE_SEEDS = (0, 1, 2)
+
+
+def recipe_specs(grid: str, profile: str, seeds: Sequence[int]) -> list[RunSpec]:
+    """Runs of ``fixmatch-central``, ``feddb-recipe`` and ``hassle-recipe`` (see their rows)."""
+    if grid == "fixmatch-central":
+        return [RunSpec(grid, row, col, sub, s, 1, "fixmatch", {**row_over, **col_over, **sub_over})
+                for row, row_over in CENTRAL_ROWS.items() for col, col_over in CENTRAL_COLUMNS.items()
+                for sub, sub_over in CENTRAL_STEPS.items() for s in seeds
+                if row in CENTRAL_LONG_ROWS or (col == "FixMatch" and sub == "1,600 steps")]  # fmt: skip
+    authors = recipe_of("feddb-authors", "feddb")
+    if grid == "feddb-recipe":
+        preset, clients = FEDDB_PROTOCOLS[profile]
+        return [RunSpec(grid, row, col, "*", s, clients, preset, {**authors, **row_over, **col_over})
+                for row, row_over in FEDDB_ROWS for col, col_over in FEDDB_RECIPE_COLUMNS.items() for s in seeds]  # fmt: skip
+    local = {k: v for k, v in authors.items() if k not in ("strategy", "server-lr", "server-momentum")}
+    rows = {"the recipe, lr 0.1": {**local, "lr": 0.1}, "the recipe, lr 0.01": local}
+    return [RunSpec(grid, row, col, "*", s, 20, "hassle", {**HASSLE_SHARES["10%"], **row_over, **col_over})
+            for row, row_over in rows.items() for col, col_over in HASSLE_RECIPE_COLUMNS.items() for s in seeds]  # fmt: skip
+
+
+RECIPE_GRIDS = ("fixmatch-central", "feddb-recipe", "hassle-recipe")
+RECIPE_SEEDS = (0, 1)
+"""Seeds of ``fixmatch-central`` and ``feddb-recipe`` when ``--seeds`` is not given."""
+
 
 # --------------------------------------------------------------------------- paper numbers
 
@@ -299,7 +372,7 @@ PROFILES = {
                     "device": "cpu", "precision": "fp32"}, seeds=(0,),
                    by_preset={"fedpu": {"num-rounds": 12, "batch-size": 100, "local-optimizer": "adam",
                                         "local-momentum": 0.0, "lr-decay": 1.0, "lr": 0.001}},
-                   preset_first=("feddb-cpu", "hassle")),
+                   preset_first=("feddb-cpu", "hassle", "fixmatch")),
     "paper": Profile({"model": "paper-cnn", "num-rounds": 100, "lr": 0.0001, "batch-size": 128, "local-epochs": 1,
                       "device": "auto"}, seeds=(0, 1, 2),
                      l1_by_sets={"*": {"10": 1e-5, "20": 5e-5, "30": 2e-6, "40": 2e-6},
@@ -422,6 +495,12 @@ _HASSLE_PAPER_INDEX = {"labeled-share": {0.05: 0, 0.1: 1, 0.2: 2}, "dirichlet-al
 PAPER.update({grid: {(row, col, "*"): v[_HASSLE_PAPER_INDEX[key][over[key]]]
                      for col, v in _HASSLE_PAPER.items() for row, over in HASSLE_ROWS[grid]}
               for grid, key in (("hassle-table1", "labeled-share"), ("hassle-table7", "dirichlet-alpha"))})  # fmt: skip
+PAPER["feddb-recipe"] = {key: v for key, v in PAPER["feddb-ablation"].items() if key[1] in FEDDB_RECIPE_COLUMNS}
+PAPER["hassle-recipe"] = {(row, col, "*"): _HASSLE_PAPER[paper][1] for row in ("the recipe, lr 0.1", "the recipe, lr 0.01")
+                          for col, paper in (("FedAvg (labeled only, weak views)", "FedAvg (labeled only)"),
+                                             ("FedAvg (labeled only, plain images)", "FedAvg (labeled only)"),
+                                             ("FedAvg+FixMatch, weights all", "FedAvg+FixMatch"),
+                                             ("HASSLE SM", "HASSLE SM"), ("HASSLE UM", "HASSLE UM"), ("HASSLE EM", "HASSLE EM"))}  # fmt: skip
 PAPER["hassle-sweep"] = {(row, col, "*"): v[1] for col, v in _HASSLE_PAPER.items() if col.startswith(("FedAvg (", "HASSLE"))
                          for row in ("preset", "lr 0.1")}  # fmt: skip
 PAPER["hassle-sweep"].update({("preset", col, "*"): _HASSLE_PAPER["FedAvg+FixMatch"][1]
@@ -633,6 +712,8 @@ def build_grid(name: str, args: argparse.Namespace, seeds: Sequence[int]) -> lis
         return hassle_specs(name, seeds)
     if name == "hassle-sweep":
         return hassle_sweep_specs(seeds)
+    if name in RECIPE_GRIDS:
+        return recipe_specs(name, args.profile, seeds)
     if name == "feddb-ablation":
         preset, clients = FEDDB_PROTOCOLS[args.profile]
         return [RunSpec(name, row, column, "*", s, clients, preset, {**row_over, **col_over})
@@ -880,7 +961,7 @@ def render(grid: str, profile_name: str, specs: Sequence[RunSpec], records: Sequ
         text += _section("plan", "Not run here: the command and the GPU time", gpu_plan(grid, specs, records))
     text += _section("last", f"Last-round test {unit}" + ("" if grid in ACCURACY_GRIDS else " (no labels used)"),
                      render_table(grid, specs, records, "last-test-error"))  # fmt: skip
-    windowed = grid in ("feddb-ablation", "hassle-sweep", "feddb-svhn", "feddb-cifar100") or grid in HASSLE_ROWS  # single rounds swing by points on non-IID splits
+    windowed = grid in ("feddb-ablation", "hassle-sweep", "feddb-svhn", "feddb-cifar100", *RECIPE_GRIDS) or grid in HASSLE_ROWS  # single rounds swing by points on non-IID splits
     if windowed:
         text += _section("tail", f"Mean test {unit} over the last {TAIL_ROUNDS} rounds (single rounds swing by points "
                          "on non-IID splits)", render_table(grid, specs, records, "tail-test-error"))  # fmt: skip
@@ -985,7 +1066,8 @@ def run(args: argparse.Namespace) -> int:
     are rendered) or runs are missing; 75 when ``--stop-after`` left runs to continue (and
     none failed)."""
     profile = PROFILES[args.profile]
-    default_seeds = HASSLE_SWEEP_SEEDS if args.grid == "hassle-sweep" else profile.seeds
+    default_seeds = {"hassle-sweep": HASSLE_SWEEP_SEEDS, "hassle-recipe": HASSLE_RECIPE_SEEDS,
+                     "fixmatch-central": RECIPE_SEEDS, "feddb-recipe": RECIPE_SEEDS}.get(args.grid, profile.seeds)
     seeds = parse_seeds(args.seeds) or default_seeds
     out_dir = Path(args.out).expanduser().resolve() / args.profile
     # the page shows the grid at its default seeds, at those given and at every seed on record:
