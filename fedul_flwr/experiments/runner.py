@@ -339,7 +339,8 @@ def share_gpu(device: torch.device, jobs: int) -> float | None:
     import torch
 
     fraction = GPU_SHARE / jobs
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    index = device.index if device.index is not None else torch.cuda.current_device()  # "cuda" names no card
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     return fraction
 
 
