@@ -39,7 +39,8 @@ OUTPUT = REPO / "docs" / "configuration.md"
 DESCRIPTIONS: dict[str, dict[str, str]] = {
     "Run and preset": {
         "preset": "a preset of `conf/experiment/` (e.g. `paper-mnist`, `mnist-iid-small`, `authors-code`, `fedpu`, "
-        "`feddb-cpu`, `hassle`); it holds only the values it changes",
+        "`feddb-cpu`, `feddb-authors`, `fixmatch`, `hassle`); it holds only the values it changes (a preset may "
+        "start from another: `feddb-authors` is `feddb` and the recipe of FedDB's code)",
         "seed": "seed of partitions, U sets, priors, model init and batch order",
     },
     "Data": {
@@ -195,7 +196,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "grad-clip-norm": "clip each local step's gradient to this 2-norm (FedDB's code: 1); 0 = no clipping",
         "local-optimizer-state": "`fresh` (a new optimiser every round, the FedUL and FedPU papers' code) or "
         "`kept`: a client's optimiser state (momentum, Adam's moments) carries over to its next round, held by "
-        "the server between rounds and in its checkpoint (FedDB's code; [FedDB](feddb.md#the-recipe)); refused "
+        "the server between rounds and in its checkpoint (FedDB's code; [the recipe](recipe.md)); refused "
         "with differential privacy",
         "ema-decay": "exponential moving average of the global weights per round, which the central evaluation "
         "tests and the run saves (`test-accuracy-without-ema` beside it); 0 = none. FixMatch's 0.999 per step is "

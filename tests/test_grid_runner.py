@@ -251,9 +251,15 @@ def test_a_cell_that_lacks_seeds_of_its_setting_names_the_seeds_it_holds() -> No
     assert preset.count("55.00 (7.07; 50.00, 60.00)") == 3  # EM, SM, UM: both seeds
 
 
-def test_gpu_share_and_stop_times() -> None:
-    """On the CPU no memory cap is set; the time limits leave a margin of 15 s + 10% (at most 120 s)."""
+def test_gpu_share_and_stop_times(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the CPU no memory cap is set, on a card the cap names its index; the time limits leave a margin of 15 s + 10% (at most 120 s)."""
     assert runner.share_gpu(torch.device("cpu"), 4) is None
+    asked: list[tuple[float, object]] = []
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, d: asked.append((f, d)))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    assert runner.share_gpu(torch.device("cuda"), 4) == pytest.approx(0.225)
+    assert runner.share_gpu(torch.device("cuda:1"), 2) == pytest.approx(0.45)
+    assert asked == [(pytest.approx(0.225), 0), (pytest.approx(0.45), 1)]  # a card index: torch refuses a bare "cuda"
     assert runner.stop_times(10, now=0.0) == (525.0, 562.5)
     assert runner.stop_times(0.5, now=0.0) == (12.0, 21.0)
     assert runner.stop_times(60, now=0.0) == (3480.0, 3540.0)
