@@ -202,8 +202,10 @@ class Acceleration:
         classes = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}
         if kind not in classes:
             raise ValueError(f"optimizer={kind!r} is not one of {sorted(classes)}")
-        if (momentum or nesterov) and kind != "sgd":
-            raise ValueError(f"local-momentum={momentum}, nesterov={nesterov} apply to local-optimizer='sgd', not {kind!r}")
+        if momentum and kind != "sgd":
+            raise ValueError(f"local-momentum={momentum} applies to local-optimizer='sgd', not {kind!r}")
+        if nesterov and kind != "sgd":
+            raise ValueError(f"nesterov=true applies to local-optimizer='sgd', not {kind!r}")
         if nesterov and not momentum:
             raise ValueError("nesterov=true needs local-momentum > 0")
         params = list(params)

@@ -64,7 +64,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "precision": ("auto", "fp32", "bf16"),
     "memory-format": ("auto", "channels-last", "contiguous"),
     "local-optimizer": ("adam", "sgd"),
-    "lr-schedule": ("exponential", "cosine"),
+    "lr-schedule": ("exponential", "cosine", "cosine-annealing"),
     "local-optimizer-state": ("fresh", "kept"),
     "scaffold-option": ("I", "II"),
     "differential-privacy": ("none", "server-fixed", "server-adaptive", "client-local"),
@@ -194,7 +194,10 @@ class RunConfig:
         ``lr-schedule = "exponential"``: ``lr * lr-decay ** (round - 1)``;
         ``"cosine"``: FixMatch's cosine decay (Sohn et al., NeurIPS 2020, Sec. 4:
         eta cos(7 pi k / (16 K)) over the K training steps) with the round as the step,
-        ``lr * cos(7 pi (round - 1) / (16 R))``, times ``lr-decay ** (round - 1)``. A pure
+        ``lr * cos(7 pi (round - 1) / (16 R))``; ``"cosine-annealing"``: PyTorch's
+        ``CosineAnnealingLR`` over the R rounds to 0, as FedDB's code anneals the local step
+        size, ``lr * (1 + cos(pi (round - 1) / R)) / 2``; either times
+        ``lr-decay ** (round - 1)``. A pure
         function of the round, so a resumed run continues the schedule exactly; the step size
         is constant within a round (a client's steps per round differ between clients).
         """
@@ -202,6 +205,8 @@ class RunConfig:
         lr = self.lr * self.lr_decay**r
         if self.lr_schedule == "cosine":
             lr *= math.cos(7.0 * math.pi * r / (16.0 * self.num_rounds))
+        elif self.lr_schedule == "cosine-annealing":
+            lr *= (1.0 + math.cos(math.pi * r / self.num_rounds)) / 2.0
         return lr
 
     def local_epochs_of(self, node_key: int) -> int:

@@ -99,6 +99,13 @@ def test_cosine_schedule_gives_fixmatchs_lr_per_round() -> None:
     decayed = resolve_config({"lr": 0.03, "num-rounds": 4, "lr-schedule": "cosine", "lr-decay": 0.5})
     assert decayed.lr_of(3) == pytest.approx(0.03 * 0.25 * math.cos(7 * math.pi * 2 / 64))
     assert resolve_config({"lr": 0.03, "lr-decay": 0.5}).lr_of(3) == pytest.approx(0.0075)  # exponential, as before
+    annealed = resolve_config({"lr": 0.03, "num-rounds": 4, "lr-schedule": "cosine-annealing"})
+    optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.03)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=4)  # FedDB's code, one step a round
+    for r in (1, 2, 3, 4):
+        assert annealed.lr_of(r) == pytest.approx(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
 
 
 def test_weight_decay_and_nesterov_reach_the_optimizer_and_momentum_is_checked() -> None:
@@ -201,7 +208,7 @@ def test_randaugment_draws_random_magnitudes_over_the_full_range_seeded() -> Non
 def test_presets_carry_the_recipes() -> None:
     authors, feddb = load_preset("feddb-authors"), load_preset("feddb")
     added = {k: v for k, v in authors.items() if feddb.get(k) != v}
-    assert added == {"nesterov": True, "weight-decay": 0.0005, "grad-clip-norm": 1.0, "lr-schedule": "cosine",
+    assert added == {"nesterov": True, "weight-decay": 0.0005, "grad-clip-norm": 1.0, "lr-schedule": "cosine-annealing",
                      "local-optimizer-state": "kept", "strategy": "fedavgm", "server-lr": 1.0, "server-momentum": 0.5,
                      "fixmatch-strong-augment": "strong-random"}  # fmt: skip
     fixmatch = resolve_config({"preset": "fixmatch"})
