@@ -77,7 +77,7 @@ ALLOWED: dict[str, str] = {
     "tests/test_deployment.py::test_three_supernodes_on_one_host_as_documented runs as printed, the processes it starts included",
     r"--run-config \"key=value key2='text'\"": "shows the syntax of --run-config with placeholder keys",
     r"--py-spy ": "profiles with py-spy, which the project does not install",
-    r"preset='(feddb|feddb-svhn|feddb-cifar100|hassle-cifar10|hassle-cifar100)'": "a paper's protocol on a GPU "
+    r"preset='(feddb|feddb-authors|feddb-svhn|feddb-cifar100|hassle-cifar10|hassle-cifar100)'": "a paper's protocol on a GPU "
     "(FedDB: WRN-28-2 on 100 SuperNodes; HASSLE: ResNet-8): one round of feddb-svhn on generated data took 124 s on 2 CPU "
     "cores; tests/test_method_pages.py::test_every_command_passes_the_checks_before_round_one checks their settings",
     r"^fedul benchmark (?!.*--render)(?!--only (augment|qc|gpu|hassle) )": "a measurement of minutes even with --quick "
