@@ -90,6 +90,9 @@ class Checkpoint:
     ema_state : dict[str, torch.Tensor] | None
         The EMA of the global weights after round r (``ema-decay > 0``,
         :class:`fedul_flwr.ema.WeightEMA`); None without one.
+    num_nodes : int | None
+        The nodes the run's rounds sampled from (a simulation's ``num-supernodes``); None in
+        checkpoints written before it was saved.
     """
 
     round: int
@@ -98,6 +101,7 @@ class Checkpoint:
     strategy_state: dict[str, Any] = field(default_factory=dict)
     random_state: tuple[Any, ...] | None = None
     ema_state: dict[str, torch.Tensor] | None = None
+    num_nodes: int | None = None
 
 
 def _tensors(value: Any) -> dict[str, Any]:
@@ -156,6 +160,7 @@ def save_checkpoint(
     config: dict[str, Any],
     strategy: object | None = None,
     ema_state: dict[str, torch.Tensor] | None = None,
+    num_nodes: int | None = None,
 ) -> Path:
     """Atomically write ``<run_dir>/checkpoint.pt`` for ``server_round`` (f's ``state_dict``,
     the run ``config``, if given ``strategy``'s cross-round state and the EMA of the global
@@ -168,6 +173,7 @@ def save_checkpoint(
         "strategy_state": strategy_state(strategy) if strategy is not None else {},
         "random_state": random.getstate(),
         "ema_state": ema_state,
+        "num_nodes": num_nodes,
     }
     return write_atomic(path, lambda fh: torch.save(payload, fh))
 
@@ -191,7 +197,7 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
         payload = torch.load(path, map_location="cpu", weights_only=True)
         return Checkpoint(
             int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {})),
-            payload.get("random_state"), payload.get("ema_state"),
+            payload.get("random_state"), payload.get("ema_state"), payload.get("num_nodes"),
         )
     except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from exc

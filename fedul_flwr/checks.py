@@ -61,6 +61,7 @@ __all__ = [
     "check_label_layout",
     "check_federation_size",
     "check_resume",
+    "check_resumed_federation",
     "check_setting",
     "check_simulation",
     "federation_nodes",
@@ -578,6 +579,36 @@ def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
         + "; ".join(conflicts),
     )
     return ckpt
+
+
+def check_resumed_federation(cfg: RunConfig, ckpt: Checkpoint, simulated: bool, num_nodes: int) -> None:
+    """What a resume must share with the run it continues beyond the settings, once the
+    federation's nodes are known. With ``local-optimizer-state = "kept"`` in simulation the
+    clients' states are keyed by partition id, and another ``num-supernodes`` partitions the
+    data otherwise: the states would go to clients holding other images, so the resume is
+    refused (a deployment's node keys come from its nodes' folders and stay theirs). A
+    schedule over ``num-rounds`` (``lr-schedule`` other than ``exponential``) that the resume
+    stretches to more rounds is logged: rounds after the checkpoint follow the new length.
+
+    Raises
+    ------
+    CheckpointError
+        Naming both node counts.
+    """
+    if cfg.local_optimizer_state == "kept" and simulated and ckpt.num_nodes not in (None, num_nodes):
+        raise CheckpointError(
+            f"resume=true with local-optimizer-state='kept': the run had {ckpt.num_nodes} simulated nodes, this "
+            f"federation has {num_nodes}; another num-supernodes partitions the data otherwise and the clients' "
+            "optimizer states would go to clients holding other images"
+        )
+    before = int(ckpt.config.get("num-rounds", cfg.num_rounds))
+    if cfg.lr_schedule != "exponential" and before != cfg.num_rounds:
+        from fedul_flwr import get_logger
+
+        get_logger(__name__).warning(
+            "resume=true: lr-schedule=%r ran rounds 1-%d as a schedule over num-rounds=%d; rounds %d-%d follow it over "
+            "num-rounds=%d", cfg.lr_schedule, ckpt.round, before, ckpt.round + 1, cfg.num_rounds, cfg.num_rounds,
+        )  # fmt: skip
 
 
 def check_before_round_one(cfg: RunConfig, grid: object) -> None:

@@ -541,7 +541,7 @@ def check_values(cfg: RunConfig) -> None:
         _check(d[key] < 1, f"{key}={d[key]} must be < 1")
     _check(0.0 < cfg.lr_decay <= 1.0, f"lr-decay={cfg.lr_decay} must be in (0, 1]")
     for key in ("weight-decay", "grad-clip-norm"):
-        _check(d[key] >= 0, f"{key}={d[key]} must be >= 0 (0: none)")
+        _check(0 <= d[key] < math.inf, f"{key}={d[key]} must be a finite number >= 0 (0: none)")
     _check(0.0 <= cfg.ema_decay < 1.0, f"ema-decay={cfg.ema_decay} must be in [0, 1) (0: no EMA)")
     _check(not cfg.nesterov or (cfg.local_optimizer == "sgd" and cfg.local_momentum > 0),
            f"nesterov=true needs local-optimizer='sgd' with local-momentum > 0 (got {cfg.local_optimizer!r}, "

@@ -21,7 +21,7 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
-from fedul_flwr.checks import check_before_round_one, check_resume
+from fedul_flwr.checks import check_before_round_one, check_resume, check_resumed_federation, is_simulation
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
@@ -189,7 +189,7 @@ class RoundEnd:
             # round, the strategy state -- the global arrays as the strategy holds them, not the models'
             # float32 copy: FedOpt strategies compute in float64, and an exact resume must continue from those
             save_checkpoint(self.outputs.path, server_round, global_arrays, self.cfg.as_dict(), inner,
-                            self.ema.state_dict() if self.ema is not None else None)  # fmt: skip
+                            self.ema.state_dict() if self.ema is not None else None, self.num_nodes)  # fmt: skip
         return MetricRecord(metrics)
 
 
@@ -240,6 +240,8 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     # uses labels -- the runner reports it separately from the last-round test error
     val_idx = torch.from_numpy(validation_indices(cfg)) if cfg.val_fraction > 0 else None
     num_nodes = len(list(grid.get_node_ids()))  # the nodes each round samples from (DP noise and accounting)
+    if ckpt is not None:
+        check_resumed_federation(cfg, ckpt, is_simulation(grid), num_nodes)
     strategy = build_strategy(cfg, method.aggregation(), num_nodes)
     initial_arrays, start_round = resume_from(ckpt, models, strategy)
     # the clients use the server's resolution, and a deployed node reads its folder against the dataset's facts

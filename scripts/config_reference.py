@@ -191,7 +191,8 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "lr-schedule": "`exponential` (`lr-decay` alone), `cosine`: FixMatch's cosine decay with the round as "
         "the step, `lr * cos(7 pi (r - 1) / (16 num-rounds))`, or `cosine-annealing`: PyTorch's "
         "`CosineAnnealingLR` to 0 over the rounds, as FedDB's code (either times `lr-decay ** (r - 1)`); a "
-        "function of the round, so a resumed run continues it exactly",
+        "function of the round, so a resumed run continues it exactly unless the resume raises `num-rounds` "
+        "(then the rest follows the longer schedule, with a warning)",
         "weight-decay": "L2 weight decay of the local optimiser (FixMatch's and FedDB's code: 5e-4)",
         "nesterov": "Nesterov momentum for `local-optimizer=sgd` with `local-momentum > 0` (FixMatch, FedDB's code)",
         "grad-clip-norm": "clip each local step's gradient to this 2-norm (FedDB's code: 1); 0 = no clipping",

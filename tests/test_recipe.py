@@ -118,6 +118,8 @@ def test_weight_decay_and_nesterov_reach_the_optimizer_and_momentum_is_checked()
         resolve_config({"weight-decay": -1.0})
     with pytest.raises(ConfigError, match="ema-decay=1"):
         resolve_config({"ema-decay": 1.0})
+    with pytest.raises(ConfigError, match="grad-clip-norm=inf must be a finite number"):
+        resolve_config({"grad-clip-norm": float("inf")})
 
 
 def test_gradient_clipping_bounds_each_step() -> None:
@@ -161,6 +163,20 @@ def test_kept_state_is_each_clients_own_and_resumed_exactly_after_a_stop(tmp_pat
     fresh = _run(tmp_path, 4, **{**kept, "local-optimizer-state": "fresh", "run-name": "fresh"})
     c = torch.load(fresh.path / "model.pt", weights_only=True)
     assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_kept_state_resume_needs_the_same_simulated_federation(tmp_path: Path, small_test_set: None) -> None:
+    """Another num-supernodes partitions the data otherwise: the kept states are refused to it."""
+    from fedul_flwr.checkpoint import CheckpointError
+
+    kept = {"local-momentum": 0.9, "local-optimizer-state": "kept", "num-rounds": 1, "run-name": "k", "min-available-nodes": 3}
+    _run(tmp_path, 4, **kept)
+    assert load_checkpoint(tmp_path / "k").num_nodes == 4
+    before = sorted(p.name for p in (tmp_path / "k").iterdir())
+    with pytest.raises(CheckpointError, match="the run had 4 simulated nodes, this federation has 3"):
+        _run(tmp_path, 3, **{**kept, "num-rounds": 2, "resume": True})
+    assert sorted(p.name for p in (tmp_path / "k").iterdir()) == before
+    assert load_checkpoint(tmp_path / "k").round == 1
 
 
 def test_optimizer_states_round_trip_into_a_fresh_optimizer() -> None:

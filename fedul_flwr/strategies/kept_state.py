@@ -87,8 +87,8 @@ class KeptOptimizerStates:
         if not unknown or not set(self.client_states) - {str(k) for k in self._node_keys.values()}:
             return
         question = ConfigRecord({key: config[key] for key in wire.RUN_SETTINGS if key in config})
-        messages = [grid.create_message(RecordDict({wire.CONFIG: question}), MessageType.QUERY, n, group_id="node-key")
-                    for n in unknown]  # fmt: skip
+        messages = [Message(content=RecordDict({wire.CONFIG: question}), dst_node_id=n, message_type=MessageType.QUERY,
+                            group_id="node-key") for n in unknown]  # fmt: skip
         for reply in grid.send_and_receive(messages):
             if reply.has_error() or wire.NODE_RECORD not in reply.content.config_records:
                 log(WARNING, "local-optimizer-state=kept: node %s did not tell its key (%s); it starts from a fresh "

@@ -75,7 +75,8 @@ class PositiveClassBroadcast:
         """Query ``nodes`` for their positive classes (the query carries the run config)."""
         question = ConfigRecord({key: config[key] for key in wire.RUN_SETTINGS if key in config})
         messages = [
-            grid.create_message(RecordDict({wire.CONFIG: question}), MessageType.QUERY, n, group_id="positive-classes")
+            Message(content=RecordDict({wire.CONFIG: question}), dst_node_id=n, message_type=MessageType.QUERY,
+                    group_id="positive-classes")
             for n in nodes
         ]
         answers: dict[int, tuple[int, ...]] = {}
