@@ -67,6 +67,7 @@ class OptimizerStates:
             than its parameter's state would (a state of another model).
         """
         prefix = "+".join(group) + "/"
+        fused = any(g.get("fused") for g in optimizer.param_groups)  # fused kernels keep Adam's step on the device
         per_param: dict[int, dict[str, torch.Tensor]] = {}
         for key, value in self.tensors.items():
             if not key.startswith(prefix):
@@ -84,8 +85,7 @@ class OptimizerStates:
                                      f"parameter {tuple(p.shape)}")  # fmt: skip
                 if value.dim():
                     loaded[name] = torch.empty_like(p).copy_(value)
-                else:  # Adam's step: where the optimiser keeps it (the device for fused kernels)
-                    fused = any(g.get("fused") for g in optimizer.param_groups)
+                else:  # Adam's step: where the optimiser keeps it
                     loaded[name] = value.to(p.device if fused else "cpu", torch.float32)
             optimizer.state[p] = loaded
         return len(per_param)

@@ -156,12 +156,12 @@ class RoundEnd:
         server_round += self.start_round  # Flower counts the rounds of this start() from 1
         global_arrays = arrays.to_torch_state_dict()
         metrics: dict[str, float] = {}
-        if self.ema is not None:  # every round's weights go into the average (a resumed run's are in already)
+        evaluated = self.evaluates(server_round)
+        if self.ema is not None or evaluated:
             self.models.load_state_dict(global_arrays)
-            if server_round > self.start_round or self.ema.rounds == 0:
-                self.ema.update(self.models)
-        if self.evaluates(server_round):
-            self.models.load_state_dict(global_arrays)
+        if self.ema is not None and (server_round > self.start_round or self.ema.rounds == 0):
+            self.ema.update(self.models)  # every round's weights go in (a resumed run's are in already)
+        if evaluated:
             metrics = self.test(self.data.test_x, self.data.test_y, "test")
             if self.ema is not None:  # the global weights' own accuracy beside the EMA's
                 plain = self.test(self.data.test_x, self.data.test_y, "test-without-ema", self.models)
