@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -27,11 +28,11 @@ if _WORKERS > 1:
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
 
 
-@pytest.fixture
-def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
+def use_small_test_set(patch: Callable[[object, str, object], None] = setattr) -> None:
     """Central evaluation on the first 500 test images, to keep the federations fast: every
     module that loads the run's dataset (the server, ``hassle_components``, a test that
-    imports ``load_run_dataset`` afterwards) sees the same 500."""
+    imports ``load_run_dataset`` afterwards) sees the same 500. ``patch`` is
+    ``monkeypatch.setattr`` in a test, plain ``setattr`` in a child process a test starts."""
     from fedul_flwr.data import simulated
     from fedul_flwr.experiments import hassle_components
 
@@ -40,4 +41,10 @@ def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
         return dataclasses.replace(data, test_x=data.test_x[:500], test_y=data.test_y[:500])
 
     for module in (server_app, simulated, hassle_components):
-        monkeypatch.setattr(module, "load_run_dataset", load)
+        patch(module, "load_run_dataset", load)
+
+
+@pytest.fixture
+def small_test_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """:func:`use_small_test_set` for one test."""
+    use_small_test_set(monkeypatch.setattr)

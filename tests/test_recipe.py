@@ -2,13 +2,17 @@
 
 EMA of the global weights (``ema-decay``), the cosine schedule (``lr-schedule``), weight decay,
 Nesterov, gradient-norm clipping, the clients' kept optimiser state
-(``local-optimizer-state = "kept"``, resumed exactly after a stop) and RandAugment's random
+(``local-optimizer-state = "kept"``, resumed exactly after a kill) and RandAugment's random
 magnitudes with Cutout (``strong-random``).
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +22,7 @@ from torch import nn
 from fedul_flwr import server_app
 from fedul_flwr.acceleration import PLAIN
 from fedul_flwr.augment import Augmentation, Cutout, RandAugment
-from fedul_flwr.checkpoint import load_checkpoint
+from fedul_flwr.checkpoint import CheckpointError, load_checkpoint
 from fedul_flwr.checks import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, load_preset
@@ -27,6 +31,8 @@ from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.optimizer_state import OptimizerStates
 from fedul_flwr.outputs import read_metrics
 from fedul_flwr.server_app import run_federation
+
+from .conftest import use_small_test_set
 
 FIXMATCH = {"method": "fixmatch", "client-setting": "labels-at-clients", "num-labeled": 60, "batch-size": 8,
             "fixmatch-mu": 2, "device": "cpu", "seed": 3, "local-optimizer": "sgd", "lr": 0.05}  # fmt: skip
@@ -140,18 +146,39 @@ def test_gradient_clipping_bounds_each_step() -> None:
         assert moved <= 0.5 + 1e-5 if clip else moved > 0.5
 
 
-def test_kept_state_is_each_clients_own_and_resumed_exactly_after_a_stop(tmp_path: Path, small_test_set: None) -> None:
-    """4 clients, 2 a round: a run stopped after round 2 and resumed ends with the weights and
-    every client's optimiser state of the uninterrupted 3-round run; keeping the state changes
-    the run (the momentum carries over)."""
-    kept = {"local-momentum": 0.9, "nesterov": True, "weight-decay": 5e-4, "local-optimizer-state": "kept",
-            "fraction-train": 0.5, "num-rounds": 3}  # fmt: skip
-    full = _run(tmp_path, 4, **{**kept, "run-name": "full"})
-    _run(tmp_path, 4, **{**kept, "num-rounds": 2, "run-name": "part"})
-    stopped = load_checkpoint(tmp_path / "part").strategy_state["client_states"]["items"]
+KEPT = {"local-momentum": 0.9, "nesterov": True, "weight-decay": 5e-4, "local-optimizer-state": "kept",
+        "fraction-train": 0.5, "num-rounds": 6}  # fmt: skip
+
+
+def _train_in_child(tmp_path: str, run_name: str) -> None:
+    """The kept-state run of :func:`test_kept_state_is_each_clients_own_and_resumed_exactly_after_a_kill`,
+    in a child process that the test kills."""
+    use_small_test_set()
+    _run(Path(tmp_path), 4, **{**KEPT, "run-name": run_name})
+
+
+def test_kept_state_is_each_clients_own_and_resumed_exactly_after_a_kill(tmp_path: Path, small_test_set: None) -> None:
+    """4 clients, 2 a round: a run SIGKILLed once round 2 is checkpointed, then resumed, ends
+    with the weights and every client's optimiser state of the uninterrupted 6-round run;
+    keeping the state changes the run (the momentum carries over)."""
+    child = multiprocessing.get_context("spawn").Process(target=_train_in_child, args=(str(tmp_path), "killed"))
+    child.start()
+    try:
+        deadline = time.monotonic() + 300
+        while not _checkpointed_round(tmp_path / "killed") >= 2:
+            assert child.is_alive() and time.monotonic() < deadline, "the child ended before round 2"
+            time.sleep(0.02)
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.join(60)
+        child.kill()
+    killed = load_checkpoint(tmp_path / "killed")
+    assert 2 <= killed.round < 6, killed.round
+    stopped = killed.strategy_state["client_states"]["items"]
     assert set(stopped) <= {"0", "1", "2", "3"} and len(stopped) >= 2
     assert all(key.startswith("f/") and key.endswith("/momentum_buffer") for s in stopped.values() for key in s)
-    resumed = _run(tmp_path, 4, **{**kept, "run-name": "part", "resume": True})
+    resumed = _run(tmp_path, 4, **{**KEPT, "run-name": "killed", "resume": True})
+    full = _run(tmp_path, 4, **{**KEPT, "run-name": "full"})
     a = torch.load(full.path / "model.pt", weights_only=True)
     b = torch.load(resumed.path / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -160,9 +187,17 @@ def test_kept_state_is_each_clients_own_and_resumed_exactly_after_a_stop(tmp_pat
     assert states_full.keys() == states_resumed.keys()
     for node, state in states_full.items():
         assert all(torch.equal(state[k], states_resumed[node][k]) for k in state)
-    fresh = _run(tmp_path, 4, **{**kept, "local-optimizer-state": "fresh", "run-name": "fresh"})
+    fresh = _run(tmp_path, 4, **{**KEPT, "local-optimizer-state": "fresh", "run-name": "fresh"})
     c = torch.load(fresh.path / "model.pt", weights_only=True)
     assert any(not torch.equal(a[k], c[k]) for k in a)
+
+
+def _checkpointed_round(run_dir: Path) -> int:
+    """The last round ``run_dir``'s checkpoint holds; 0 before the first."""
+    try:
+        return load_checkpoint(run_dir).round
+    except CheckpointError:
+        return 0
 
 
 def test_kept_state_resume_needs_the_same_simulated_federation(tmp_path: Path, small_test_set: None) -> None:
