@@ -142,13 +142,15 @@ class RoundClock:
         self.started = self.last = time.monotonic()
 
     def line(self, server_round: int, accuracy: float | None) -> str:
-        """The line after ``server_round`` (round ``start_round``: the initial model); accuracy
-        in [0, 1], ``None`` for a round not evaluated (``evaluate-every``)."""
+        """The line after ``server_round`` (round ``start_round``: the model this start begins
+        from, the initial model or a resumed run's checkpoint); accuracy in [0, 1], ``None`` for
+        a round not evaluated (``evaluate-every``)."""
         now = time.monotonic()
         took, self.last = now - self.last, now
         if server_round <= self.start_round:  # the estimate counts the training rounds only
             self.started = now
-            return f"round {server_round}/{self.num_rounds}: test-accuracy {100 * accuracy:.2f}% (initial model)"
+            start = "(resumed from the checkpoint)" if self.start_round else "(initial model)"
+            return f"round {server_round}/{self.num_rounds}: test-accuracy {100 * accuracy:.2f}% {start}"
         per_round = (now - self.started) / (server_round - self.start_round)
         eta = per_round * (self.num_rounds - server_round)
         tested = "" if accuracy is None else f"test-accuracy {100 * accuracy:.2f}%, "

@@ -61,7 +61,8 @@ def test_round_clock_reports_seconds_and_eta() -> None:
     line = clock.line(1, 0.805)
     assert re.fullmatch(r"round 1/4: test-accuracy 80\.50%, \d+\.\ds, ETA \d+s", line), line
     resumed = RoundClock(num_rounds=10, start_round=8)
-    assert resumed.line(8, 0.9).endswith("(initial model)") and "round 9/10" in resumed.line(9, 0.91)
+    assert resumed.line(8, 0.9) == "round 8/10: test-accuracy 90.00% (resumed from the checkpoint)"
+    assert "round 9/10" in resumed.line(9, 0.91)
 
 
 def test_a_run_that_stopped_midway_shows_its_summary_line_without_traceback() -> None:
