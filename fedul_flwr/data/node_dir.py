@@ -91,7 +91,16 @@ import numpy as np
 import torch
 
 from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
-from fedul_flwr.data.images import IMAGE_SUFFIXES, ImageError, ImageSpec, decode_array, decode_image, read_image_folder
+from fedul_flwr.data.images import (
+    IMAGE_SUFFIXES,
+    ImageError,
+    ImageSpec,
+    Problems,
+    decode_array,
+    decode_files,
+    image_files,
+    read_image_folder,
+)
 from fedul_flwr.data.usets import PriorMatrixError, USets, condition_number, validate_prior_matrix
 
 __all__ = [
@@ -380,9 +389,19 @@ def _read_npy(path: Path, spec: ImageSpec) -> np.ndarray:
     return arr
 
 
-def _read_image_file(path: Path, spec: ImageSpec) -> np.ndarray:
-    """One image file as uint8 ``[C, S, S]`` (:func:`fedul_flwr.data.images.decode_image`)."""
-    return _images(decode_image, path, str(path), spec)
+def _decode_files(files: Sequence[Path], spec: ImageSpec) -> np.ndarray:
+    """Image files as uint8 ``[n, C, S, S]`` (:func:`fedul_flwr.data.images.decode_files`:
+    every bad file named in one line)."""
+    return _images(decode_files, [(p, str(p)) for p in files], spec)
+
+
+def _listed(folder: Path, what: str, extra: str = "") -> list[Path]:
+    """The image files of ``folder`` (:func:`fedul_flwr.data.images.image_files`); every other
+    entry, and an empty folder, named at once in one :class:`NodeDataError`."""
+    problems = Problems()
+    files = image_files(folder, what, problems, extra)
+    _images(problems.raise_any)
+    return files
 
 
 def _read_set(folder: Path, set_name: str, spec: ImageSpec) -> tuple[np.ndarray, str]:
@@ -397,25 +416,13 @@ def _read_set(folder: Path, set_name: str, spec: ImageSpec) -> tuple[np.ndarray,
             others = [p.name for p in files if p.name != ARRAY_FILE][:5]
             raise NodeDataError(f"{folder}: holds {ARRAY_FILE} and other files {others}; use one or the other")
         return _read_npy(folder / ARRAY_FILE, spec), "npy"
-    for p in files:
-        if p.is_dir() or p.suffix.lower() not in IMAGE_SUFFIXES:
-            raise NodeDataError(
-                f"{p}: not an image file of set {set_name!r}; a set folder holds only {list(IMAGE_SUFFIXES)} files "
-                f"or one {ARRAY_FILE}"
-            )
-    return np.stack([_read_image_file(p, spec) for p in files]), "files"
+    return _decode_files(_listed(folder, f"set {set_name!r}", f" or one {ARRAY_FILE}"), spec), "files"
 
 
 def _read_image_files(folder: Path, what: str, spec: ImageSpec) -> np.ndarray:
     """The image files of ``folder`` (sorted by name, hidden files ignored) as uint8
     ``[n, C, H, W]``; a folder without image or holding another file is an error."""
-    files = sorted(p for p in folder.iterdir() if not p.name.startswith("."))
-    if not files:
-        raise NodeDataError(f"{folder}: {what} holds no image")
-    for p in files:
-        if p.is_dir() or p.suffix.lower() not in IMAGE_SUFFIXES:
-            raise NodeDataError(f"{p}: not an image file; {what} holds only {list(IMAGE_SUFFIXES)} files")
-    return np.stack([_read_image_file(p, spec) for p in files])
+    return _decode_files(_listed(folder, what), spec)
 
 
 def _read_class_folders(folder: Path, class_names: Sequence[str], spec: ImageSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -426,12 +433,12 @@ def _read_class_folders(folder: Path, class_names: Sequence[str], spec: ImageSpe
     Raises
     ------
     NodeDataError
-        Naming the entry: a file beside the class folders, a folder not named as a class of
-        the run, a class folder without image, a file that is no image, unreadable or of the
-        wrong size.
+        Naming the entry: a folder not named as a class of the run; or every bad entry at once:
+        a file beside the class folders, a class folder without image, a file that is no
+        image, unreadable or of the wrong size.
     """
     files, labels = _images(read_image_folder, folder, class_names, False).splits["train"]
-    return np.stack([_read_image_file(p, spec) for p in files]), labels
+    return _decode_files(files, spec), labels
 
 
 def _is_image_folder(root: Path, reserved: tuple[str, ...] = ()) -> bool:

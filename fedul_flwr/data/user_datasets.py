@@ -59,8 +59,10 @@ from fedul_flwr.data.datasets import DATASETS, DatasetError, DatasetInfo, Datase
 from fedul_flwr.data.images import (
     ImageError,
     ImageSpec,
+    Problems,
     channels_of_mode,
-    decode_image,
+    decode_files,
+    read_header,
     read_image_folder,
 )
 from fedul_flwr.data.partition import holdout_split
@@ -373,32 +375,26 @@ def _origin(plan: _Plan, part: _Part, row: int) -> tuple[Any, str]:
     origin = f"{path}" if path and data is None else f"{plan.where}: split {part.split!r}, row {row}" + (
         f" ({path})" if path else "")  # fmt: skip
     if data is None and not path:
-        raise DatasetError(f"{origin}: no image")
+        raise ImageError(f"{origin}: no image")
     return (data if data is not None else path), origin
 
 
-def _decode(plan: _Plan, part: _Part, spec: ImageSpec) -> torch.Tensor:
-    """The images of ``part`` as uint8 ``[n, C, S, S]`` (:func:`fedul_flwr.data.images.decode_image`)."""
-    out = np.empty((len(part.rows), spec.channels, spec.size, spec.size), dtype=np.uint8)
+def _decode(plan: _Plan, spec: ImageSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The training and the test images as uint8 ``[n, C, S, S]``, decoded in one pass by the
+    project's one decoder (:func:`fedul_flwr.data.images.decode_files`), which names every bad
+    image of both at once."""
+    problems = Problems()
+    items = []
+    for part in (plan.train, plan.test):
+        for row in part.rows:
+            with problems.catch():
+                items.append(_origin(plan, part, row))
     try:
-        for i, row in enumerate(part.rows):
-            out[i] = decode_image(*_origin(plan, part, row), spec)
+        problems.raise_any()
+        out = decode_files(items, spec)
     except ImageError as exc:
         raise DatasetError(str(exc)) from None
-    return torch.from_numpy(out)
-
-
-def _header(source: Any, origin: str) -> tuple[str, tuple[int, int]]:
-    """(PIL mode, (width, height)) of an encoded image, from its header."""
-    import io
-
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(io.BytesIO(source) if isinstance(source, bytes) else source) as img:
-            return img.mode, img.size
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise DatasetError(f"{origin}: unreadable or truncated image ({exc})") from exc
+    return torch.from_numpy(out[: len(plan.train.rows)]), torch.from_numpy(out[len(plan.train.rows) :])
 
 
 @functools.lru_cache(maxsize=4)
@@ -418,13 +414,19 @@ def user_dataset_info(name: str, data_dir: str = "", options: DatasetOptions = D
     """
     plan = _plan(name, options, data_dir)
     grey, first = True, None
+    problems = Problems()
     for part in (plan.train, plan.test):
         for row in part.rows:
-            source, origin = _origin(plan, part, row)
-            mode, size = _header(source, origin)
-            grey = grey and channels_of_mode(mode) == 1
-            if first is None:
-                first = (size, origin)
+            with problems.catch():
+                source, origin = _origin(plan, part, row)
+                mode, size = read_header(source, origin)
+                grey = grey and channels_of_mode(mode) == 1
+                if first is None:
+                    first = (size, origin)
+    try:
+        problems.raise_any()
+    except ImageError as exc:
+        raise DatasetError(str(exc)) from None
     (width, height), origin = first  # type: ignore[misc]
     if not options.image_size and width != height:
         raise DatasetError(f"{origin}: image of {width}x{height} pixels is not square; set image-size=N to resize "
@@ -469,11 +471,12 @@ def load_user_dataset(name: str, data_dir: str = "", download: bool = False,
     info = user_dataset_info(name, data_dir, options)
     plan = _plan(name, options, data_dir)
     spec = ImageSpec(info.channels, info.image_size, resize=bool(options.image_size))
+    train_x, test_x = _decode(plan, spec)
     return ImageDataset(
         name=name,
-        train_x=_decode(plan, plan.train, spec),
+        train_x=train_x,
         train_y=torch.from_numpy(plan.train.labels.astype(np.int64)),
-        test_x=_decode(plan, plan.test, spec),
+        test_x=test_x,
         test_y=torch.from_numpy(plan.test.labels.astype(np.int64)),
         class_names=plan.class_names,
         mean=info.mean,
