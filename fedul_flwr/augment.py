@@ -8,9 +8,10 @@ method's training images, and FixMatch-style methods build their two views from 
     The images as they are (default).
 ``weak``
     FixMatch's weak view (Sohn et al., NeurIPS 2020, Sec. 2.3): a random crop after padding by
-    1/8 of the side (4 pixels at 32, 3 at 28, reflected borders) and, only for datasets whose
-    classes are invariant under mirroring (:data:`MIRRORED`: not digits), a horizontal flip
-    with probability 1/2.
+    1/8 of the side (4 pixels at 32, 3 at 28, reflected borders) and, only where the run's
+    dataset allows it (its classes are invariant under mirroring: not digits, not text;
+    :attr:`fedul_flwr.data.datasets.DatasetInfo.flip`, set by the run key
+    ``horizontal-flip``), a horizontal flip with probability 1/2.
 ``strong``
     FixMatch's strong view: the weak view, then RandAugment (Cubuk et al., 2020) with N = 2
     operations at magnitude M = 10 of 31 levels (:class:`RandAugment`), then Cutout (DeVries
@@ -81,10 +82,7 @@ import torch
 from fedul_flwr.registry import Registry
 from fedul_flwr.rng import seeded_global_rng
 
-__all__ = ["AUGMENTATIONS", "MIRRORED", "RANDAUGMENT_OPS", "Augmentation", "Cutout", "RandAugment", "ReflectCrop", "build_augmentation"]
-
-MIRRORED = frozenset({"fashion-mnist", "cifar10", "cifar100"})
-"""Datasets whose classes are invariant under horizontal mirroring (weak views may flip)."""
+__all__ = ["AUGMENTATIONS", "RANDAUGMENT_OPS", "Augmentation", "Cutout", "RandAugment", "ReflectCrop", "build_augmentation"]
 
 Stage = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 """``stage(images [B, C, H, W], generator) -> same shape``: float in [0, 1], or uint8 where the
@@ -447,8 +445,9 @@ class Augmentation:
         A name of :data:`AUGMENTATIONS`.
     image_side : int
         H = W of the images (the crop size).
-    dataset : str
-        The run's dataset (flips only for :data:`MIRRORED`).
+    flip : bool
+        Whether horizontal flips are allowed: the run dataset's
+        :attr:`~fedul_flwr.data.datasets.DatasetInfo.flip` (``ClientData.flip``).
 
     Raises
     ------
@@ -456,9 +455,9 @@ class Augmentation:
         On an unknown name (lists the valid ones).
     """
 
-    def __init__(self, name: str, image_side: int, dataset: str) -> None:
+    def __init__(self, name: str, image_side: int, flip: bool) -> None:
         self.name = name
-        self.stages = AUGMENTATIONS.get(name)(image_side, dataset in MIRRORED)
+        self.stages = AUGMENTATIONS.get(name)(image_side, bool(flip))
         self._global_rng = any(getattr(stage, "global_rng", False) for stage in self.stages)
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -497,6 +496,7 @@ class Augmentation:
         return f"Augmentation({self.name!r})"
 
 
-def build_augmentation(name: str, image_side: int, dataset: str) -> Augmentation | None:
-    """The augmentation ``name`` for these images, or None for ``none``."""
-    return None if name == "none" else Augmentation(name, image_side, dataset)
+def build_augmentation(name: str, image_side: int, flip: bool) -> Augmentation | None:
+    """The augmentation ``name`` for these images (horizontal flips where ``flip``), or None
+    for ``none``."""
+    return None if name == "none" else Augmentation(name, image_side, flip)

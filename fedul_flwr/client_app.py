@@ -216,7 +216,7 @@ def train(msg: Message, context: Context) -> Message:
         to_input=c.data.to_input,
         hooks=update.hooks,
         acceleration=c.acceleration,
-        augment=build_augmentation(cfg.augment, c.data.image_shape[1], cfg.dataset),
+        augment=build_augmentation(cfg.augment, c.data.image_shape[1], c.data.flip),
         batchable=method.batched_cohort,
         weight_decay=cfg.weight_decay,
         nesterov=cfg.nesterov,

@@ -103,6 +103,7 @@ class RunConfig:
     image_column: str
     label_column: str
     image_size: int
+    horizontal_flip: str
     client_setting: str
     positive_classes: str
     pu_labeled_fraction: float

@@ -53,6 +53,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "else `label`",
         "image-size": "`hf:` datasets: resize every image to S x S pixels; 0 = keep (every image must then be square "
         "and of one size)",
+        "horizontal-flip": "whether augmentation (`augment`, FixMatch's weak and strong views) may mirror images "
+        "horizontally: `auto` = the dataset's own fact (`true` for `fashion-mnist`, `cifar10`, `cifar100`; `false` "
+        "for digits and `hf:` datasets), `true` or `false` (for any dataset: set `true` for your own images whose "
+        "classes a mirror does not change)",
         "data-dir": "absolute torchvision root for the non-embedded datasets (Flower runs the app from its own copy, "
         "so relative paths are refused); `hf:` Hub datasets: the cache folder of Hugging Face `datasets`",
         "download": "let torchvision download missing files (online machines); offline, the error lists the "
@@ -114,7 +118,7 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "CIFAR model, ~1.47M), `simple-cnn` (pfl-research's CIFAR-10 benchmark model, ~1.6M, dropout from the "
         "client's generator); `small-cnn` and `resnet8` take a width factor (a method's `ModelSpec.width`)",
         "augment": "augmentation of every method's training images, per image from the client's generator: "
-        "`none`, `weak` (pad-and-crop; flips only for Fashion-MNIST and CIFAR-10), `strong` (weak + "
+        "`none`, `weak` (pad-and-crop; a horizontal flip where `horizontal-flip` allows it), `strong` (weak + "
         "RandAugment(2, 10) + Cutout), `strong-random` (weak + RandAugment(2) at magnitudes drawn over the full "
         "range + Cutout up to half the side), `rotate` (up to 20 degrees, the FedUL authors' MNIST transform)",
     },

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fedul_flwr.data.datasets import DatasetError, dataset_info, run_dataset_info
 from fedul_flwr.augment import AUGMENTATIONS, RANDAUGMENT_OPS, Augmentation, RandAugment, build_augmentation
 from fedul_flwr.methods.base import LocalTask, Stream
 from fedul_flwr.training import augment_generator, iterate_batches
@@ -16,10 +17,10 @@ def _images(n: int = 16, channels: int = 1, side: int = 28) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("name", ["weak", "strong", "rotate"])
-@pytest.mark.parametrize(("channels", "side", "dataset"), [(1, 28, "mnist"), (3, 32, "cifar10")])
-def test_views_keep_shape_and_dtype_and_depend_only_on_the_generator(name: str, channels: int, side: int, dataset: str) -> None:
+@pytest.mark.parametrize(("channels", "side", "flip"), [(1, 28, False), (3, 32, True)])
+def test_views_keep_shape_and_dtype_and_depend_only_on_the_generator(name: str, channels: int, side: int, flip: bool) -> None:
     x = _images(8, channels, side)
-    augment = Augmentation(name, side, dataset)
+    augment = Augmentation(name, side, flip)
     state = torch.get_rng_state()
     a = augment(x, torch.Generator().manual_seed(5))
     assert torch.equal(torch.get_rng_state(), state)  # the global generator is neither used nor changed
@@ -34,7 +35,7 @@ def test_views_keep_shape_and_dtype_and_depend_only_on_the_generator(name: str, 
 def test_each_image_draws_its_own_parameters() -> None:
     """The same image 16 times in a batch: the weak crops differ between copies."""
     x = _images(1).repeat(16, 1, 1, 1)
-    out = Augmentation("weak", 28, "mnist")(x, torch.Generator().manual_seed(0))
+    out = Augmentation("weak", 28, False)(x, torch.Generator().manual_seed(0))
     assert len({bytes(o.numpy()) for o in out}) > 8
 
 
@@ -44,29 +45,51 @@ def test_flips_only_where_the_dataset_allows_them() -> None:
     ramp = torch.arange(28, dtype=torch.uint8).repeat(1, 28, 1) * 9  # [1, 28, 28], value grows to the right
     x = ramp.unsqueeze(0).repeat(64, 1, 1, 1)
     for dataset, flips in (("mnist", False), ("fashion-mnist", True)):
-        out = Augmentation("weak", 28, dataset)(x, torch.Generator().manual_seed(0)).float()
+        out = Augmentation("weak", 28, dataset_info(dataset).flip)(x, torch.Generator().manual_seed(0)).float()
         decreasing = (out[:, 0, 14, 20] < out[:, 0, 14, 8]).any()  # a flipped copy falls to the right
         assert bool(decreasing) == flips, dataset
+
+
+def test_horizontal_flip_is_a_fact_of_the_dataset_that_the_run_key_sets(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Built-ins keep their own fact under ``auto``; a typed value (bool or string) wins for any
+    dataset; an ``hf:`` dataset flips only when the run says so; the fact travels to the nodes."""
+    from PIL import Image
+
+    from fedul_flwr.data.datasets import DatasetInfo
+
+    for k, name in enumerate(("left", "right")):
+        (tmp_path / name).mkdir()
+        for i in range(3):
+            Image.new("L", (16, 16), 60 * k + i).save(tmp_path / name / f"{i}.png")
+    own = f"hf:{tmp_path}"
+    cases = [("mnist-sample", "auto", False), ("cifar10", "auto", True), ("fashion-mnist", False, False),
+             ("mnist-sample", True, True), ("mnist-sample", "TRUE", True), (own, "auto", False), (own, True, True)]
+    for dataset, value, expected in cases:
+        info = run_dataset_info({"dataset": dataset, "horizontal-flip": value})
+        assert info.flip is expected, (dataset, value)
+        assert DatasetInfo.from_json(info.to_json()) == info
+    with pytest.raises(DatasetError, match=r"horizontal-flip='sometimes' is not one of \('auto', 'true', 'false'\)"):
+        run_dataset_info({"dataset": "mnist-sample", "horizontal-flip": "sometimes"})
 
 
 def test_strong_view_differs_more_than_weak_from_the_image() -> None:
     x = _images(32)
     g = torch.Generator
-    weak = Augmentation("weak", 28, "mnist")(x, g().manual_seed(0)).float()
-    strong = Augmentation("strong", 28, "mnist")(x, g().manual_seed(0)).float()
+    weak = Augmentation("weak", 28, False)(x, g().manual_seed(0)).float()
+    strong = Augmentation("strong", 28, False)(x, g().manual_seed(0)).float()
     assert (strong - x.float()).abs().mean() > (weak - x.float()).abs().mean()
 
 
 def test_unknown_augmentation_names_the_choices() -> None:
     with pytest.raises(ValueError, match="augmentation"):
-        Augmentation("blur", 28, "mnist")
-    assert build_augmentation("none", 28, "mnist") is None
+        Augmentation("blur", 28, False)
+    assert build_augmentation("none", 28, False) is None
     assert set(AUGMENTATIONS.names()) >= {"none", "weak", "strong", "rotate"}
 
 
 def test_the_loop_adds_views_and_augments_without_changing_the_batch_order() -> None:
     x, y = _images(20), torch.arange(20)
-    weak = Augmentation("weak", 28, "mnist")
+    weak = Augmentation("weak", 28, False)
     plain = LocalTask({"u": Stream({"x": x, "y": y}, 8)}, lambda m, b: torch.zeros(()))
     viewed = LocalTask({"u": Stream({"x": x, "y": y}, 8, views={"weak": ("x", weak)})}, lambda m, b: torch.zeros(()))
     order = [b["u"]["y"] for b in iterate_batches(plain, torch.Generator().manual_seed(1), torch.device("cpu"), lambda v: v)]
@@ -100,7 +123,7 @@ def _positions(out: torch.Tensor) -> torch.Tensor:
 def test_weak_crop_offsets_are_uniform_over_the_padding() -> None:
     """Padding 3 at 28: the marker moves by -3..3 pixels on each axis, the 49 shifts about
     equally often, each image with its own shift."""
-    out = Augmentation("weak", 28, "mnist")(_marker(4900), torch.Generator().manual_seed(0))
+    out = Augmentation("weak", 28, False)(_marker(4900), torch.Generator().manual_seed(0))
     shift = _positions(out) - 14
     assert int(shift.abs().max()) == 3
     counts = torch.bincount((shift[:, 0] + 3) * 7 + shift[:, 1] + 3, minlength=49).float()
@@ -109,7 +132,7 @@ def test_weak_crop_offsets_are_uniform_over_the_padding() -> None:
 
 def test_weak_flips_half_of_a_mirrored_batch() -> None:
     x = _marker(2000, col=4)  # off-centre: a flip moves it to the right half
-    out = Augmentation("weak", 28, "fashion-mnist")(x, torch.Generator().manual_seed(0))
+    out = Augmentation("weak", 28, True)(x, torch.Generator().manual_seed(0))
     flipped = (_positions(out)[:, 1] > 14).float().mean()
     assert 0.45 < float(flipped) < 0.55
 
@@ -117,7 +140,7 @@ def test_weak_flips_half_of_a_mirrored_batch() -> None:
 def test_rotation_angles_are_uniform_within_20_degrees() -> None:
     """A marker 10 pixels right of the centre: its angle about the centre after rotation is
     uniform on [-20, 20] degrees (mean 0, standard deviation 40 / sqrt(12) = 11.5)."""
-    out = Augmentation("rotate", 29, "mnist")(_marker(3000, side=29, row=14, col=24), torch.Generator().manual_seed(0))
+    out = Augmentation("rotate", 29, False)(_marker(3000, side=29, row=14, col=24), torch.Generator().manual_seed(0))
     kept = out.flatten(1).amax(1) == 255
     pos = _positions(out[kept]).float() - 14
     angle = torch.rad2deg(torch.atan2(pos[:, 0], pos[:, 1]))
@@ -181,7 +204,7 @@ def test_each_randaugment_operation_matches_torchvision(channels: int) -> None:
 
 
 def test_cutout_erases_one_grey_square_of_2_to_25_percent() -> None:
-    cutout = Augmentation("strong", 28, "mnist").stages[-1]
+    cutout = Augmentation("strong", 28, False).stages[-1]
     x = torch.zeros(500, 1, 28, 28)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -198,7 +221,7 @@ def test_cutout_erases_one_grey_square_of_2_to_25_percent() -> None:
 @pytest.mark.parametrize("name", ["weak", "strong", "rotate"])
 def test_a_batch_is_transformed_in_one_call_per_stage_not_per_image(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every stage sees the whole batch at once."""
-    augment = Augmentation(name, 28, "fashion-mnist")
+    augment = Augmentation(name, 28, True)
     sizes: list[int] = []
     stages = list(augment.stages)
     augment.stages = [lambda x, g, s=s: (sizes.append(len(x)), s(x, g))[1] for s in stages]
@@ -212,7 +235,7 @@ def test_views_stay_on_the_cuda_device_with_the_cpu_parameters(name: str) -> Non
     """On a GPU batch: uint8 on the same device, deterministic, and the same parameters as on
     the CPU (a pure shift/flip view is then identical)."""
     x = _images(32, 3, 32)
-    augment = Augmentation(name, 32, "cifar10")
+    augment = Augmentation(name, 32, True)
     a = augment(x.cuda(), torch.Generator().manual_seed(4))
     b = augment(x.cuda(), torch.Generator().manual_seed(4))
     assert a.device.type == "cuda" and a.dtype == torch.uint8 and torch.equal(a, b)

@@ -292,7 +292,7 @@ def test_app_u_average_takes_each_epochs_prediction_before_its_update() -> None:
     over = {"method": "fixmatch-dpl", "dpl-ema": 0.5, "dpl-app-u-update": "epoch"}
     method, client, w0, w2, _ = _local_round(over, epochs=2)
     *_, w1, _ = _local_round(over, epochs=1)  # the first epoch is the same: same batches, same views
-    weak = Augmentation("weak", client.image_shape[1], "mnist-sample")
+    weak = Augmentation("weak", client.image_shape[1], client.flip)
     generator = RoundContext(seed=0, server_round=1, node_key=1).generator
 
     def mean(models) -> torch.Tensor:  # type: ignore[no-untyped-def]

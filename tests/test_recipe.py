@@ -250,7 +250,7 @@ def test_randaugment_draws_random_magnitudes_over_the_full_range_seeded() -> Non
     assert widths.min() == 0 and widths.max() == 13  # side v < 14 pixels, floored as USB's int()
     assert (box[0] >= 0).all() and (box[1] <= 28).all()
     images = torch.randint(0, 256, (32, 1, 28, 28), dtype=torch.uint8)
-    strong = Augmentation("strong-random", 28, "fashion-mnist")
+    strong = Augmentation("strong-random", 28, True)
     one = strong(images, torch.Generator().manual_seed(5))
     two = strong(images, torch.Generator().manual_seed(5))
     assert torch.equal(one, two) and not torch.equal(one, strong(images, torch.Generator().manual_seed(6)))

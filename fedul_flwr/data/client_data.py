@@ -134,6 +134,9 @@ class ClientData:
         has no unlabeled part and an unlabeled client no labeled part. A method that requires
         such a part does not fail on the client: the client sits the round out
         (:meth:`fedul_flwr.methods.base.Method.sits_out`).
+    flip : bool
+        Whether augmentation may mirror these images horizontally: the run dataset's
+        :attr:`~fedul_flwr.data.datasets.DatasetInfo.flip`.
     """
 
     node: str
@@ -148,6 +151,7 @@ class ClientData:
     test: LabeledImages | None = None
     unlabeled_classes: torch.Tensor | None = None
     optional_parts: frozenset[str] = frozenset()
+    flip: bool = False
 
     def __post_init__(self) -> None:
         if self.unlabeled is not None and (self.unlabeled.dtype != torch.uint8 or self.unlabeled.ndim != 4):

@@ -589,6 +589,12 @@ class DatasetInfo:
         Image height = width, in pixels.
     mean, std : tuple of float
         Per-channel normalisation constants (``len == channels``), as for :func:`normalize`.
+    flip : bool
+        Whether the classes are invariant under horizontal mirroring, so that augmentation may
+        flip images (:mod:`fedul_flwr.augment`): ``True`` for Fashion-MNIST, CIFAR-10 and
+        CIFAR-100, ``False`` for digits (MNIST, SVHN) and, unless the run says otherwise, an
+        ``hf:`` dataset; the run key ``horizontal-flip`` sets it for any dataset
+        (:func:`run_dataset_info`).
     """
 
     name: str
@@ -597,6 +603,7 @@ class DatasetInfo:
     image_size: int
     mean: tuple[float, ...]
     std: tuple[float, ...]
+    flip: bool = False
 
     def to_json(self) -> str:
         """The facts as a JSON object (what the ServerApp sends the nodes with the run config)."""
@@ -613,8 +620,11 @@ class DatasetInfo:
         """
         try:
             d = json.loads(text)
+            if not isinstance(d["flip"], bool):
+                raise ValueError(f"flip={d['flip']!r} is not a bool")
             return cls(str(d["name"]), tuple(str(n) for n in d["class_names"]), int(d["channels"]),
-                       int(d["image_size"]), tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["std"]))  # fmt: skip
+                       int(d["image_size"]), tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["std"]),
+                       d["flip"])  # fmt: skip
         except (TypeError, KeyError, ValueError) as exc:
             raise ValueError(f"not the dataset facts of a run: {text[:80]!r} ({exc})") from None
 
@@ -744,11 +754,13 @@ TORCHVISION: dict[str, TorchvisionSpec] = {
     for spec in (
         TorchvisionSpec("mnist", "MNIST", _TRAIN_TEST, DatasetInfo("mnist", _MNIST_CLASSES, 1, 28, _MNIST_MEAN, _MNIST_STD)),
         TorchvisionSpec("fashion-mnist", "FashionMNIST", _TRAIN_TEST,
-                        DatasetInfo("fashion-mnist", _FASHION_CLASSES, 1, 28, (0.2860,), (0.3530,))),
+                        DatasetInfo("fashion-mnist", _FASHION_CLASSES, 1, 28, (0.2860,), (0.3530,), flip=True)),
         TorchvisionSpec("cifar10", "CIFAR10", _TRAIN_TEST,
-                        DatasetInfo("cifar10", _CIFAR10_CLASSES, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))),
+                        DatasetInfo("cifar10", _CIFAR10_CLASSES, 3, 32, (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616),
+                                    flip=True)),
         TorchvisionSpec("cifar100", "CIFAR100", _TRAIN_TEST,
-                        DatasetInfo("cifar100", _CIFAR100_CLASSES, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762))),
+                        DatasetInfo("cifar100", _CIFAR100_CLASSES, 3, 32, (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762),
+                                    flip=True)),
         # SVHN's train and test splits (not "extra"); labels 0-9, the digit (torchvision maps its 10 to 0)
         TorchvisionSpec("svhn", "SVHN", ({"split": "train"}, {"split": "test"}),
                         DatasetInfo("svhn", _MNIST_CLASSES, 3, 32, (0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970))),
@@ -865,18 +877,43 @@ def run_dataset(values: Any) -> ImageDataset:
     return load_dataset(name, data_dir, download, options)
 
 
-def run_dataset_info(values: Any) -> DatasetInfo:
-    """The run's dataset facts, what a node must agree on (:func:`dataset_info`), with the
-    comma-separated ``class-names`` key replacing the dataset's own names when given.
+FLIP_CHOICES: tuple[str, ...] = ("auto", "true", "false")
+"""Values of the run key ``horizontal-flip``: ``auto`` keeps the dataset's own
+:attr:`DatasetInfo.flip`; ``true`` / ``false`` (typed as a bool or a string) set it."""
+
+
+def run_flip(value: Any) -> bool | None:
+    """The run key ``horizontal-flip`` as ``True`` / ``False``, or ``None`` for ``auto``.
 
     Raises
     ------
     DatasetError
-        As :func:`dataset_info`, or if ``class-names`` does not list K distinct names.
+        On a value that is none of :data:`FLIP_CHOICES`.
+    """
+    text = str(value).strip().lower()
+    if text not in FLIP_CHOICES:
+        raise DatasetError(f"horizontal-flip={value!r} is not one of {FLIP_CHOICES}")
+    return None if text == "auto" else text == "true"
+
+
+def run_dataset_info(values: Any) -> DatasetInfo:
+    """The run's dataset facts, what a node must agree on (:func:`dataset_info`), with the
+    comma-separated ``class-names`` key replacing the dataset's own names when given, and the
+    ``horizontal-flip`` key (:func:`run_flip`) the dataset's :attr:`DatasetInfo.flip`.
+
+    Raises
+    ------
+    DatasetError
+        As :func:`dataset_info`, if ``class-names`` does not list K distinct names, or on a
+        ``horizontal-flip`` that is none of :data:`FLIP_CHOICES`.
     """
     name, data_dir, _, options = run_options(values)
     info = dataset_info(name, options, data_dir)
-    given = str((values.as_dict() if hasattr(values, "as_dict") else values).get("class-names", ""))
+    settings = values.as_dict() if hasattr(values, "as_dict") else values
+    flip = run_flip(settings.get("horizontal-flip", "auto"))
+    if flip is not None:
+        info = dataclasses.replace(info, flip=flip)
+    given = str(settings.get("class-names", ""))
     if not given.strip():
         return info
     names = tuple(n.strip() for n in given.split(","))

@@ -701,6 +701,7 @@ def load_node_dir(
     mean: Sequence[float],
     std: Sequence[float],
     resize: bool = False,
+    flip: bool = False,
 ) -> ClientData:
     """Validate a node folder and turn it into the client's data.
 
@@ -713,6 +714,10 @@ def load_node_dir(
     mean, std : sequence of float
         Per-channel normalisation constants of the run's dataset (``len == channels``),
         stored in the container (applied per batch, not here).
+    resize : bool
+        Resize every image to the run's size (the run set ``image-size``).
+    flip : bool
+        Whether augmentation may mirror the images (the run dataset's ``DatasetInfo.flip``).
 
     Returns
     -------
@@ -749,6 +754,7 @@ def load_node_dir(
         class_prior=node.report.class_prior,
         test=labeled(node.test),
         optional_parts=SEMI_SUPERVISED_PARTS if node.set_index is None and node.report.class_prior is None else frozenset(),
+        flip=flip,
     )
 
 

@@ -39,7 +39,7 @@ from fedul_flwr import get_logger
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.annotation import label_fractions, labeled_rows, parse_layout
 from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
-from fedul_flwr.data.datasets import ImageDataset, run_dataset
+from fedul_flwr.data.datasets import ImageDataset, run_dataset, run_dataset_info
 from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
 from fedul_flwr.data.partition import holdout_split, partition_pool
 from fedul_flwr.data.prior_noise import noisy_priors
@@ -358,6 +358,7 @@ def usets_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: 
         unlabeled=images,
         usets=USetIndex(torch.from_numpy(ybar), told),
         test=test,
+        flip=run_dataset_info(cfg).flip,
     )
 
 
@@ -378,6 +379,7 @@ def _labeled_and_unlabeled(
         unlabeled=data.train_x[unlabeled_rows],
         unlabeled_classes=data.train_y[unlabeled_rows].clone(),  # diagnostics only (ClientData)
         test=_local_test(cfg, local_test),
+        flip=run_dataset_info(cfg).flip,
         **parts,
     )
 

@@ -43,7 +43,7 @@ def _dir_fingerprint(path: str) -> tuple[tuple[str, int], ...]:
 @functools.lru_cache(maxsize=16)
 def _load_node(facts: DatasetInfo, resize: bool, path: str, fingerprint: tuple[tuple[str, int], ...]) -> ClientData:
     client = load_node_dir(path, class_names=facts.class_names, image_size=facts.image_size, channels=facts.channels,
-                           mean=facts.mean, std=facts.std, resize=resize)  # fmt: skip
+                           mean=facts.mean, std=facts.std, resize=resize, flip=facts.flip)  # fmt: skip
     log.info("node data %s: parts %s", path, list(client.parts()))
     return client
 

@@ -32,6 +32,7 @@ views of 448 32 x 32 images at most 1x the WRN-28-2 bf16 step.
 from __future__ import annotations
 
 import argparse
+import inspect
 import tempfile
 import time
 from statistics import median
@@ -110,9 +111,14 @@ def per_batch(model_name: str, batch: int, device: torch.device, repeats: int, b
         loss.backward()
         opt.step()
 
-    augs = {name: Augmentation(name, side, dataset) for name in AUGMENT_NAMES}
-    if baseline is not None:
-        augs.update({f"{name} (baseline)": baseline.Augmentation(name, side, dataset) for name in AUGMENT_NAMES})
+    from fedul_flwr.data.datasets import dataset_info
+
+    flip = dataset_info(dataset).flip
+    augs = {name: Augmentation(name, side, flip) for name in AUGMENT_NAMES}
+    if baseline is not None:  # a revision before DatasetInfo.flip takes the dataset's name
+        old = "flip" not in inspect.signature(baseline.Augmentation).parameters
+        augs.update({f"{name} (baseline)": baseline.Augmentation(name, side, dataset if old else flip)
+                     for name in AUGMENT_NAMES})  # fmt: skip
     time_it = _timer(device)
     times: dict[str, list[float]] = {**{name: [] for name in augs}, "model step": []}
     for rep in range(repeats + 1):
@@ -171,7 +177,7 @@ def feddb_round(args: argparse.Namespace, device: torch.device) -> dict[str, Any
         return torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g)
 
     clients = [
-        ClientData(f"synthetic client {i}", info.class_names, info.mean, info.std,
+        ClientData(f"synthetic client {i}", info.class_names, info.mean, info.std, flip=info.flip,
                    labeled=LabeledImages(images(labeled), torch.arange(labeled) % len(info.class_names)),
                    unlabeled=images(per_client - labeled),
                    unlabeled_classes=torch.randint(0, len(info.class_names), (per_client - labeled,), generator=g))

@@ -156,7 +156,7 @@ def bare_round(
         loop = LocalLoop(
             epochs, cfg.lr_of(server_round), cfg.l1_weight, cfg.local_optimizer, ctx.batch_seed, fed.device,
             client.to_input, acceleration=acc, momentum=cfg.local_momentum,
-            augment=build_augmentation(cfg.augment, client.image_shape[1], cfg.dataset),
+            augment=build_augmentation(cfg.augment, client.image_shape[1], client.flip),
         )  # fmt: skip
         result = method.local_update(client, fed.models, ctx, loop)
         states.append({k: v.detach().clone() for k, v in fed.models.state_dict().items()})

@@ -129,7 +129,7 @@ class FixMatch(Method):
         """The weak and the strong augmentation of this client's images."""
         side = client.image_shape[1]
         strong = self.option("fixmatch-strong-augment")
-        return Augmentation("weak", side, self.cfg.dataset), Augmentation(strong, side, self.cfg.dataset)
+        return Augmentation("weak", side, client.flip), Augmentation(strong, side, client.flip)
 
     def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
         """The unlabeled images (``x``) with their weak and strong views; FixMatch computes
