@@ -388,7 +388,8 @@ def check_federation_size(cfg: RunConfig, num_nodes: int) -> None:
         from fedul_flwr.data.pu import parse_positive_classes
 
         try:
-            parse_positive_classes(cfg.positive_classes, num_nodes, len(_dataset_facts(cfg).class_names))
+            names = _dataset_facts(cfg).class_names
+            parse_positive_classes(cfg.positive_classes, num_nodes, len(names), class_names=names)
         except ValueError as exc:
             raise ConfigError(f"{exc} (the federation has {num_nodes} nodes)") from None
     if cfg.client_setting == "annotation-heterogeneity":

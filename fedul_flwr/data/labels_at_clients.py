@@ -22,15 +22,18 @@ first N_lab mod K classes), drawn uniformly from a generator of (seed, stream).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from fedul_flwr.data.partition import named_classes
+
 __all__ = ["ClientSplit", "draw_labeled_pool", "split_to_clients"]
 
 
-def draw_labeled_pool(labels: np.ndarray, num_labeled: int, num_classes: int, rng: np.random.Generator) -> np.ndarray:
+def draw_labeled_pool(labels: np.ndarray, num_labeled: int, num_classes: int, rng: np.random.Generator,
+                      class_names: Sequence[str] | None = None) -> np.ndarray:  # fmt: skip
     """The rows of a class-balanced labeled pool.
 
     Parameters
@@ -43,6 +46,8 @@ def draw_labeled_pool(labels: np.ndarray, num_labeled: int, num_classes: int, rn
         K.
     rng : np.random.Generator
         Source of the draw.
+    class_names : sequence of str, optional
+        The K class names, for the messages.
 
     Returns
     -------
@@ -62,7 +67,7 @@ def draw_labeled_pool(labels: np.ndarray, num_labeled: int, num_classes: int, rn
         rows = np.flatnonzero(labels == c)
         want = base + (c < extra)
         if len(rows) < want:
-            raise ValueError(f"num-labeled={num_labeled}: class {c} has {len(rows)} images, fewer than its {want} labels")
+            raise ValueError(f"num-labeled={num_labeled}: class {named_classes(c, class_names)} has {len(rows)} images, fewer than its {want} labels")
         chosen.append(rng.choice(rows, want, replace=False))
     return np.sort(np.concatenate(chosen)).astype(np.int64)
 
@@ -88,7 +93,8 @@ Partitioner = Callable[[np.ndarray, int], list[np.ndarray]]
 
 
 def split_to_clients(
-    labels: np.ndarray, num_labeled: int, num_classes: int, partition: Partitioner, seeds: tuple[int, int, int]
+    labels: np.ndarray, num_labeled: int, num_classes: int, partition: Partitioner, seeds: tuple[int, int, int],
+    class_names: Sequence[str] | None = None,
 ) -> list[ClientSplit]:
     """Draw the labeled pool and partition both pools independently (module docstring).
 
@@ -105,6 +111,8 @@ def split_to_clients(
     seeds : tuple[int, int, int]
         Seeds of the labeled-pool draw, of the labeled pool's partition and of the
         unlabeled pool's partition.
+    class_names : sequence of str, optional
+        The K class names, for the messages.
 
     Returns
     -------
@@ -116,7 +124,7 @@ def split_to_clients(
     ValueError
         From :func:`draw_labeled_pool` or the partition (e.g. more clients than labels).
     """
-    labeled_pool = draw_labeled_pool(labels, num_labeled, num_classes, np.random.default_rng(seeds[0]))
+    labeled_pool = draw_labeled_pool(labels, num_labeled, num_classes, np.random.default_rng(seeds[0]), class_names)
     unlabeled_pool = np.setdiff1d(np.arange(len(labels)), labeled_pool)
     labeled_parts = partition(labels[labeled_pool], seeds[1])
     unlabeled_parts = partition(labels[unlabeled_pool], seeds[2])

@@ -31,7 +31,7 @@ Everything is deterministic from ``seed``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -45,6 +45,14 @@ noniid_majority, noniid_minority_fraction, shards_per_client) -> list of index a
 what it needs)."""
 
 log = get_logger(__name__)
+
+
+def named_classes(classes: int | Sequence[int], class_names: Sequence[str] | None) -> str:
+    """Classes as messages name them: by name (``'four'``, ``['four', 'nine']``) when the
+    names are known, else by index."""
+    if isinstance(classes, (int, np.integer)):
+        return repr(class_names[int(classes)]) if class_names else str(int(classes))
+    return str([class_names[int(c)] for c in classes] if class_names else [int(c) for c in classes])
 
 
 def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset
@@ -204,6 +212,7 @@ def noniid_partition(
     seed: int,
     majority: int = 2,
     minority_fraction: float = 0.012,
+    class_names: Sequence[str] | None = None,
 ) -> list[np.ndarray]:
     """The paper's non-IID split (Sec. 4.1, App. D, Table D.5), without class exhaustion.
 
@@ -262,7 +271,7 @@ def noniid_partition(
             need = n_minor * num_partitions
         if need > len(idx) or n_minor == 0:
             raise ValueError(
-                f"class {k} has {len(idx)} samples, too few for {len(minority_clients)} minority "
+                f"class {named_classes(k, class_names)} has {len(idx)} samples, too few for {len(minority_clients)} minority "
                 f"clients x {n_minor} + {len(owners[k])} majority clients; lower "
                 f"noniid-minority-fraction={minority_fraction} or the number of clients"
             )
@@ -322,6 +331,7 @@ def partition_pool(
     noniid_majority: int = 2,
     noniid_minority_fraction: float = 0.012,
     shards_per_client: int = 2,
+    class_names: Sequence[str] | None = None,
 ) -> list[np.ndarray]:
     """Partition the training pool into ``num_partitions`` clients by ``scheme``.
 
@@ -335,6 +345,8 @@ def partition_pool(
         One of :data:`PARTITIONS`.
     seed : int
         Seed; the result is a pure function of the arguments.
+    class_names : sequence of str, optional
+        The K class names, for the messages (classes are named by index without them).
 
     Returns
     -------
@@ -356,14 +368,15 @@ def partition_pool(
         noniid_majority=noniid_majority,
         noniid_minority_fraction=noniid_minority_fraction,
         shards_per_client=shards_per_client,
+        class_names=class_names,
     )
 
 
 PARTITIONS.add("iid", lambda labels, n, k, seed, **_: iid_partition(labels, n, seed))
 PARTITIONS.add(
     "noniid",
-    lambda labels, n, k, seed, *, noniid_majority, noniid_minority_fraction, **_: noniid_partition(
-        labels, n, k, seed, noniid_majority, noniid_minority_fraction
+    lambda labels, n, k, seed, *, noniid_majority, noniid_minority_fraction, class_names=None, **_: noniid_partition(
+        labels, n, k, seed, noniid_majority, noniid_minority_fraction, class_names
     ),
 )
 PARTITIONS.add(

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fedul_flwr.data.partition import named_classes
+
 __all__ = ["PUSplit", "assign_positive_classes", "class_prior", "parse_positive_classes", "pu_split"]
 
 
@@ -47,7 +49,8 @@ class PositiveSpec:
     explicit: tuple[tuple[int, ...], ...] | None = None
 
 
-def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: str = "positive-classes") -> PositiveSpec:
+def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: str = "positive-classes",
+                           class_names: Sequence[str] | None = None) -> PositiveSpec:  # fmt: skip
     """Parse the ``positive-classes`` setting.
 
     Forms: ``"2"`` (every client has 2 positive classes), ``"2,3,4,6,7,8"`` (the division:
@@ -59,7 +62,8 @@ def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: s
     ValueError
         On a malformed value, a count outside [1, K], a class outside [0, K), a division or
         list whose length is not the number of clients, or explicit sets that do not cover
-        every class (the message names ``key`` and the value).
+        every class (the message names ``key`` and the value; classes by ``class_names``
+        where given).
     """
     text = str(text).strip().strip("[]")
     try:
@@ -73,7 +77,7 @@ def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: s
                     raise ValueError(f"client {k}: classes {list(classes)} must be distinct, in [0, {num_classes})")
             missing = sorted(set(range(num_classes)) - {c for s in sets for c in s})
             if missing:
-                raise ValueError(f"no client labels class(es) {missing}: the positive sets must cover every class")
+                raise ValueError(f"no client labels class(es) {named_classes(missing, class_names)}: the positive sets must cover every class")
             return PositiveSpec(explicit=sets)
         counts = tuple(int(c) for c in text.split(",") if c.strip())
         if len(counts) == 1:
@@ -90,7 +94,8 @@ def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: s
         raise ValueError(f"{key}={text!r}: {exc}") from None
 
 
-def assign_positive_classes(spec: PositiveSpec, class_counts: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+def assign_positive_classes(spec: PositiveSpec, class_counts: Sequence[np.ndarray],
+                            class_names: Sequence[str] | None = None) -> list[tuple[int, ...]]:  # fmt: skip
     """The positive classes CP_k of every client.
 
     Parameters
@@ -99,6 +104,8 @@ def assign_positive_classes(spec: PositiveSpec, class_counts: Sequence[np.ndarra
         From :func:`parse_positive_classes`.
     class_counts : Sequence[np.ndarray]
         Per client, int ``[K]``: how many images of each class it holds.
+    class_names : sequence of str, optional
+        The K class names, for the messages.
 
     Returns
     -------
@@ -117,7 +124,7 @@ def assign_positive_classes(spec: PositiveSpec, class_counts: Sequence[np.ndarra
         for k, classes in enumerate(spec.explicit):
             absent = [c for c in classes if class_counts[k][c] == 0]
             if absent:
-                raise ValueError(f"positive-classes: client {k} holds no image of its positive class(es) {absent}")
+                raise ValueError(f"positive-classes: client {k} holds no image of its positive class(es) {named_classes(absent, class_names)}")
         return [tuple(sorted(s)) for s in spec.explicit]
     assert spec.division is not None
     covered = np.zeros(num_classes, dtype=int)
@@ -143,7 +150,7 @@ def assign_positive_classes(spec: PositiveSpec, class_counts: Sequence[np.ndarra
     missing = [c for c in range(num_classes) if c not in cover]
     if missing:
         raise ValueError(
-            f"positive-classes: division {list(spec.division)} leaves class(es) {missing} unlabeled on these clients "
+            f"positive-classes: division {list(spec.division)} leaves class(es) {named_classes(missing, class_names)} unlabeled on these clients "
             "(a client can only label classes it holds)"
         )
     repaired = []
@@ -203,7 +210,7 @@ class PUSplit:
 
 def pu_split(
     indices: np.ndarray, labels: np.ndarray, positive_classes: Sequence[int], labeled_fraction: float,
-    rng: np.random.Generator,
+    rng: np.random.Generator, class_names: Sequence[str] | None = None,
 ) -> PUSplit:  # fmt: skip
     """Split one client's images into labeled positives and the unlabeled rest.
 
@@ -219,6 +226,8 @@ def pu_split(
         Share of each positive class that is labeled, in (0, 1].
     rng : np.random.Generator
         The client's generator.
+    class_names : sequence of str, optional
+        The K class names, for the messages.
 
     Raises
     ------
@@ -231,7 +240,7 @@ def pu_split(
     for c in sorted(positive_classes):
         rows = indices[labels == c]
         if len(rows) == 0:
-            raise ValueError(f"positive class {c} has no image on this client")
+            raise ValueError(f"positive class {named_classes(c, class_names)} has no image on this client")
         n = min(len(rows), max(1, int(round(labeled_fraction * len(rows)))))
         labeled.append(rng.choice(rows, n, replace=False))
     labeled_rows = np.sort(np.concatenate(labeled)).astype(np.int64)

@@ -87,6 +87,7 @@ def _partition(cfg: RunConfig, labels: np.ndarray, num_partitions: int, seed: in
         noniid_majority=cfg.noniid_majority_classes,
         noniid_minority_fraction=cfg.noniid_minority_fraction,
         shards_per_client=cfg.shards_per_client,
+        class_names=load_run_dataset(cfg).class_names,
     )
 
 
@@ -114,6 +115,7 @@ def labels_at_clients_splits(cfg: RunConfig, num_partitions: int) -> list[Client
     splits = split_to_clients(
         labels[pool], cfg.num_labeled, load_run_dataset(cfg).num_classes,
         lambda part_labels, seed: _partition(cfg, part_labels, num_partitions, seed), seeds,  # type: ignore[arg-type]
+        load_run_dataset(cfg).class_names,
     )  # fmt: skip
     return [ClientSplit(pool[s.labeled], pool[s.unlabeled]) for s in splits]
 
@@ -404,12 +406,12 @@ def positive_class_sets(cfg: RunConfig, num_partitions: int) -> list[tuple[int, 
     """
     data = load_run_dataset(cfg)
     labels = data.train_y.numpy()
-    spec = parse_positive_classes(cfg.positive_classes, num_partitions, data.num_classes)
+    spec = parse_positive_classes(cfg.positive_classes, num_partitions, data.num_classes, class_names=data.class_names)
     counts = [
         np.bincount(labels[client_rows(cfg, k, num_partitions)[0]], minlength=data.num_classes)
         for k in range(num_partitions)
     ]
-    return assign_positive_classes(spec, counts)
+    return assign_positive_classes(spec, counts, data.class_names)
 
 
 @SETTINGS.register("pu")
@@ -429,7 +431,7 @@ def pu_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: fro
     labels = data.train_y.numpy()
     indices, local_test, rng = client_rows(cfg, partition_id, num_partitions)
     positives = positive_class_sets(cfg, num_partitions)[partition_id]
-    split = pu_split(indices, labels[indices], positives, cfg.pu_labeled_fraction, rng)
+    split = pu_split(indices, labels[indices], positives, cfg.pu_labeled_fraction, rng, data.class_names)
     pool, _ = _partitions(cfg, num_partitions)
     prior = class_prior(cfg.class_prior, data.num_classes, labels[pool], labels[split.unlabeled])
     log.info(
