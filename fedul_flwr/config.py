@@ -156,6 +156,7 @@ class RunConfig:
     dp_epsilon: float
     dp_delta: float
     dp_publish_unnoised_train_metrics: bool
+    dp_publish_unnoised_client_evaluation: bool
     output_dir: str
     run_name: str
     resume: bool

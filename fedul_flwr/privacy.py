@@ -104,13 +104,11 @@ import numpy as np
 from flwr.app import (
     Array,
     ArrayRecord,
-    Error,
     Context,
     Message,
     MessageType,
     MetricRecord,
 )
-from flwr.common.constant import ErrorCode
 from flwr.clientapp.typing import ClientAppCallable
 from flwr.common.logger import log
 from flwr.supercore.differential_privacy import compute_stdv, get_norm
@@ -124,6 +122,7 @@ from flwr.serverapp.strategy import (
 from fedul_flwr import wire
 from fedul_flwr.config import CHOICES, RunConfig, config_from_json
 from fedul_flwr.console import PROGRESS
+from fedul_flwr.strategies.admission import failed_reply
 
 __all__ = [
     "ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "SERVER_MODES", "NoisedMean", "NonFiniteUpdateError", "add_noise",
@@ -458,19 +457,19 @@ class NoisedMean:
         return arrays, metrics
 
 
-def _failed(reply: Message, instruction: Message | None, why: str) -> Message:
-    """An error reply in place of ``reply`` (to ``instruction``, the message it answers)."""
-    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"NonFiniteUpdateError: {why}"),
-                   reply_to=instruction if instruction is not None else reply)  # fmt: skip
-
-
 class ClippableReplies:
     """Mixin for Flower's server-side DP wrappers: their aggregation, done so that it holds for
     every reply and every accepted strategy.
 
-    Per round: a reply whose update (reply minus global arrays) holds NaN or an infinity becomes
-    a failed reply of its node (``NonFiniteUpdateError``, on record with the round's other
-    failures); the strict strategy's ``screen`` applies the failure limits and leaves out the
+    Per round: every reply goes through the strategy's door first
+    (:mod:`fedul_flwr.strategies.admission`, with whole-model replies required): a malformed
+    one (wrong shape or dtype, missing or extra arrays or records, no metrics, a weight that is
+    not a finite number > 0) becomes a failed reply of its node (``MalformedReplyError``); a
+    reply whose update (reply minus global arrays) holds NaN or an infinity becomes one too
+    (``NonFiniteUpdateError``), both on record with the round's other failures; every kept
+    reply then weighs 1 whatever weight it claims (its weight metrics are set to 1: the mean is
+    the uniform one the noise z C / n is for); the strict strategy's ``screen`` applies the
+    failure limits and leaves out the
     clients that had nothing to train; every remaining update is clipped to L2 norm C
     (:func:`clip_update`: a zero update stays zero); ``num_sampled_clients``, the noise's
     divisor n, is set to their number; the adaptive wrapper updates C from the noisy clipped
@@ -481,10 +480,6 @@ class ClippableReplies:
 
     Raises
     ------
-    ValueError
-        If a reply carries other array records than ``"arrays"`` (SCAFFOLD) or only some of
-        the global arrays (HASSLE): the checks before round 1 refuse such runs
-        (:mod:`fedul_flwr.strategies.contract`); this is the last guard.
     RuntimeError
         If the strategy aggregated without the noise (one whose aggregation never reaches
         FedAvg's mean).
@@ -499,41 +494,31 @@ class ClippableReplies:
     """C of the latest aggregation (``server-adaptive``: set by earlier rounds' noisy counts, so
     publishing it is post-processing)."""
 
-    def _clip(self, server_round: int, reply: Message, current: list[np.ndarray], expected: list[str]) -> bool:
-        """Clip ``reply``'s update in place; False if it cannot be clipped (non-finite). Replies
-        of another layout are left for :meth:`_check_layout`."""
-        if reply.has_error() or list(reply.content.array_records.keys()) != [wire.ARRAYS]:
-            return True
-        record = reply.content[wire.ARRAYS]
-        if list(record.keys()) != expected:
-            return True
-        sent = record.to_numpy_ndarrays()
+    def _clip(self, reply: Message, current: list[np.ndarray], expected: list[str]) -> None:
+        """Clip ``reply``'s update in place (an admitted reply: every global array, in order).
+
+        Raises
+        ------
+        NonFiniteUpdateError
+            If the update holds NaN or an infinity.
+        """
+        if reply.has_error() or not len(reply.content[wire.ARRAYS]):
+            return
+        sent = [reply.content[wire.ARRAYS][k].numpy() for k in expected]
         clipped, was_clipped = clip_update([np.subtract(x, y) for x, y in zip(sent, current, strict=True)],
                                            self.clipping_norm)  # fmt: skip
         reply.content[wire.ARRAYS] = ArrayRecord(
             {k: Array(np.asarray(c + u)) for k, c, u in zip(expected, current, clipped, strict=True)}
         )
         self._clipped += int(was_clipped)
-        return True
 
     @staticmethod
-    def _check_layout(server_round: int, reply: Message, expected: list[str]) -> None:
-        records = list(reply.content.array_records.keys())
-        if records != [wire.ARRAYS]:
-            raise ValueError(
-                f"round {server_round}: node {reply.metadata.src_node_id} replied with array records {records}; "
-                "server-side DP clips one record of the whole model (SCAFFOLD's control variates cannot be "
-                "clipped with it): use differential-privacy=client-local"
-            )
-        sent = list(reply.content[wire.ARRAYS].keys())
-        if sent != expected:  # the update pairs the reply's arrays with the global ones by position
-            missing = sorted({k.split(".", 1)[0] for k in expected} - {k.split(".", 1)[0] for k in sent})
-            detail = f"models missing: {missing}" if missing else "in another order"
-            raise ValueError(
-                f"round {server_round}: node {reply.metadata.src_node_id} sent {len(sent)} of the "
-                f"{len(expected)} global arrays ({detail}); server-side DP clips whole-model updates: use "
-                "differential-privacy=client-local"
-            )
+    def _weigh_one(reply: Message, keys: Iterable[str]) -> Message:
+        """``reply`` with each weight metric in ``keys`` set to 1: under server-side DP no
+        reply weighs more than another, whatever it claims."""
+        metrics = reply.content[wire.METRICS]
+        reply.content[wire.METRICS] = MetricRecord({**metrics, **{k: 1.0 for k in keys}})
+        return reply
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -544,15 +529,17 @@ class ClippableReplies:
         instructions = {m.metadata.message_id: m for m in getattr(inner, "_instructions", [])}
         self._clipped = 0
         checked = []
-        for reply in replies:
+        for reply in inner.admit(server_round, replies):  # the one door: malformed replies fail here
             try:
-                self._clip(server_round, reply, current, expected)
+                self._clip(reply, current, expected)
                 checked.append(reply)
             except NonFiniteUpdateError as exc:
                 log(WARNING, "round %d: node %d: %s; its reply counts as failed", server_round,
                     reply.metadata.src_node_id, exc)  # fmt: skip
                 instruction = instructions.get(reply.metadata.reply_to_message_id)
-                checked.append(_failed(reply, instruction, f"node {reply.metadata.src_node_id}: {exc}"))
+                why = NonFiniteUpdateError(f"node {reply.metadata.src_node_id}: {exc}")
+                checked.append(failed_reply(reply, instruction, why))
+        weights = {inner.weighted_by_key, wire.UNIFORM_WEIGHT, *getattr(inner, "model_weight_keys", {}).values()}
         screened = inner.screen(server_round + getattr(inner, "round_offset", 0), checked)  # failures on record first
         kept = []
         for reply in screened:
@@ -560,8 +547,7 @@ class ClippableReplies:
                 log(INFO, "round %d: node %d failed (%s); its reply is left out", server_round,
                     reply.metadata.src_node_id, reply.error.reason)  # fmt: skip
                 continue
-            self._check_layout(server_round, reply, expected)
-            kept.append(reply)
+            kept.append(self._weigh_one(reply, weights))
         self.num_sampled_clients = max(1, len(kept))
         clipping_norm = self.clipping_norm  # the norm this round's updates were clipped to
         self.last_clipping_norm = clipping_norm
@@ -663,6 +649,7 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig, num_nodes: int | None = Non
     else:
         return strategy
     wrapper.publish_train_metrics = cfg.dp_publish_unnoised_train_metrics
+    strategy.whole_replies = True  # the door refuses partial replies: the update is of the whole model
     return wrapper
 
 

@@ -255,6 +255,10 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "dp-publish-unnoised-train-metrics": "server-fixed / server-adaptive: `true` records the clients' aggregated "
         "train metrics (the train loss, ...) every round; no DP noise covers them, so they are outside the recorded "
         "epsilon, and the summary line says so",
+        "dp-publish-unnoised-client-evaluation": "every DP mode: `true` runs the clients' evaluation on their "
+        "labeled local test splits (`client-test-fraction` > 0) and prints its aggregate each round, marked "
+        "`unnoised-`; no DP noise covers it, so it is outside the recorded epsilon. `false` (the default): no "
+        "client-side evaluation under DP",
     },
     "Outputs and runtime": {
         "verbose": "`false`: the run prints one line per round (test accuracy, seconds, ETA) and the summary line; "

@@ -61,13 +61,14 @@ from flwr.serverapp.strategy import (
 from fedul_flwr import wire
 from fedul_flwr.config import RunConfig
 from fedul_flwr.registry import Registry
+from fedul_flwr.strategies.admission import admit
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.kept_state import KeptOptimizerStates
 from fedul_flwr.strategies.scaffold import Scaffold
 
 __all__ = [
-    "STRATEGIES", "NoSuccessfulReplyError", "RoundReplies", "build_strategy", "error_type", "inner_strategy", "is_idle",
-    "reply_order", "strict",
+    "STRATEGIES", "UNNOISED_PREFIX", "NoSuccessfulReplyError", "RoundReplies", "build_strategy", "client_evaluation",
+    "error_type", "inner_strategy", "is_idle", "reply_order", "strict",
 ]  # fmt: skip
 
 
@@ -128,7 +129,8 @@ class RequireReplies:
     :class:`NoSuccessfulReplyError` when the round yields fewer successful replies than the
     strategy's ``min_train_nodes`` (at least one), or when more than ``max_failure_fraction``
     of its replies are errors, instead of silently aggregating too few clients or keeping the
-    old model. Otherwise the round's trained replies (and the errors, which Flower's strategies
+    old model. Every reply goes through one door first (:meth:`admit`,
+    :mod:`fedul_flwr.strategies.admission`). Otherwise the round's trained replies (and the errors, which Flower's strategies
     log and skip) are aggregated; idle replies never reach the aggregation, and a round in
     which every successful reply is idle keeps the global model. A failed reply is attributed
     to the node its instruction was sent to (:meth:`screen`)."""
@@ -140,14 +142,43 @@ class RequireReplies:
     """The latest training round's replies, for the server to record (kept when the round
     stops the run)."""
     _screened: int | None = None  # the round whose replies screen() has seen already (a DP wrapper's call)
+    whole_replies: bool = False
+    """Whether every reply must carry every exchanged model (server-side DP clips whole-model
+    updates; :func:`fedul_flwr.privacy.with_server_dp` sets it)."""
 
     def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Iterable[Message]:
         messages = list(super().configure_train(server_round, *args, **kwargs))  # type: ignore[misc]
         self._instructions = messages  # their message ids are set when the grid pushes them
+        self._sent_arrays = args[0] if args else kwargs.get("arrays")  # the round's global arrays
+        self._admitted: set[int] = set()
         return messages
 
+    def admit(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """The door of every training reply (:mod:`fedul_flwr.strategies.admission`): each
+        malformed one becomes a failed reply of its node (``MalformedReplyError``); the
+        others pass as they are. Each reply is checked once per round."""
+        replies = list(replies)
+        expected = getattr(self, "_sent_arrays", None)
+        if expected is None:
+            return replies
+        fresh = [r for r in replies if id(r) not in self._admitted]
+        if not fresh:
+            return replies
+        models = list(dict.fromkeys(wire.model_of(k) for k in expected.keys()))
+        per_model = getattr(self, "model_weight_keys", {})
+        side: dict[str, str | None] = {}
+        for cls in reversed(type(self).__mro__):
+            side.update(cls.__dict__.get("side_records", {}))
+        checked = iter(admit(server_round, fresh, expected, getattr(self, "_instructions", ()),
+                             weight_keys={m: per_model.get(m, self.weighted_by_key) for m in models},  # type: ignore[attr-defined]
+                             side_records=side, whole=self.whole_replies))  # fmt: skip
+        out = [next(checked) if id(r) not in self._admitted else r for r in replies]
+        self._admitted.update(id(r) for r in out)
+        return out
+
     def screen(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
-        """Sort and record the round's replies (``last_replies``) and apply
+        """Admit the round's replies (:meth:`admit`: a malformed reply becomes a failed one of
+        its node), sort and record them (``last_replies``) and apply
         ``min_train_nodes`` and ``max_failure_fraction``; returns the replies to aggregate
         (the trained ones and the errors, in their order). A DP wrapper in front of the
         strategy calls it first, then hands on only what it can clip
@@ -158,7 +189,7 @@ class RequireReplies:
         NoSuccessfulReplyError
             Naming the round, the counts and every failed node's error.
         """
-        replies = list(replies)
+        replies = self.admit(server_round, replies)
         sent_to = {m.metadata.message_id: m.metadata.dst_node_id for m in getattr(self, "_instructions", [])}
 
         def node(reply: Message) -> int:
@@ -234,6 +265,9 @@ class ResumedRounds:
     """
 
     round_offset: int = 0
+    evaluation_prefix: str = ""
+    """Prefixed to every key of the clients' aggregated evaluation (``"unnoised-"`` under DP,
+    where it runs only with ``dp-publish-unnoised-client-evaluation=true``)."""
     last_train_metrics: MetricRecord | None = None
     """The aggregated train metrics of the latest round, for the server to record (and
     checkpoint) with that round's evaluation."""
@@ -250,7 +284,10 @@ class ResumedRounds:
         return super().configure_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
 
     def aggregate_evaluate(self, server_round: int, *args: Any, **kwargs: Any) -> Any:
-        return super().aggregate_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+        result = super().aggregate_evaluate(server_round + self.round_offset, *args, **kwargs)  # type: ignore[misc]
+        if self.evaluation_prefix and isinstance(result, MetricRecord):  # marked where Flower prints it
+            return MetricRecord({f"{self.evaluation_prefix}{k}": v for k, v in result.items()})
+        return result
 
 
 def strict(strategy_class: type[FedAvg], method_mixin: type | None = None, kept_states: bool = False) -> type[FedAvg]:
@@ -356,7 +393,8 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         as FedOpt's logged ``eta_l``), the sampling settings ``fraction-train``,
         ``min-train-nodes`` and ``min-available-nodes``, ``aggregation-weights``, and
         ``client-test-fraction`` (client-side evaluation runs only when clients hold a
-        labeled local test split), ``num-malicious-nodes`` / ``num-nodes-to-select`` (Krum,
+        labeled local test split, and under DP only when opted in: :func:`client_evaluation`),
+        ``num-malicious-nodes`` / ``num-nodes-to-select`` (Krum,
         MultiKrum, Bulyan) and the ``dp-*`` keys.
     method_mixin : type | None
         The method's aggregation mixin (``Method.aggregation()``).
@@ -372,7 +410,7 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
     """
     from fedul_flwr.privacy import with_server_dp
 
-    evaluate = 1.0 if cfg.client_test_fraction > 0 else 0.0
+    evaluate = 1.0 if client_evaluation(cfg) else 0.0
     if cfg.strategy == "scaffold" and cfg.local_optimizer != "sgd":
         log(
             WARNING,
@@ -393,4 +431,21 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         **specific,
     )
     strategy.max_failure_fraction = cfg.max_failure_fraction
+    if evaluate and cfg.differential_privacy != "none":
+        strategy.evaluation_prefix = UNNOISED_PREFIX
+        log(WARNING, "fedul-flwr: dp-publish-unnoised-client-evaluation=true: the clients' evaluation on their local "
+            "test splits is printed each round as '%s...': no DP noise covers it, it is outside the epsilon",
+            UNNOISED_PREFIX)  # fmt: skip
     return with_server_dp(strategy, cfg, num_nodes)
+
+
+UNNOISED_PREFIX = "unnoised-"
+"""The mark of an unnoised client aggregate a DP run prints (its keys start with it)."""
+
+
+def client_evaluation(cfg: RunConfig) -> bool:
+    """Whether the rounds ask the clients to evaluate on their labeled local test splits: they
+    hold one (``client-test-fraction`` > 0) and, under any ``differential-privacy`` mode, the
+    run opted in with ``dp-publish-unnoised-client-evaluation=true`` (no DP noise covers the
+    clients' test metrics, nor their aggregate Flower prints)."""
+    return cfg.client_test_fraction > 0 and (cfg.differential_privacy == "none" or cfg.dp_publish_unnoised_client_evaluation)

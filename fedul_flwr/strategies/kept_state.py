@@ -46,6 +46,10 @@ class KeptOptimizerStates:
     """The aggregation contract (:mod:`fedul_flwr.strategies.contract`): the strategy
     aggregates the replies as it is; the states leave them before it does."""
 
+    side_records = {wire.OPTIMIZER_STATE: None}
+    """Array records a reply carries beside ``"arrays"`` (:mod:`fedul_flwr.strategies.admission`):
+    the client's new optimiser state (its layout is the optimiser's)."""
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.client_states: dict[str, ArrayRecord] = {}

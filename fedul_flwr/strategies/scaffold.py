@@ -67,6 +67,10 @@ class Scaffold(FedAvg):
         If ``option`` is not ``"I"``/``"II"`` or ``global_learning_rate <= 0``.
     """
 
+    side_records = {wire.CV_DELTA: "model"}
+    """Array records a reply carries beside ``"arrays"`` (:mod:`fedul_flwr.strategies.admission`):
+    the control-variate update, shaped as the model."""
+
     def __init__(  # pylint: disable=too-many-arguments
         self,
         *,

@@ -1,0 +1,142 @@
+"""The one door every training reply goes through (fedul_flwr.strategies.admission), measured
+on crafted replies through the project's real strategies (built by ``build_strategy`` from run
+settings, the DP wrapper included): a hostile node's claimed weight moves server DP's noiseless
+release by at most C/n, and a malformed reply (shape, dtype, missing or extra arrays, records or
+metrics, a weight that is no positive number) is its node's named failed reply in every mode,
+never a crash of the round."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedul_flwr import wire
+from fedul_flwr.checks import resolve_config
+from fedul_flwr.client_app import app as client_app
+from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.strategies import STRATEGIES, build_strategy, inner_strategy
+
+NODES = 4
+CLIP = 0.5
+# written out by hand (not read from the contract): the strategies server-side DP accepts
+SERVER_DP_STRATEGIES = ("fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad")
+GLOBAL = {"f.w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4), "f.b": np.zeros(4, np.float32),
+          "f.n": np.array(3, dtype=np.int64)}  # fmt: skip
+
+
+def _update(seed: int, scale: float = 1.0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {k: (scale * rng.standard_normal(v.shape)).astype(v.dtype) if v.dtype.kind == "f" else np.zeros_like(v)
+            for k, v in GLOBAL.items()}  # fmt: skip
+
+
+def _reply(instruction: Message, update: dict[str, np.ndarray], weight: object = 1.0, **changes: object) -> Message:
+    arrays = {k: GLOBAL[k] + update[k] for k in GLOBAL}
+    metrics = {wire.TRAIN_LOSS: 0.5, wire.NUM_EXAMPLES: 10, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: 2}
+    metrics[wire.UNIFORM_WEIGHT] = metrics[wire.NUM_EXAMPLES] = weight  # type: ignore[assignment]
+    content = RecordDict({wire.ARRAYS: ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
+                          wire.METRICS: MetricRecord(metrics),
+                          wire.NODE_RECORD: ConfigRecord({wire.NODE_KEY: instruction.metadata.dst_node_id})})  # fmt: skip
+    if "scaffold" in changes:
+        changes.pop("scaffold")
+        content[wire.CV_DELTA] = ArrayRecord({k: Array(np.zeros_like(v)) for k, v in GLOBAL.items()})
+    for name, change in changes.items():
+        change(content)  # type: ignore[operator]
+    return Message(content, reply_to=instruction)
+
+
+def _round(strategy: str, mode: str, replies: dict[int, dict]) -> tuple:
+    """One round of ``strategy`` under ``mode`` on 4 nodes whose replies are ``replies[node]``
+    (keyword arguments of :func:`_reply`); the aggregate, the release and the strategy."""
+    values = {"strategy": strategy, "differential-privacy": mode, "dp-clipping-norm": CLIP, "dp-noise-multiplier": 1e-9,
+              "min-available-nodes": NODES, "min-train-nodes": 3, "num-malicious-nodes": 0}  # fmt: skip
+    cfg = resolve_config(values)
+    built = build_strategy(cfg, None, num_nodes=NODES)
+    grid = InProcessGrid(client_app, NODES, values)
+    initial = ArrayRecord({k: Array(v) for k, v in GLOBAL.items()})
+    instructions = list(built.configure_train(1, initial, ConfigRecord({wire.RUN_CONFIG: cfg.to_json()}), grid))
+    for m in instructions:
+        m.metadata.__dict__["_message_id"] = uuid.uuid4().hex
+    sent = [_reply(m, **replies[m.metadata.dst_node_id]) for m in instructions]
+    arrays, _ = built.aggregate_train(1, sent)
+    return arrays, getattr(inner_strategy(built), "dp_release", None), inner_strategy(built)
+
+
+def _norm(a: ArrayRecord, b: ArrayRecord) -> float:
+    return float(np.sqrt(sum(np.sum((a[k].numpy().astype(np.float64) - b[k].numpy()) ** 2) for k in a.keys())))
+
+
+@pytest.mark.parametrize("mode", ["server-fixed", "server-adaptive"])
+@pytest.mark.parametrize("strategy", SERVER_DP_STRATEGIES)
+@pytest.mark.parametrize("claimed", [-2.999, 1e6, 1e-9])
+def test_a_hostile_weight_moves_the_noiseless_release_by_at_most_c_over_n(strategy: str, mode: str, claimed: float) -> None:
+    """Node 1 claims ``claimed`` as its weight (the honest ClientApp sends 1); honest node 2
+    sends a zero update, then one 100 times C: the release moves by exactly C/n, n the replies
+    kept (4; 3 where the door refuses a weight that is no number > 0)."""
+    base = {1: {"update": _update(1, 50.0), "weight": claimed}, 3: {"update": _update(3)}, 4: {"update": _update(4)}}
+    _, quiet, _ = _round(strategy, mode, {**base, 2: {"update": _update(2, 0.0)}})
+    _, loud, inner = _round(strategy, mode, {**base, 2: {"update": _update(2, 100.0)}})
+    if claimed > 0:  # kept, weighing 1 like every other reply
+        assert inner.last_replies.trained == [1, 2, 3, 4] and not inner.last_replies.failed
+    else:  # refused at the door
+        assert inner.last_replies.failed == [(1, "MalformedReplyError")] and inner.last_replies.trained == [2, 3, 4]
+    moved = _norm(quiet, loud) / (CLIP / len(inner.last_replies.trained))
+    assert 1 - 1e-4 <= moved <= 1 + 1e-4, moved
+
+
+def _shape(c: RecordDict) -> None:
+    c[wire.ARRAYS]["f.w"] = Array(np.zeros((4, 3), np.float32))
+
+
+def _dtype(c: RecordDict) -> None:
+    c[wire.ARRAYS]["f.w"] = Array(np.zeros((3, 4), np.int32))
+
+
+def _missing_key(c: RecordDict) -> None:
+    del c[wire.ARRAYS]["f.b"]
+
+
+def _extra_key(c: RecordDict) -> None:
+    c[wire.ARRAYS]["f.extra"] = Array(np.zeros(2, np.float32))
+
+
+def _extra_record(c: RecordDict) -> None:
+    c["other"] = ArrayRecord({"f.w": Array(np.zeros((3, 4), np.float32))})
+
+
+def _no_metrics(c: RecordDict) -> None:
+    del c[wire.METRICS]
+
+
+def _extra_metric(c: RecordDict) -> None:
+    c[wire.METRICS] = MetricRecord({**c[wire.METRICS], "secret": 1.0})
+
+
+def _missing_metric(c: RecordDict) -> None:
+    c[wire.METRICS] = MetricRecord({k: v for k, v in c[wire.METRICS].items() if k != wire.TRAIN_LOSS})
+
+
+MALFORMED = {"shape": {"shape": _shape}, "dtype": {"dtype": _dtype}, "missing-key": {"missing": _missing_key},
+             "extra-key": {"extra": _extra_key}, "extra-record": {"record": _extra_record},
+             "no-metrics": {"metrics": _no_metrics}, "extra-metric": {"metric": _extra_metric},
+             "missing-metric": {"metric": _missing_metric}, "negative-weight": {"weight": -2.999},
+             "zero-weight": {"weight": 0}, "nan-weight": {"weight": float("nan")}, "inf-weight": {"weight": float("inf")},
+             "list-weight": {"weight": [1.0, 2.0]}}  # fmt: skip
+MODES = [(s, "none") for s in STRATEGIES.names()] + [(s, m) for s in SERVER_DP_STRATEGIES
+                                                      for m in ("server-fixed", "server-adaptive")]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+@pytest.mark.parametrize(("strategy", "mode"), MODES)
+def test_a_malformed_reply_is_its_nodes_named_failed_reply(strategy: str, mode: str, kind: str) -> None:
+    side = {"scaffold": True} if strategy == "scaffold" else {}
+    replies = {n: {"update": _update(n, 0.01), **side} for n in range(1, NODES + 1)}
+    replies[1] = {**replies[1], **MALFORMED[kind]}
+    arrays, _, inner = _round(strategy, mode, replies)
+    assert inner.last_replies.failed == [(1, "MalformedReplyError")], inner.last_replies
+    assert inner.last_replies.trained == [2, 3, 4]
+    assert arrays is not None and sorted(arrays.keys()) == sorted(GLOBAL)
+    assert all(arrays[k].numpy().shape == GLOBAL[k].shape and np.isfinite(arrays[k].numpy()).all() for k in GLOBAL)
