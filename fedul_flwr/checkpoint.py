@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedul_flwr.store import write_atomic
+from fedul_flwr.store import DamagedFile, read_with, write_atomic
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -188,16 +188,20 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
     CheckpointMissing
         If the file is missing.
     CheckpointError
-        If it is unreadable.
+        If it is unreadable: empty, cut short, not a checkpoint (one line naming the file;
+        read through :func:`fedul_flwr.store.read_with`).
     """
     path = Path(run_dir) / CHECKPOINT_FILE
     if not path.is_file():
         raise CheckpointMissing(f"resume=true but {path} does not exist (no round of this run has finished yet?)")
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = read_with(path, lambda fh: torch.load(fh, map_location="cpu", weights_only=True))
         return Checkpoint(
             int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {})),
             payload.get("random_state"), payload.get("ema_state"), payload.get("num_nodes"),
         )
+    except DamagedFile as exc:
+        raise CheckpointError(f"{path}: unreadable checkpoint ({exc.reason})") from exc
     except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable checkpoint ({exc})") from exc
+        reason = " ".join(str(exc).split())
+        raise CheckpointError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {reason})") from exc

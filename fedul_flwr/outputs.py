@@ -48,7 +48,7 @@ import torch
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
-from fedul_flwr.store import FolderLock, RunFolderInUse, sweep_temporary, utc_stamp, write_atomic
+from fedul_flwr.store import FolderLock, RunFolderInUse, read_json, sweep_temporary, utc_stamp, write_atomic
 
 if TYPE_CHECKING:
     from fedul_flwr.strategies import RoundReplies
@@ -78,8 +78,8 @@ def resumed_rows(run_dir: Path, last_round: int) -> dict[int, dict[str, Any]]:
     if not path.is_file():
         return {}
     try:
-        rows = {int(r["round"]): r for r in json.loads(path.read_text())}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        rows = {int(r["round"]): r for r in read_json(path, list)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # DamagedFile is a ValueError
         reason = " ".join(str(exc).split())
         raise CheckpointError(
             f"resume=true: {path} cannot be read ({type(exc).__name__}: {reason}); nothing was changed (repair the file, "
@@ -451,8 +451,16 @@ def _tensorboard_writer_class() -> type:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Load ``metrics.json`` of a finished run folder."""
-    return json.loads((Path(run_dir) / "metrics.json").read_text())
+    """Load ``metrics.json`` of a finished run folder (:func:`fedul_flwr.store.read_json`).
+
+    Raises
+    ------
+    FileNotFoundError
+        If it does not exist.
+    fedul_flwr.store.DamagedFile
+        If it is empty, cut short or not a JSON list (names the file).
+    """
+    return read_json(Path(run_dir) / "metrics.json", list)
 
 
 def running_time(rows: Iterable[Mapping[str, Any]]) -> float:

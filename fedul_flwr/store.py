@@ -32,9 +32,12 @@ when a folder is taken over or set aside, and in a grid's records).
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import re
+import shutil
 import socket
 import time
 import uuid
@@ -47,14 +50,17 @@ from typing import IO, Any
 import filelock
 
 __all__ = [
-    "LOCK_DIR", "SET_ASIDE", "FolderLock", "RunFolderInUse", "lock_path", "set_aside", "set_aside_folders",
-    "sweep_temporary", "utc_stamp", "write_atomic", "write_json",
+    "DAMAGED", "LOCK_DIR", "SET_ASIDE", "DamagedFile", "FolderLock", "NoSpace", "RunFolderInUse", "RunLogHandler",
+    "lock_path", "move", "no_space", "read_json", "read_with", "remove", "remove_tree", "set_aside",
+    "set_aside_damaged", "set_aside_folders", "sweep_temporary", "utc_stamp", "write_atomic", "write_json",
 ]  # fmt: skip
 
 LOCK_DIR = ".locks"
 """Folder of an output-dir that holds its run folders' lock files."""
 SET_ASIDE = ".set-aside-"
 """What a set-aside folder's name holds between the run's name and the UTC time."""
+DAMAGED = ".damaged-"
+"""What a set-aside damaged file's name holds between the file's name and the UTC time."""
 
 _TEMPORARY = re.compile(r"^\..+\.(\d+)-[0-9a-f]{12}\.tmp$")  # ``.<name>.<pid>-<random>.tmp`` of write_atomic
 
@@ -84,6 +90,100 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
+class NoSpace(OSError):
+    """The device a file is written to is full (``ENOSPC`` or ``EDQUOT``): not one run's failure
+    but the whole command's stop. The message is one line naming the file, about how much
+    space it needs and how much is free on which mount.
+
+    Attributes
+    ----------
+    path : Path
+        The file being written (or the folder being made).
+    needed : int
+        About how many bytes writing it needs (bytes); 0 where unknown.
+    at_least : bool
+        Whether ``needed`` is only a lower bound (what a writer of unknown size had written
+        when the device was full): the message then says "more than".
+    free : int
+        Bytes free on its file system when the write failed.
+    mount : Path
+        The mount point of that file system.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], needed: int = 0, at_least: bool = False) -> None:
+        self.path, self.needed, self.at_least = Path(path), int(needed), bool(at_least)
+        self.mount = _mount_of(self.path)
+        try:
+            self.free = shutil.disk_usage(self.mount).free
+        except OSError:
+            self.free = 0
+        need = f"needs {'more than' if at_least else 'about'} {_megabytes(self.needed)}, " if self.needed else ""
+        super().__init__(errno.ENOSPC, f"no space left on device writing {self.path} ({need}{_megabytes(self.free)} "
+                         f"free on {self.mount})")  # fmt: skip
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses a worker's pipe whole
+        return (_no_space, (str(self.path), self.needed, self.at_least))
+
+    def needing(self, needed: int) -> NoSpace:
+        """The same error with ``needed`` bytes if that is more (e.g. the size of a whole run
+        folder, where the failed file was one of its files)."""
+        return NoSpace(self.path, needed) if needed > self.needed else self
+
+
+def _no_space(path: str, needed: int, at_least: bool) -> NoSpace:
+    return NoSpace(path, needed, at_least)
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size < 10e6 else f"{size / 1e6:.0f} MB"
+
+
+def _mount_of(path: Path) -> Path:
+    """The mount point of the file system ``path`` (or its nearest existing folder) is on."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+_NO_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+def no_space(exc: BaseException, path: str | os.PathLike[str]) -> NoSpace | None:
+    """The :class:`NoSpace` behind ``exc``, if a full device caused it: ``exc`` or an exception
+    it was raised from or during (``__cause__``, ``__context__``) is a :class:`NoSpace` or an
+    ``OSError`` with ``errno`` ``ENOSPC``/``EDQUOT`` (named for ``path`` unless it names its
+    own file); else ``None``."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, NoSpace):
+            return current
+        if isinstance(current, OSError) and current.errno in _NO_SPACE_ERRNOS:
+            return NoSpace(current.filename or path)
+        todo += [current.__cause__, current.__context__]
+    return None
+
+
+def _device_full(folder: Path) -> bool:
+    """Whether ``folder``'s file system has (next to) no space left: under 64 KiB, less than a
+    write buffer or two (what a writer that does not report ``ENOSPC`` itself, like
+    ``torch.save``'s ``unexpected pos``, leaves)."""
+    try:
+        return shutil.disk_usage(folder).free < 64 * 1024
+    except OSError:
+        return False
+
+
 def write_atomic(path: str | os.PathLike[str], content: Content) -> Path:
     """Replace ``path`` by ``content``, atomically and durably (see the module doc).
 
@@ -102,27 +202,62 @@ def write_atomic(path: str | os.PathLike[str], content: Content) -> Path:
 
     Raises
     ------
+    NoSpace
+        If the device is full (``ENOSPC``, or a writer's own error while its device is full,
+        e.g. ``torch.save``'s ``unexpected pos``): one line naming ``path``, about the space it
+        needs (the larger of its old size and what was written before the failure) and the
+        space free. ``path`` is then unchanged and no temporary file is left.
     OSError
         If the folder does not exist or cannot be written; ``path`` is then unchanged and no
         temporary file is left.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:12]}.tmp")
+    size, full = 0, None  # size: of the content where known, else what was written when it failed
+    known = isinstance(content, (str, bytes))
     try:
         with open(tmp, "xb") as fh:
-            if isinstance(content, str):
-                fh.write(content.encode("utf-8"))
-            elif isinstance(content, bytes):
-                fh.write(content)
-            else:
-                content(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+            try:
+                if isinstance(content, str):
+                    content = content.encode("utf-8")
+                if isinstance(content, bytes):
+                    size = len(content)
+                    fh.write(content)
+                else:
+                    content(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            except Exception as exc:
+                if no_space(exc, path) is None and not _device_full(path.parent):
+                    raise
+                size, full = max(size, _tell(fh)), exc
+                raise
         os.replace(tmp, path)
+    except Exception as exc:
+        if full is None and no_space(exc, path) is None:
+            raise
+        full = exc
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # before the space free is measured: the partial copy is gone
+    if full is not None:
+        old = _size(path)
+        raise NoSpace(path, max(size, old), at_least=not known and old <= size) from full
     _fsync_folder(path.parent)
     return path
+
+
+def _tell(fh: IO[bytes]) -> int:
+    try:
+        return fh.tell()
+    except (OSError, ValueError):
+        return 0
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def sweep_temporary(folder: Path) -> list[Path]:
@@ -157,6 +292,230 @@ def _running(pid: int) -> bool:
 def write_json(path: str | os.PathLike[str], value: Any, indent: int | None = 1) -> Path:
     """:func:`write_atomic` of ``value`` as JSON (one trailing newline)."""
     return write_atomic(path, json.dumps(value, indent=indent) + "\n")
+
+
+class DamagedFile(ValueError):
+    """A file of the store whose content cannot be what it should be: empty, cut short, not
+    JSON, or not of the shape its reader expects. Its message is one line naming the file
+    and what is wrong.
+
+    Attributes
+    ----------
+    path : Path
+        The file.
+    reason : str
+        What is wrong with it, on one line.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], reason: str) -> None:
+        self.path, self.reason = Path(path), " ".join(str(reason).split())
+        super().__init__(f"{self.path} is damaged ({self.reason})")
+
+
+def read_with(path: str | os.PathLike[str], load: Callable[[IO[bytes]], Any]) -> Any:
+    """What ``load`` reads from ``path`` opened for binary reading: the one way a record, a
+    failure record, a metric table or a checkpoint is read (e.g. ``lambda fh: torch.load(fh)``).
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    OSError
+        If it cannot be read (permissions, I/O error).
+    DamagedFile
+        If it is empty or ``load`` fails on its content (any ``Exception`` but ``OSError``).
+    """
+    path = Path(path)
+    with open(path, "rb") as fh:
+        if os.fstat(fh.fileno()).st_size == 0:
+            raise DamagedFile(path, "empty file")
+        try:
+            return load(fh)
+        except OSError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- whatever a reader says about bad content
+            raise DamagedFile(path, f"{type(exc).__name__}: {exc}") from exc
+
+
+def read_json(path: str | os.PathLike[str], shape: type | tuple[type, ...] = dict, keys: tuple[str, ...] = ()) -> Any:
+    """The JSON value of ``path`` (:func:`read_with`), checked to be a ``shape`` (``dict``: a
+    record) holding ``keys``.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    DamagedFile
+        If it is empty, cut short, not UTF-8 JSON, not a ``shape`` or lacks one of ``keys``.
+    """
+    value = read_with(path, lambda fh: json.loads(fh.read().decode("utf-8")))
+    if not isinstance(value, shape):
+        raise DamagedFile(path, f"a JSON {type(value).__name__} where a {getattr(shape, '__name__', shape)} belongs")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        raise DamagedFile(path, "no " + ", ".join(repr(k) for k in missing))
+    return value
+
+
+def _check_lock(lock: FolderLock | None, path: Path) -> None:
+    if lock is not None and not lock.held:
+        raise RuntimeError(f"{path}: changed without holding its lock ({lock.run_dir}, held=False)")
+
+
+def set_aside_damaged(path: str | os.PathLike[str], lock: FolderLock | None = None) -> Path | None:
+    """Rename a damaged file (:class:`DamagedFile`) to ``<name>.damaged-<UTC time>`` beside it,
+    never overwriting or deleting anything, and ``fsync`` the folder. The new name ends in no
+    ``.json``, so no reader of records takes it for one. Returns it; ``None`` where ``path``
+    is gone or is no longer damaged (another process wrote a whole file there meanwhile: it
+    stays).
+
+    A damaged file is first linked under its new name, and the old name is removed only while
+    it still is that same file (same inode), so a whole record written meanwhile by another
+    runner (:func:`write_atomic` replaces the name by a new file) is never moved away.
+
+    Raises
+    ------
+    RuntimeError
+        If ``lock`` is given and not held.
+    """
+    path = Path(path)
+    _check_lock(lock, path)
+    aside = path.with_name(f"{path.name}{DAMAGED}{utc_stamp(precise=True)}")
+    try:
+        os.link(path, aside)
+    except FileNotFoundError:
+        return None
+    except OSError:  # no hard links here: a rename, under the caller's lock
+        os.rename(path, aside)
+        _fsync_folder(path.parent)
+        return aside
+    try:
+        read_json(aside, (dict, list))
+    except DamagedFile:
+        same = os.stat(aside).st_ino == _inode(path)
+        if same:
+            os.unlink(path)
+        _fsync_folder(path.parent)
+        if same:
+            return aside
+    os.unlink(aside)  # a whole file took the name meanwhile: the extra name of it goes
+    return None
+
+
+def _inode(path: Path) -> int:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return -1
+
+
+def move(source: str | os.PathLike[str], target: str | os.PathLike[str], lock: FolderLock | None = None) -> Path:
+    """Rename ``source`` to ``target`` (``os.replace``; one file system), then ``fsync`` both
+    folders: the one way a file of a run folder, a record or a log is moved. ``lock``: the
+    lock of the run folder they belong to, which must be held. Returns ``target``.
+
+    Raises
+    ------
+    RuntimeError
+        If ``lock`` is not held.
+    NoSpace
+        If the device is full.
+    OSError
+        If the rename fails.
+    """
+    source, target = Path(source), Path(target)
+    _check_lock(lock, target)
+    try:
+        os.replace(source, target)
+    except OSError as exc:
+        raise (no_space(exc, target) or exc) from exc
+    _fsync_folder(target.parent)
+    if source.parent != target.parent:
+        _fsync_folder(source.parent)
+    return target
+
+
+def remove(path: str | os.PathLike[str], lock: FolderLock | None = None, missing_ok: bool = False) -> None:
+    """Unlink ``path`` (a file or a link) and ``fsync`` its folder: the one way a single file
+    is removed (a failure record whose content was kept elsewhere, a dangling cache link).
+
+    Raises
+    ------
+    RuntimeError
+        If ``lock`` is given and not held.
+    FileNotFoundError
+        If ``path`` does not exist and not ``missing_ok``.
+    """
+    path = Path(path)
+    _check_lock(lock, path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+        return
+    _fsync_folder(path.parent)
+
+
+def remove_tree(path: str | os.PathLike[str], lock: FolderLock | None = None) -> None:
+    """Delete the folder ``path`` with everything in it and ``fsync`` its parent: the one way a
+    tree is removed (set-aside run folders on ``--clean --yes``, a temporary export). A run
+    folder whose lock another live process holds is refused.
+
+    Raises
+    ------
+    RuntimeError
+        If ``lock`` is given and not held.
+    RunFolderInUse
+        If ``lock`` is not given and ``path``'s own lock (:func:`lock_path`) is held.
+    """
+    path = Path(path)
+    _check_lock(lock, path)
+    if lock is None and lock_path(path).exists():
+        FolderLock.acquire(path).release()  # raises RunFolderInUse when a live process holds it
+    shutil.rmtree(path)
+    _fsync_folder(path.parent)
+
+
+class RunLogHandler(logging.FileHandler):
+    """A run's log file (``logging.FileHandler``, appended to) that a full device silences
+    instead of printing one ``--- Logging error ---`` traceback per message: the first
+    ``ENOSPC`` is kept as :attr:`no_space` (a :class:`NoSpace` naming the log), the handler
+    writes nothing more, and the run's owner raises it (:meth:`raise_if_full`). Any other
+    error is handled as ``logging`` does."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        try:
+            super().__init__(path)
+        except OSError as exc:
+            raise (no_space(exc, path) or exc) from exc
+        self.no_space: NoSpace | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.no_space is None:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 -- logging's name
+        import sys
+
+        full = no_space(sys.exc_info()[1] or Exception(), self.baseFilename)
+        if full is None:
+            super().handleError(record)
+        elif self.no_space is None:
+            self.no_space = NoSpace(self.baseFilename, len(self.format(record)) + 1)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as exc:  # the last buffered lines on a full device
+            if no_space(exc, self.baseFilename) is None:
+                raise
+            self.no_space = self.no_space or NoSpace(self.baseFilename)
+
+    def raise_if_full(self) -> None:
+        """Raise the :class:`NoSpace` the log met, if any."""
+        if self.no_space is not None:
+            raise self.no_space
 
 
 class RunFolderInUse(RuntimeError):
@@ -278,9 +637,7 @@ def set_aside(run_dir: Path, lock: FolderLock) -> Path | None:
         return None
     sweep_temporary(run_dir)
     aside = run_dir.with_name(f"{run_dir.name}{SET_ASIDE}{utc_stamp(precise=True)}")
-    run_dir.rename(aside)
-    _fsync_folder(run_dir.parent)
-    return aside
+    return move(run_dir, aside, lock)
 
 
 def set_aside_folders(output_dir: Path) -> list[Path]:

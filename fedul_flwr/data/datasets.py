@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from fedul_flwr.registry import Registry, closest
+from fedul_flwr.store import remove
 
 __all__ = [
     "DATASETS",
@@ -424,7 +425,7 @@ def _linked_cache(root: Path, members: Sequence[_Member]) -> Path:
             link = cache / rel
             link.parent.mkdir(parents=True, exist_ok=True)
             if not link.exists():
-                link.unlink(missing_ok=True)  # a dangling link
+                remove(link, missing_ok=True)  # a dangling link (fedul_flwr.store.remove)
                 link.symlink_to(root / rel)
     return cache
 

@@ -28,9 +28,9 @@ Run::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -41,6 +41,8 @@ from io import BytesIO
 from pathlib import Path
 from statistics import median
 from typing import IO, Any
+
+from fedul_flwr.store import remove_tree
 
 PROJECT = Path(__file__).resolve().parents[2]
 """The source checkout (its git history holds the baseline)."""
@@ -194,7 +196,8 @@ def run_pair(
             if worker.proc.poll() is None and len(done) < len(SIDES):
                 worker.proc.kill()
             worker.close()
-        shutil.rmtree(trees["baseline"], ignore_errors=True)
+        with contextlib.suppress(OSError):
+            remove_tree(trees["baseline"])  # the exported revision, a temporary tree
     models = {
         side: {f"{name}.{k}": v for name, path in done[side]["models"].items() for k, v in torch.load(path).items()}
         for side in SIDES

@@ -64,7 +64,6 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
-import shutil
 import signal
 import sys
 import time
@@ -78,6 +77,7 @@ from flwr.app import Message, MessageType
 from fedul_flwr.checks import run_settings
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import RunStopped
+from fedul_flwr.store import DamagedFile, NoSpace, RunLogHandler, no_space, read_json, set_aside_damaged
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -146,25 +146,27 @@ def best_val_round(metrics: Sequence[Mapping[str, float]]) -> int | None:
 
 
 @contextlib.contextmanager
-def flower_log_to(path: Path) -> Iterator[None]:
+def flower_log_to(path: Path) -> Iterator[RunLogHandler]:
     """Send Flower's log (the ``flwr`` logger and the project's loggers under it) to ``path``
-    instead of the terminal while the block runs."""
+    instead of the terminal while the block runs (:class:`fedul_flwr.store.RunLogHandler`: a
+    full device silences it, and the block's end raises its :class:`~fedul_flwr.store.NoSpace`)."""
     import flwr.common.logger  # noqa: F401  (attaches Flower's console handler: take it off after that)
 
     logger = logging.getLogger("flwr")
     console = [h for h in logger.handlers if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
-    handler = logging.FileHandler(path)
+    handler = RunLogHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     for h in console:
         logger.removeHandler(h)
     logger.addHandler(handler)
     try:
-        yield
+        yield handler
     finally:
         logger.removeHandler(handler)
         handler.close()
         for h in console:
             logger.addHandler(h)
+    handler.raise_if_full()
 
 
 def execute(
@@ -209,7 +211,6 @@ def execute(
     from fedul_flwr.checks import resolve_config
     from fedul_flwr.config import ConfigError
     from fedul_flwr.data import simulated
-    from fedul_flwr.methods import get_method
     from fedul_flwr.runtime import cohort_path, pick_device
     from fedul_flwr.server_app import run_federation
 
@@ -232,6 +233,21 @@ def execute(
         if device.type == "cuda":
             torch.cuda.empty_cache()  # and the card's cached blocks, for the other runs on it
     metrics = [outputs.rows[r] for r in sorted(outputs.rows)]
+    return {
+        **_results(spec, run_config, cfg, metrics),
+        "wall-time-s": time.time() - start,
+        "threads": torch.get_num_threads(),
+        "cohort": cohort_record(grid),
+        "device": device.type,
+        "device-name": device_name(device),
+        "run-dir": str(outputs.path),
+    }
+
+
+def _results(spec: RunSpec, run_config: dict[str, Any], cfg: Any, metrics: list[dict[str, Any]]) -> dict[str, Any]:
+    """The part of a run's record that its settings and metric rows make (:func:`execute`)."""
+    from fedul_flwr.methods import get_method
+
     tested = [r for r in metrics if "test-error" in r]
     best = best_val_round(metrics)
     by_round = {int(r["round"]): r for r in metrics}
@@ -255,13 +271,38 @@ def execute(
         "best-val-round": best,
         "best-val-test-error": by_round[best]["test-error"] if best is not None else None,
         **predictors,
-        "wall-time-s": time.time() - start,
-        "threads": torch.get_num_threads(),
-        "cohort": cohort_record(grid),
-        "device": device.type,
-        "device-name": device_name(device),
-        "run-dir": str(outputs.path),
     }
+
+
+def record_from_folder(spec: RunSpec, run_config: dict[str, Any], run_dir: Path) -> dict[str, Any] | None:
+    """The record of ``spec`` made again from its complete run folder, or ``None`` where the
+    folder is not complete: its ``summary.txt`` says ``status=ok``, its ``config.json`` holds
+    the settings asked for (:func:`same_settings`) and its ``metrics.json`` every round up to
+    ``num-rounds`` with a test error. What a record takes from the process that trained it
+    and the folder does not keep is ``None`` (``threads``, ``cohort``, ``device-name``); the
+    wall time is the run's (its last metric row); ``rebuilt-from-run-folder`` is true.
+    Used when a cell's record was damaged (:func:`read_record`): nothing is trained again.
+    Reads only."""
+    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.outputs import read_metrics, running_time
+
+    try:
+        if not (run_dir / "summary.txt").read_text().startswith("status=ok"):
+            return None
+        cfg = resolve_config(dict(run_config))
+        if not same_settings(run_settings(read_json(run_dir / "config.json")), run_settings(cfg.as_dict())):
+            return None
+        metrics = read_metrics(run_dir)
+        tested = {int(r["round"]) for r in metrics if "test-error" in r}
+        if max(tested, default=-1) != cfg.num_rounds or not all(r in tested for r in range(1, cfg.num_rounds + 1)):
+            return None
+        record = _results(spec, run_config, cfg, metrics)
+    except (OSError, ValueError, KeyError, TypeError):  # DamagedFile included: then it is retrained
+        return None
+    log = run_dir / LOG_FILE
+    return {**record, "wall-time-s": running_time(metrics), "threads": None, "cohort": None,
+            "device": cfg.as_dict().get("device"), "device-name": None, "run-dir": str(run_dir),
+            **({"log": str(log)} if log.is_file() else {}), "rebuilt-from-run-folder": True}  # fmt: skip
 
 
 def cohort_record(grid: InProcessGrid) -> dict[str, Any]:
@@ -471,17 +512,17 @@ class _Cell:
         return self.record.parent / FAILED_DIR / self.record.name
 
 
-def _keep_in(folder: Path, source: Path, name: str) -> Path:
+def _keep_in(folder: Path, source: Path, name: str, lock: FolderLock) -> Path:
     """Move ``source`` into ``folder`` as ``name``, or as ``<stem>-<UTC time><suffix>`` where
-    ``name`` is taken: nothing is overwritten. Returns the new path."""
-    from fedul_flwr.store import utc_stamp
+    ``name`` is taken: nothing is overwritten (:func:`fedul_flwr.store.move`, ``lock`` held).
+    Returns the new path."""
+    from fedul_flwr.store import move, utc_stamp
 
     target = folder / name
     if target.exists():
         stem, dot, suffix = name.partition(".")
         target = folder / f"{stem}-{utc_stamp(precise=True)}{dot}{suffix}"
-    source.replace(target)
-    return target
+    return move(source, target, lock)
 
 
 def _set_aside(cell: _Cell, lock: FolderLock, why: str) -> str:
@@ -494,21 +535,27 @@ def _set_aside(cell: _Cell, lock: FolderLock, why: str) -> str:
     aside = set_aside(cell.run_dir, lock)
     if aside is None:  # a run that died before it made its folder: its log goes on in the new one
         return ""
-    log = _keep_in(aside, cell.log, LOG_FILE) if cell.log.is_file() else aside / LOG_FILE
-    _retire_failure(cell, aside, {"run-dir": str(aside), "log": str(log)})
+    log = _keep_in(aside, cell.log, LOG_FILE, lock) if cell.log.is_file() else aside / LOG_FILE
+    _retire_failure(cell, aside, lock, {"run-dir": str(aside), "log": str(log)})
     return f"its earlier run folder cannot be continued ({why}): kept as {aside}"
 
 
-def _retire_failure(cell: _Cell, folder: Path, moved: Mapping[str, str] | None = None) -> None:
+def _retire_failure(cell: _Cell, folder: Path, lock: FolderLock, moved: Mapping[str, str] | None = None) -> None:
     """Move ``cell``'s failure record, if any, into ``folder`` as ``failure-<UTC time>.json``
     (``moved``: the paths it names that changed), so a new attempt never overwrites it and the
-    grid no longer lists the cell as failed."""
-    from fedul_flwr.store import utc_stamp, write_json
+    grid no longer lists the cell as failed. A damaged one is set aside where it is
+    (:func:`read_record`); where ``folder`` does not exist it is renamed beside itself as
+    ``<run-id>.kept-<UTC time>.json``: a failure record is never overwritten."""
+    from fedul_flwr.store import move, remove, utc_stamp, write_json
 
-    if not cell.failure.is_file() or not folder.is_dir():
+    failure = read_record(cell.failure, failure=True)
+    if failure is None:
         return
-    write_json(folder / f"failure-{utc_stamp(precise=True)}.json", {**json.loads(cell.failure.read_text()), **(moved or {})})
-    cell.failure.unlink()  # its content lives on in ``folder``
+    if not folder.is_dir():
+        move(cell.failure, cell.failure.with_name(f"{cell.failure.stem}.kept-{utc_stamp(precise=True)}.json"), lock)
+        return
+    write_json(folder / f"failure-{utc_stamp(precise=True)}.json", {**failure, **(moved or {})})
+    remove(cell.failure, lock)  # its content lives on in ``folder``
 
 
 def _execute_to_file(
@@ -524,7 +571,7 @@ def _execute_to_file(
     instead and returns; one that reaches ``stop_at`` (:class:`StoppableGrid`) writes nothing
     more and keeps its checkpoint.
     """
-    from fedul_flwr.store import FolderLock, RunFolderInUse
+    from fedul_flwr.store import FolderLock, RunFolderInUse, write_json
 
     cell = _Cell.of(run_config, path)
     if stop_at is not None and time.time() >= stop_at:
@@ -534,69 +581,99 @@ def _execute_to_file(
     except RunFolderInUse as exc:
         return RunOutcome(spec.run_id, "busy", note=f"busy: run {spec.run_id} is being trained by {exc.holder}")
     with lock:
-        if cell.record.is_file():  # another runner finished it since this one listed its cells
-            return RunOutcome(spec.run_id, "recorded", json.loads(cell.record.read_text()),
-                              note=f"recorded meanwhile by another runner: {cell.record}")  # fmt: skip
+        record = read_record(cell.record)  # a damaged one is set aside: the cell is recorded again
+        if record is not None:  # another runner finished it since this one listed its cells
+            return RunOutcome(spec.run_id, "recorded", record, note=f"recorded meanwhile by another runner: {cell.record}")
         if _share_record(spec, run_config, cell.record, _recorded_runs(cell.record.parent)):  # one trained meanwhile
-            return RunOutcome(spec.run_id, "recorded", json.loads(cell.record.read_text()))
+            return RunOutcome(spec.run_id, "recorded", read_record(cell.record))
+        record = record_from_folder(spec, run_config, cell.run_dir)
+        if record is not None:  # a damaged record of a complete run: written again, nothing trained
+            write_json(cell.record, record)
+            return RunOutcome(spec.run_id, "finished", record, int(record["last-round"]),
+                              note=f"recorded again from its complete run folder {cell.run_dir}")  # fmt: skip
         return _train_cell(spec, run_config, cell, lock, threads, jobs, stop_at)
 
 
 def _train_cell(spec: RunSpec, run_config: dict[str, Any], cell: _Cell, lock: FolderLock, threads: int, jobs: int,
                 stop_at: float | None) -> RunOutcome:  # fmt: skip
     """The body of :func:`_execute_to_file`, ``lock`` held."""
-    from fedul_flwr.store import write_json
+    from fedul_flwr.store import move, write_json
 
     start, note = time.time(), ""
     try:
         resumed, why = _resume_plan(run_config)
         if resumed:
             run_config = {**run_config, "resume": True}
-            _retire_failure(cell, cell.run_dir)  # the run goes on in its folder: so does the story of its failure
+            _retire_failure(cell, cell.run_dir, lock)  # the run goes on in its folder: so does the story of its failure
             if (cell.run_dir / LOG_FILE).is_file() and not cell.log.exists():
-                (cell.run_dir / LOG_FILE).replace(cell.log)  # the log goes on
+                move(cell.run_dir / LOG_FILE, cell.log, lock)  # the log goes on
         else:  # a run without a record never finished (a killed grid, a failure): it starts afresh
             note = _set_aside(cell, lock, why)
         cell.run_dir.parent.mkdir(parents=True, exist_ok=True)
-        with flower_log_to(cell.log):
+        with flower_log_to(cell.log) as log_handler:
             try:
                 record = execute(spec, run_config, threads, jobs=jobs, stop_at=stop_at, lock=lock)
             except StopRequested as exc:
                 logging.getLogger("flwr").info("fedul-flwr: the grid's time limit: %s", exc)
                 raise
-            except Exception:
-                logging.getLogger("flwr").exception("fedul-flwr: run %s failed", spec.run_id)
+            except Exception as exc:
+                if no_space(exc, cell.run_dir) is None and log_handler.no_space is None:
+                    logging.getLogger("flwr").exception("fedul-flwr: run %s failed", spec.run_id)
                 raise
-        log = _log_into_folder(cell)
+        log = _log_into_folder(cell, lock)
         if resumed:  # the stopped part's rows (the server kept them): their running time counts too
             from fedul_flwr.outputs import running_time
 
             record["resumed-after-round"] = resumed
             record["wall-time-s"] += running_time(r for r in record["metrics"] if r["round"] <= resumed)
         record["log"] = str(log)
-        _retire_failure(cell, cell.run_dir)
+        _retire_failure(cell, cell.run_dir, lock)
         write_json(cell.record, record)
     except StopRequested:
-        _log_into_folder(cell)
+        _log_into_folder(cell, lock)
         return RunOutcome(spec.run_id, "stopped", round=_checkpoint_round(cell.run_dir), note=note)
     except Exception as exc:  # noqa: BLE001 -- one failed run is one failed cell, never the grid
-        return _fail(spec, run_config, cell, type(exc).__name__, str(exc), time.time() - start, note)
+        full = no_space(exc, cell.run_dir)
+        if full is not None:  # not this cell's failure: the device's, which stops the grid (run_cells)
+            with contextlib.suppress(OSError):
+                _log_into_folder(cell, lock)
+            raise full.needing(_folder_size(cell.run_dir)) from None
+        return _fail(spec, run_config, cell, lock, type(exc).__name__, str(exc), time.time() - start, note)
     return RunOutcome(spec.run_id, "finished", record, int(record["last-round"]), note)
 
 
-def _fail(spec: RunSpec, run_config: dict[str, Any], cell: _Cell, error_type: str, error: str, seconds: float,
-          note: str = "") -> RunOutcome:  # fmt: skip
+def _free_space(path: Path) -> int | None:
+    """Bytes free on the file system of ``path`` (or of its nearest existing folder)."""
+    import shutil
+
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+def _folder_size(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (0 where there is none)."""
+    with contextlib.suppress(OSError):
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    return 0
+
+
+def _fail(spec: RunSpec, run_config: dict[str, Any], cell: _Cell, lock: FolderLock, error_type: str, error: str,
+          seconds: float, note: str = "") -> RunOutcome:  # fmt: skip
     """Write the failure record of a run that raised or whose worker died (its folder's lock
     held), its log moved into its folder; the outcome the grid reports."""
     from fedul_flwr.store import write_json
 
-    log = _log_into_folder(cell)
+    log = _log_into_folder(cell, lock)
     failure = {
         "run-id": spec.run_id, "spec": asdict(spec), "run-config": run_config, "status": "failed",
         "error-type": error_type, "error": error, "round-reached": _checkpoint_round(cell.run_dir),
         "run-dir": str(cell.run_dir), "log": str(log), "wall-time-s": seconds,
     }  # fmt: skip
-    _retire_failure(cell, cell.run_dir)
+    _retire_failure(cell, cell.run_dir, lock)
     cell.failure.parent.mkdir(parents=True, exist_ok=True)
     write_json(cell.failure, failure)
     return RunOutcome(spec.run_id, "failed", failure, failure["round-reached"], note)
@@ -616,7 +693,7 @@ def _worker_died(item: tuple[Any, ...], why: str, seconds: float) -> RunOutcome:
         return RunOutcome(spec.run_id, "busy", note=f"its worker died ({why}); busy: run {spec.run_id} is being "
                           f"trained by {exc.holder}")  # fmt: skip
     with lock:
-        return _fail(spec, run_config, cell, "WorkerDied", f"the run's worker process ended without an outcome "
+        return _fail(spec, run_config, cell, lock, "WorkerDied", f"the run's worker process ended without an outcome "
                      f"({why}; SIGKILL is the kernel's out-of-memory killer's)", seconds)  # fmt: skip
 
 
@@ -624,25 +701,53 @@ def _worker(conn: Connection, item: tuple[Any, ...], parent: int) -> None:
     """A worker process's body: one run (:func:`_execute_to_file`), its outcome sent back.
 
     The worker dies with its runner: SIGTERM stops the run (``status=stopped`` in its folder,
-    its checkpoint holding the last finished round), and a watchdog thread sends it SIGTERM as
-    soon as the runner (``parent``) is gone, whatever killed it (SIGKILL included), so a rerun
-    never races an orphan."""
+    its checkpoint holding the last finished round), and a watchdog thread (:func:`_watch_parent`)
+    ends it within :data:`ORPHAN_EXIT_S` of the runner's (``parent``'s) death, whatever killed
+    it (SIGKILL included) and whatever the run is doing (a round's training, a global
+    evaluation), so a rerun never races an orphan. A full device (:class:`fedul_flwr.store.NoSpace`)
+    is sent back as the outcome: the runner stops the grid."""
     import threading
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    threading.Thread(target=_watch_parent, args=(parent,), name="fedul-runner-watchdog", daemon=True).start()
+    outcome: RunOutcome | NoSpace
+    try:
+        outcome = _execute_to_file(*item)
+    except Exception as exc:
+        full = no_space(exc, item[2])
+        if full is None:
+            raise
+        outcome = full
+    with contextlib.suppress(OSError):
+        conn.send(outcome)
+        conn.close()
 
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
 
-    threading.Thread(target=watch, name="fedul-runner-watchdog", daemon=True).start()
-    conn.send(_execute_to_file(*item))
-    conn.close()
+ORPHAN_EXIT_S = 1.0
+"""Seconds a worker whose runner died has to stop on SIGTERM (writing ``status=stopped``)
+before its watchdog ends it with ``os._exit``; with the watchdog's 0.1 s polling, a worker is
+gone within about 1.2 s of its runner's death."""
+
+
+def _watch_parent(parent: int) -> None:
+    """A worker's watchdog: poll ``os.getppid()`` every 0.1 s; once the runner ``parent`` is gone
+    (the worker was re-parented), send this process SIGTERM (the run stops between two Python
+    steps: ``status=stopped``, its checkpoint holding the last finished round), and
+    :data:`ORPHAN_EXIT_S` later end it with ``os._exit`` whatever it is still doing (a torch
+    call, a thread pool's join, a global evaluation). A checkpoint is replaced atomically
+    (:func:`fedul_flwr.store.write_atomic`), so an exit mid-write leaves the last complete one,
+    and the kernel drops the folder's lock with the process. Portable (no ``prctl``): it needs
+    only ``os.getppid``."""
+    while os.getppid() == parent:
+        time.sleep(0.1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(ORPHAN_EXIT_S)
+    os._exit(128 + signal.SIGTERM)
 
 
 def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | None,
-                   report: Callable[[RunOutcome], None]) -> None:  # fmt: skip
+                   report: Callable[[RunOutcome], None], before: Callable[[tuple[Any, ...]], None] | None = None,
+                   ) -> None:  # fmt: skip
     """Each run of ``items`` (:func:`_execute_to_file`'s arguments) in its own spawned
     process, at most ``jobs`` at once, ``report`` called with each outcome as it comes.
 
@@ -652,7 +757,10 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
     ``time.time()`` value; None: never) the runs still going are terminated; their
     checkpoints hold their last finished round, and they are not reported. Leaving early
     (Ctrl-C, SIGTERM made SystemExit) terminates every worker too, and a worker whose runner
-    dies (even by SIGKILL) stops on its own (:func:`_worker`).
+    dies (even by SIGKILL) stops on its own (:func:`_worker`). ``before`` is called with each
+    item before its worker starts (e.g. to stop on a full device); a worker that meets a full
+    device sends its :class:`~fedul_flwr.store.NoSpace`, which is raised here after the other
+    workers are terminated.
     """
     ctx = multiprocessing.get_context("spawn")
     pending, live = list(items), {}
@@ -660,6 +768,8 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
         while pending or live:
             while pending and len(live) < max(1, jobs):
                 item = pending.pop(0)
+                if before is not None:
+                    before(item)
                 receiver, sender = ctx.Pipe(duplex=False)
                 process = ctx.Process(target=_worker, args=(sender, item, os.getpid()), name=f"fedul-run-{item[0].run_id}",
                                       daemon=True)  # fmt: skip
@@ -674,6 +784,9 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
                 process, item, started = live.pop(receiver)
                 try:
                     outcome = receiver.recv()
+                    if isinstance(outcome, NoSpace):  # the device is full: the grid stops (the others too)
+                        live[receiver] = (process, item, started)
+                        raise outcome
                 except EOFError:  # the worker died before it could send its outcome
                     process.join()
                     code = process.exitcode
@@ -689,12 +802,11 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
             process.join()
 
 
-def _log_into_folder(cell: _Cell) -> Path:
-    """Move a run's log into its folder (its lock held), where it stays while the run is not
-    running; returns where the log is."""
+def _log_into_folder(cell: _Cell, lock: FolderLock) -> Path:
+    """Move a run's log into its folder (``lock``, its lock, held), where it stays while the run
+    is not running; returns where the log is."""
     if cell.log.is_file() and cell.run_dir.is_dir():
-        return _keep_in(cell.run_dir, cell.log, LOG_FILE) if (cell.run_dir / LOG_FILE).exists() else cell.log.replace(
-            cell.run_dir / LOG_FILE)  # fmt: skip
+        return _keep_in(cell.run_dir, cell.log, LOG_FILE, lock)
     return cell.run_dir / LOG_FILE if cell.run_dir.is_dir() else cell.log
 
 
@@ -759,9 +871,10 @@ def check_records_match(runs: Sequence[tuple[RunSpec, dict[str, Any]]], records_
 
     for spec, run_config in runs:
         path = records_dir / f"{spec.run_id}.json"
-        if not path.is_file():
+        record = read_record(path)
+        if record is None:  # none, or damaged (now set aside): the cell is recorded again
             continue
-        recorded = run_settings(json.loads(path.read_text()).get("config", {}))
+        recorded = run_settings(record.get("config", {}))
         differ = setting_differences(recorded, run_settings(resolve_config(dict(run_config)).as_dict()))
         if not differ:
             continue
@@ -930,19 +1043,32 @@ def run_cells(
                 bar.write(f"{head} {outcome.run_id}: stopped by the time limit {when}")
             elif outcome.status == "recorded" and outcome.note:
                 bar.write(f"{head} {outcome.run_id}: recorded meanwhile by another runner")
+            if outcome.status == "finished" and outcome.record is not None:
+                largest[0] = max(largest[0], _folder_size(Path(outcome.record["run-dir"])))
+
+        largest = [0]  # bytes of the largest run folder this invocation finished
+
+        def room_for(item: tuple[Any, ...]) -> None:
+            """Stop before a cell when its device has less room than the largest run folder this
+            invocation finished (the grid's cells are alike): a full device is not a failed cell."""
+            run_dir = _Cell.of(item[1], item[2]).run_dir
+            free = _free_space(run_dir)
+            if free is not None and free < largest[0]:
+                raise NoSpace(run_dir, largest[0])
 
         def run(items: list[tuple[Any, ...]]) -> None:
             if soft is not None and time.time() >= soft:
                 return  # no time left for a round: start no worker
             if jobs <= 1 and hard is None:
                 for item in items:
+                    room_for(item)
                     report(_execute_to_file(*item))
                 return
             # SIGTERM (kill, a scheduler's time limit) becomes SystemExit here, so leaving the
             # ``with`` block terminates the workers instead of leaving them running orphaned
             previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
             try:
-                run_in_workers(items, jobs, hard, report)
+                run_in_workers(items, jobs, hard, report, room_for)
             finally:
                 signal.signal(signal.SIGTERM, previous)
 
@@ -1017,8 +1143,8 @@ def _recorded_runs(records_dir: Path) -> list[tuple[int, dict[str, Any], dict[st
     """The trained (not shared) records in ``records_dir``: (clients, resolved settings, record)."""
     runs = []
     for path in sorted(records_dir.glob("*.json")):
-        record = json.loads(path.read_text())
-        if "config" in record and "spec" in record and not record.get("same-run-as"):
+        record = read_record(path)
+        if record is not None and "spec" in record and not record.get("same-run-as"):
             runs.append((record["spec"]["clients"], run_settings(record["config"]), record))
     return runs
 
@@ -1044,17 +1170,46 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     return True
 
 
+RECORD_KEYS = ("run-id", "config", "metrics", "last-test-error")
+"""Keys without which a file in a grid's records is no record (:func:`read_record`)."""
+FAILURE_KEYS = ("run-id", "error-type", "error", "round-reached", "log")
+"""Keys without which a file in ``<records>/failed`` is no failure record."""
+
+
+def read_record(path: Path, failure: bool = False) -> dict[str, Any] | None:
+    """The record (or with ``failure`` the failure record) at ``path``, read through the store
+    (:func:`fedul_flwr.store.read_json`); ``None`` where there is none. A damaged one (empty,
+    cut short, not JSON, not a record) is named in one line on stderr and set aside
+    (:func:`fedul_flwr.store.set_aside_damaged`: renamed ``<name>.damaged-<UTC time>``,
+    never overwritten or deleted), and ``None`` is returned: the grid then records the cell
+    again from its complete run folder (:func:`record_from_folder`) or trains it."""
+    try:
+        return read_json(path, dict, FAILURE_KEYS if failure else RECORD_KEYS)
+    except FileNotFoundError:
+        return None
+    except DamagedFile as exc:
+        aside = set_aside_damaged(path)
+        if aside is None:  # written whole meanwhile by another runner
+            return read_record(path, failure)
+        print(f"fedul: damaged {'failure record' if failure else 'record'}: {exc}; set aside as {aside.name}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return None
+
+
 def load_records(specs: Sequence[RunSpec], records_dir: Path) -> list[dict[str, Any]]:
-    """The existing records of ``specs``, in their order."""
-    paths = [records_dir / f"{s.run_id}.json" for s in specs]
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
+    """The existing records of ``specs``, in their order (a damaged one is named and set
+    aside, :func:`read_record`)."""
+    records = (read_record(records_dir / f"{s.run_id}.json") for s in specs)
+    return [r for r in records if r is not None]
 
 
 def load_failures(specs: Sequence[RunSpec], records_dir: Path) -> list[dict[str, Any]]:
     """The failure records (:func:`failure_path`) of those ``specs`` that have no record, in
-    their order: what the grid's page lists as failed runs."""
+    their order: what the grid's page lists as failed runs (a damaged one is named and set
+    aside, :func:`read_record`)."""
     paths = [failure_path(records_dir, s.run_id) for s in specs if not (records_dir / f"{s.run_id}.json").exists()]
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
+    failures = (read_record(p, failure=True) for p in paths)
+    return [f for f in failures if f is not None]
 
 
 # --------------------------------------------------------------------------- flag conventions
@@ -1088,7 +1243,7 @@ def clean(runs_dir: Path, remove: bool) -> int:
     """``--clean``: print the set-aside run folders under ``runs_dir`` (:func:`fedul_flwr.store.set_aside`)
     with their sizes, and with ``remove`` (``--yes``) delete them: the only way this project
     deletes a run folder. Returns the exit status (0)."""
-    from fedul_flwr.store import set_aside_folders
+    from fedul_flwr.store import remove_tree, set_aside_folders
 
     folders = set_aside_folders(runs_dir)
     total = 0
@@ -1100,7 +1255,7 @@ def clean(runs_dir: Path, remove: bool) -> int:
         print(f"no set-aside run folders in {runs_dir}")
     elif remove:
         for folder in folders:
-            shutil.rmtree(folder)
+            remove_tree(folder)
         print(f"removed {len(folders)} set-aside run folder(s), {total / 2**20:.1f} MiB")
     else:
         print(f"{len(folders)} set-aside run folder(s), {total / 2**20:.1f} MiB: add --yes to remove them")
