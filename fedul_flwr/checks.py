@@ -260,7 +260,7 @@ def aggregation_contract(cfg: RunConfig) -> Any:
 
 def check_aggregation_contract(cfg: RunConfig) -> None:
     """``differential-privacy``, ``dp-noise-multiplier`` and ``aggregation-weights`` against how
-    the run's strategy and method combine the replies
+    the run's strategy and method combine the replies and what they send
     (:func:`fedul_flwr.strategies.contract.dp_refusal`).
 
     Raises
@@ -271,7 +271,7 @@ def check_aggregation_contract(cfg: RunConfig) -> None:
     from fedul_flwr.strategies.contract import dp_refusal
 
     why = dp_refusal(cfg.differential_privacy, cfg.aggregation_weights, cfg.strategy, cfg.method,
-                     aggregation_contract(cfg), cfg.dp_noise_multiplier)  # fmt: skip
+                     aggregation_contract(cfg), cfg.dp_noise_multiplier, cfg.as_dict())  # fmt: skip
     _check(why is None, str(why))
 
 

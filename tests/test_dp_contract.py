@@ -32,6 +32,9 @@ CHEAP = {"samples-per-client": 200, "batch-size": 64, "min-available-nodes": 3, 
 # strategies whose release is a uniform mean of clipped updates, or a server step on it.
 SERVER_DP_STRATEGIES = {"fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad"}
 SERVER_DP_REFUSING_METHODS = {"feddb": "reweighted", "hassle": "partial replies"}
+# what no DP mode covers: SCAFFOLD's control variates, FedDB's APP-U that DMA weighs the clients by
+NO_DP_STRATEGIES = {"scaffold"}
+NO_DP_METHODS = {"feddb"}
 ROBUST = {"num-malicious-nodes": 0, "min-available-nodes": 7, "min-train-nodes": 7, "dp-noise-multiplier": 0.05}
 
 
@@ -43,7 +46,11 @@ def test_every_registered_strategy_declares_a_contract() -> None:
 @pytest.mark.parametrize("strategy", STRATEGIES.names())
 def test_strategy_and_dp_mode_accepted_or_refused_in_one_line(strategy: str, mode: str) -> None:
     values = {**ROBUST, "strategy": strategy, "differential-privacy": mode}
-    if mode.startswith("server") and strategy not in SERVER_DP_STRATEGIES:
+    if mode != "none" and strategy in NO_DP_STRATEGIES:
+        with pytest.raises(ConfigError, match=rf"^differential-privacy='{mode}' with strategy='{strategy}': .*outside "
+                           r"every DP mode's epsilon; use differential-privacy='none'$"):  # fmt: skip
+            resolve_config(values)
+    elif mode.startswith("server") and strategy not in SERVER_DP_STRATEGIES:
         with pytest.raises(ConfigError) as err:
             resolve_config(values)
         line = str(err.value)
@@ -59,7 +66,11 @@ def test_strategy_and_dp_mode_accepted_or_refused_in_one_line(strategy: str, mod
 @pytest.mark.parametrize("method", METHODS.names())
 def test_method_and_dp_mode_accepted_or_refused_in_one_line(method: str, mode: str) -> None:
     values = {"method": method, "differential-privacy": mode, "dp-noise-multiplier": 0.05}
-    if mode.startswith("server") and method in SERVER_DP_REFUSING_METHODS:
+    if mode == "client-local" and method in NO_DP_METHODS:
+        with pytest.raises(ConfigError, match=rf"^differential-privacy='{mode}' with method='{method}': .* use "
+                           r"differential-privacy='none'$"):  # fmt: skip
+            resolve_config(values)
+    elif mode.startswith("server") and method in SERVER_DP_REFUSING_METHODS:
         with pytest.raises(ConfigError, match=rf"^differential-privacy='{mode}' with method='{method}': .*"
                            rf"\({SERVER_DP_REFUSING_METHODS[method]}\).* use differential-privacy=client-local$"):  # fmt: skip
             resolve_config(values)

@@ -22,10 +22,20 @@ round 1 with its one line.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
     "ACCEPTS",
+    "COMMON_FIELDS",
+    "Exposure",
+    "Field",
+    "METHOD_FIELDS",
+    "STRATEGY_FIELDS",
+    "Treatment",
+    "field_refusal",
+    "fields_table",
+    "reply_fields",
     "Combining",
     "Contract",
     "MISSING_CONTRACT",
@@ -60,7 +70,7 @@ ACCEPTS: dict[Combining, tuple[str, ...]] = {
     Combining.REWEIGHTED: ("none", "client-local"),
     Combining.ROBUST_SELECTION: ("none", "client-local"),
     Combining.PARTIAL_REPLIES: ("none", "client-local"),
-    Combining.SIDE_RECORDS: ("none", "client-local"),
+    Combining.SIDE_RECORDS: ("none",),
 }
 """The ``differential-privacy`` modes each way of combining replies admits (module doc)."""
 SERVER_DP_WEIGHTS = "uniform"
@@ -89,7 +99,7 @@ STRATEGY_CONTRACTS: dict[str, Contract] = {
     "fedavg": Contract(Combining.MEAN, "fedavg averages the updates"),
     "fedprox": Contract(Combining.MEAN, "fedprox averages the updates (its proximal term is on the clients)"),
     "scaffold": Contract(Combining.SIDE_RECORDS, "scaffold aggregates control variates sent beside the model, "
-                         "which server-side clipping does not bound"),  # fmt: skip
+                         "which neither server-side clipping bounds nor client-local noise covers"),  # fmt: skip
     "fednova": Contract(Combining.REWEIGHTED, "fednova rescales each update by tau_eff / tau_i, the client's "
                         "own step count"),  # fmt: skip
     "fedavgm": Contract(Combining.SERVER_OPTIMIZER, "fedavgm applies server momentum to the mean (under server DP, to the noised mean)"),
@@ -113,15 +123,17 @@ MISSING_CONTRACT = Contract(Combining.REWEIGHTED, "its aggregation mixin declare
 def _mode_refusal(mode: str, contract: Contract, subject: str) -> str | None:
     if mode in ACCEPTS[contract.combines]:
         return None
-    if mode.startswith("server"):
+    if mode.startswith("server") and "client-local" in ACCEPTS[contract.combines]:
         return (f"differential-privacy={mode!r} with {subject}: {contract.how} ({contract.combines.value}), so one "
                 "client moves the release by more than the C/n that server-side DP's epsilon assumes; use "
                 "differential-privacy=client-local")  # fmt: skip
-    return f"differential-privacy={mode!r} with {subject}: {contract.how} ({contract.combines.value})"
+    return (f"differential-privacy={mode!r} with {subject}: {contract.how} ({contract.combines.value}), outside "
+            "every DP mode's epsilon; use differential-privacy='none'")  # fmt: skip
 
 
 def dp_refusal(
-    mode: str, weights: str, strategy: str, method: str, method_contract: Contract | None, noise_multiplier: float
+    mode: str, weights: str, strategy: str, method: str, method_contract: Contract | None, noise_multiplier: float,
+    options: Mapping[str, object] | None = None,
 ) -> str | None:
     """Why a run may not combine this DP mode, client weights, strategy and method, in one line;
     ``None`` when it may.
@@ -140,12 +152,15 @@ def dp_refusal(
         The method's aggregation contract (``None``: it aggregates as the strategy does).
     noise_multiplier : float
         ``dp-noise-multiplier`` z: a server-side mode with z = 0 adds no noise, and is refused.
+    options : Mapping[str, object] | None
+        The run's settings (dashed keys) that decide which fields are sent
+        (:func:`reply_fields`).
 
     Returns
     -------
     str | None
         The refusal, naming the keys, their values and why: z = 0 first, then the strategy,
-        the method, the weights.
+        the method, a field the mode refuses (:func:`field_refusal`), the weights.
 
     Raises
     ------
@@ -159,6 +174,8 @@ def dp_refusal(
     why = _mode_refusal(mode, STRATEGY_CONTRACTS[strategy], f"strategy={strategy!r}")
     if why is None and method_contract is not None:
         why = _mode_refusal(mode, method_contract, f"method={method!r}")
+    if why is None:
+        why = field_refusal(mode, strategy, method, options)
     if why is None and mode.startswith("server") and weights != SERVER_DP_WEIGHTS:
         why = (f"aggregation-weights={weights!r} with differential-privacy={mode!r}: the server's noise z C / n "
                "protects every client with noise multiplier z only when the clients weigh the same; use "
@@ -174,4 +191,187 @@ def contract_table(modes: tuple[str, ...]) -> str:
     for name, contract in STRATEGY_CONTRACTS.items():
         marks = ["accepted" if m in ACCEPTS[contract.combines] else "refused" for m in modes]
         rows.append(f"| `{name}` | {contract.combines.value} | " + " | ".join(marks) + f" | {contract.how} |")
+    return "\n".join(rows)
+
+
+# --------------------------------------------------------------------------- what a run sends
+
+
+class Exposure(enum.Enum):
+    """What a DP mode does with one field a client sends or the server publishes."""
+
+    NOISED = "noised"
+    """Covered by the epsilon: clipped and noised (the model arrays), or computed from the
+    noised release alone (post-processing)."""
+    SERVER_ONLY = "server only"
+    """Read by the server, neither recorded, printed nor sent on (server-side DP trusts the
+    server: it sees every update before clipping)."""
+    OPT_IN = "opt-in"
+    """Published only with the opt-in setting named in the treatment, then outside the epsilon;
+    otherwise not recorded, printed or asked for."""
+    PUBLIC = "public"
+    """Outside the epsilon, declared so (the treatment says why)."""
+    REFUSED = "refused"
+    """The mode refuses a run that sends it, before round 1."""
+
+
+@dataclass(frozen=True)
+class Treatment:
+    """One DP mode's treatment of one field: the exposure and why (or the opt-in key)."""
+
+    exposure: Exposure
+    why: str
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field a client sends (a record and a key of a reply) or the server publishes.
+
+    Attributes
+    ----------
+    record : str
+        ``"<message>:<record>"``: ``train:arrays``, ``train:metrics``, ``train:node``,
+        ``train:cv-delta``, ``evaluate:metrics``, ``query:metrics``, ``query:node``, or
+        ``server:broadcast`` (what the server sends every client).
+    key : str
+        The key in that record (``*``: every key, e.g. every ``<model>.<parameter>``).
+    what : str
+        What it carries.
+    server : Treatment
+        Under ``server-fixed`` and ``server-adaptive``.
+    local : Treatment
+        Under ``client-local``.
+    """
+
+    record: str
+    key: str
+    what: str
+    server: Treatment
+    local: Treatment
+
+    def treatment(self, mode: str) -> Treatment:
+        """The treatment under ``mode`` (a DP mode other than ``none``)."""
+        return self.local if mode == "client-local" else self.server
+
+
+_NOISED_ARRAYS = Field(
+    "train:arrays", "*", "the trained models' arrays",
+    Treatment(Exposure.NOISED, "clipped to C, averaged with equal weights, noised"),
+    Treatment(Exposure.NOISED, "clipped to C and noised on the node"),
+)  # fmt: skip
+_TRAIN_METRICS = Treatment(Exposure.OPT_IN, "dp-publish-unnoised-train-metrics")
+_STATISTIC = Treatment(Exposure.PUBLIC, "a statistic of the node's data sent unnoised: outside the epsilon")
+_SIZE = Treatment(Exposure.PUBLIC, "the size of the node's data (or 1), sent unnoised: outside the epsilon")
+_CLIENT_EVAL = Treatment(Exposure.OPT_IN, "dp-publish-unnoised-client-evaluation")
+
+
+def _metric(key: str, what: str, server: Treatment = _TRAIN_METRICS, local: Treatment = _STATISTIC) -> Field:
+    return Field("train:metrics", key, what, server, local)
+
+
+COMMON_FIELDS: tuple[Field, ...] = (
+    _NOISED_ARRAYS,
+    _metric("train-loss", "the node's mean training loss"),
+    _metric("num-examples", "the node's examples (the num-examples weight)",
+            Treatment(Exposure.SERVER_ONLY, "not read: every kept reply weighs 1"), _SIZE),
+    _metric("uniform-weight", "1 (the uniform weight)",
+            Treatment(Exposure.SERVER_ONLY, "not read: every kept reply weighs 1"), _SIZE),
+    _metric("num-steps", "the node's local optimiser steps", local=_SIZE),
+    Field("train:node", "node-key", "the node's stable key (partition id, hash of its data folder)",
+          Treatment(Exposure.SERVER_ONLY, "the aggregation order"),
+          Treatment(Exposure.PUBLIC, "names the node, not its data; the server knows the node anyway")),
+    Field("evaluate:metrics", "*", "the node's loss and accuracy on its labeled local test split", _CLIENT_EVAL,
+          _CLIENT_EVAL),
+)  # fmt: skip
+"""Fields every method's ClientApp sends (:mod:`fedul_flwr.wire`)."""
+
+STRATEGY_FIELDS: dict[str, tuple[Field, ...]] = {
+    "scaffold": (
+        Field("train:cv-delta", "*", "the change of the node's control variate (from its gradients)",
+              Treatment(Exposure.REFUSED, "not clipped: one client moves the release by more than C/n"),
+              Treatment(Exposure.REFUSED, "not noised on the node: as revealing as the update")),
+        _metric("scaffold-cv-rounds", "rounds the node's control variate was updated in",
+                Treatment(Exposure.REFUSED, "sent with the control variates"),
+                Treatment(Exposure.REFUSED, "sent with the control variates")),
+    ),
+}  # fmt: skip
+"""Fields a strategy adds to every reply."""
+
+_PSEUDO = (
+    _metric("pseudo-label-share", "the share of the node's unlabeled images whose pseudo-label passed"),
+    _metric("pseudo-label-correct-share", "in simulation, the share also of their true class (a diagnostic)"),
+)
+_POSITIVE = Treatment(Exposure.PUBLIC, "which classes each node labels, told to the server and every client: "
+                      "outside the epsilon, and it shows the other clients which class sets take part")  # fmt: skip
+
+METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
+    "fixmatch": _PSEUDO,
+    "fixmatch-dpl": (*_PSEUDO, _metric("app-u", "the node's average prediction on its unlabeled images (K floats)")),
+    "feddb": (*_PSEUDO, _metric(
+        "app-u", "the node's average prediction on its unlabeled images (K floats); DMA weighs the clients by it",
+        Treatment(Exposure.REFUSED, "DMA reweighs the clients by it"),
+        Treatment(Exposure.REFUSED, "DMA's weights depend on it unnoised, so the released model is no "
+                  "post-processing of noised replies"))),
+    "hassle": (
+        *_PSEUDO,
+        _metric("pseudo-label-classes", "per class, the share of the node's unlabeled images kept with it (K floats)"),
+        _metric("num-labeled", "the node's labeled examples (model weight)", local=_SIZE),
+        _metric("num-unlabeled", "the node's unlabeled examples (model weight)", local=_SIZE),
+    ),
+}  # fmt: skip
+"""Fields a method adds to its train replies (``Method.uploads``)."""
+
+OPTION_FIELDS: dict[tuple[str, object], tuple[Field, ...]] = {
+    ("fedpu-cross-client", True): (
+        Field("query:metrics", "positive-classes", "the node's positive classes (K floats in {0, 1})", _POSITIVE,
+              _POSITIVE),
+        Field("query:node", "node-key", "the node's stable key", Treatment(Exposure.SERVER_ONLY, "unused"),
+              Treatment(Exposure.PUBLIC, "names the node, not its data")),
+        Field("server:broadcast", "fedpu-positive-sets", "every node's positive classes, in every train message",
+              _POSITIVE, _POSITIVE),
+    ),
+}  # fmt: skip
+"""Fields a setting adds (``(key, value)``: sent when the run sets ``key`` to ``value``)."""
+
+
+def reply_fields(strategy: str, method: str, options: Mapping[str, object] | None = None) -> tuple[Field, ...]:
+    """Every field a run of ``strategy`` and ``method`` with settings ``options`` sends or
+    publishes beyond the released model (:data:`COMMON_FIELDS`, :data:`STRATEGY_FIELDS`,
+    :data:`METHOD_FIELDS`, :data:`OPTION_FIELDS`)."""
+    options = options or {}
+    extra = [f for (key, value), fields in OPTION_FIELDS.items() if options.get(key) == value for f in fields]
+    return (*COMMON_FIELDS, *STRATEGY_FIELDS.get(strategy, ()), *METHOD_FIELDS.get(method, ()), *extra)
+
+
+def field_refusal(mode: str, strategy: str, method: str, options: Mapping[str, object] | None = None) -> str | None:
+    """Why ``mode`` refuses what a run sends, in one line naming the first refused field;
+    ``None`` when every field is noised, kept on the server, opt-in or declared public."""
+    if mode == "none":
+        return None
+    for field in reply_fields(strategy, method, options):
+        treatment = field.treatment(mode)
+        if treatment.exposure is Exposure.REFUSED:
+            sender = f"method={method!r}" if field in METHOD_FIELDS.get(method, ()) else f"strategy={strategy!r}"
+            return (f"differential-privacy={mode!r} with {sender}: its replies carry {field.record.split(':')[1]} "
+                    f"{field.key!r} ({field.what}); {treatment.why}, outside the epsilon; use "
+                    "differential-privacy='none'")  # fmt: skip
+    return None
+
+
+def fields_table() -> str:
+    """The Markdown table of every declared field and its treatment under the server modes and
+    ``client-local`` (docs/privacy.md holds it; a test keeps the two equal)."""
+
+    def cell(t: Treatment) -> str:
+        if t.exposure is Exposure.OPT_IN:
+            return f"only with `{t.why}=true`, then public (outside the epsilon)"
+        return f"{t.exposure.value}: {t.why}"
+
+    groups = [("every method", COMMON_FIELDS), *((f"strategy `{k}`", v) for k, v in STRATEGY_FIELDS.items()),
+              *((f"method `{k}`", v) for k, v in METHOD_FIELDS.items()),
+              *((f"`{k}={str(v).lower()}`", f) for (k, v), f in OPTION_FIELDS.items())]  # fmt: skip
+    rows = ["| sent by | field | carries | `server-fixed`, `server-adaptive` | `client-local` |", "|---|---|---|---|---|"]
+    for who, fields in groups:
+        for f in fields:
+            rows.append(f"| {who} | `{f.record}` `{f.key}` | {f.what} | {cell(f.server)} | {cell(f.local)} |")
     return "\n".join(rows)
