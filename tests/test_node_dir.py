@@ -626,3 +626,44 @@ def test_write_refuses_fewer_sets_than_classes_before_writing(tmp_path: Path, ca
     out = tmp_path / "nodes"
     assert node_data_main(["write", "--out", str(out), "--num-nodes", "2", "--run-config", "num-sets=5"]) == 1
     assert "num-sets=5" in capsys.readouterr().err and not out.exists()
+
+
+# --------------------------------------------------------------------------- what a photo viewer shows, on a node
+
+
+def test_a_node_folder_decodes_orientation_6_photos_upright(tmp_path: Path) -> None:
+    """The node folder's own photos go through the same decoder as the server's dataset: the
+    tagged folder gives exactly the upright folder's tensors."""
+    from tests.test_own_images import orientation_twins
+
+    upright, tagged = orientation_twins(tmp_path, ".jpg", per_class=3)
+    facts = {"class_names": ("cat", "dog"), "image_size": 24, "channels": 3, "mean": (0.5,) * 3, "std": (0.5,) * 3}
+    a, b = load_node_dir(upright, **facts), load_node_dir(tagged, **facts)
+    assert a.labeled is not None and b.labeled is not None and len(a.labeled) == 6
+    assert torch.equal(a.labeled.x, b.labeled.x) and not torch.equal(a.labeled.x, a.labeled.x.rot90(1, (2, 3)))
+
+
+def test_a_decompression_bomb_on_a_node_is_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``fedul node-data validate`` and the ClientApp's data door name the file, not PIL's raw
+    error; the node's flip fact travels with the run's facts."""
+    import dataclasses
+
+    from tests.test_own_images import bomb_png
+
+    cfg = resolve_config({"dataset": "mnist-sample"})
+    facts = dataclasses.replace(run_dataset_info(cfg), flip=True)  # as the server sends them (horizontal-flip=true)
+    node = tmp_path / "node"
+    for k, name in enumerate(facts.class_names[:2]):
+        (node / name).mkdir(parents=True)
+        for i in range(2):
+            Image.fromarray(np.full((28, 28), 60 * k + i, dtype=np.uint8)).save(node / name / f"{i}.png")
+    client = client_from_node_config(cfg, {"data-dir": str(node)}, method="supervised", parts=("labeled",), facts=facts)
+    assert client.flip is True and len(client.labeled) == 4  # type: ignore[arg-type]
+    bomb = bomb_png(node / facts.class_names[1] / "scan.png")
+    message = re.escape(str(bomb)) + r": 196,000,000 pixels, over PIL's decompression-bomb limit"
+    with pytest.raises(NodeDataError, match=message) as refused:
+        client_from_node_config(cfg, {"data-dir": str(node)}, method="supervised", parts=("labeled",), facts=facts)
+    assert "\n" not in str(refused.value)
+    assert node_data_main(["validate", str(node), "--dataset", "mnist-sample"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and re.search(message, err[0]), err

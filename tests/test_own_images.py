@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from fedul_flwr.checks import check_before_round_one, resolve_config
 from fedul_flwr.config import ConfigError
@@ -132,6 +133,173 @@ def test_every_method_trains_two_rounds(own, tmp_path: Path, method: str, fmt: s
     assert all(np.isfinite(r["test-accuracy"]) for r in rows)
 
 
+# --------------------------------------------------------------------------- what a photo viewer shows
+
+
+def _saved(path: Path, arr: np.ndarray, orientation: int = 0, **kwargs: object) -> Path:
+    """``arr`` saved by PIL (the format from the suffix), with an EXIF orientation tag when given."""
+    from PIL import Image
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if orientation:
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        kwargs["exif"] = exif
+    Image.fromarray(arr).save(path, **kwargs)
+    return path
+
+
+def _upright(k: int, i: int) -> np.ndarray:
+    """A 24x24 RGB image of 8x8 blocks, asymmetric (so any rotation or mirror changes it): block
+    colours from (k, i); 8x8 blocks and no chroma subsampling make a JPEG's 90-degree rotation
+    lossless, so the rotated file decodes to exactly the upright one's pixels."""
+    rng = np.random.default_rng([k, i, 24])
+    return np.kron(rng.integers(0, 256, (3, 3, 3)), np.ones((8, 8, 1))).astype(np.uint8)
+
+
+def orientation_twins(root: Path, suffix: str, per_class: int = 4) -> tuple[Path, Path]:
+    """Two image folders of the same photos: stored upright, and stored rotated by 90 degrees
+    counter-clockwise with EXIF ``Orientation = 6`` (rotate 90 degrees clockwise to show: what
+    a phone held upright writes)."""
+    kwargs = {"quality": 100, "subsampling": 0} if suffix == ".jpg" else {}
+    for k, name in enumerate(CLASSES[:2]):
+        for i in range(per_class):
+            arr = _upright(k, i)
+            _saved(root / "upright" / name / f"{i}{suffix}", arr, **kwargs)
+            _saved(root / "tagged" / name / f"{i}{suffix}", np.ascontiguousarray(np.rot90(arr)), 6, **kwargs)
+    return root / "upright", root / "tagged"
+
+
+def bomb_png(path: Path, side: int = 14000) -> Path:
+    """A 1-bit all-black PNG of side x side pixels (14000: 196 million, over twice PIL's
+    decompression-bomb limit) written row by row: 24 kB on disk, no image in memory."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(9)
+    row = bytes(1 + (side + 7) // 8)  # filter byte 0, then the row's bits
+    pixels = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+                     + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))  # fmt: skip
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".png", ".jpg"])
+def test_an_orientation_6_photo_decodes_equal_to_its_upright_twin(tmp_path: Path, suffix: str) -> None:
+    """The tagged folder trains on exactly the upright folder's pixels (a viewer shows both the
+    same); without the tag the rotated pixels would differ from the upright ones."""
+    upright, tagged = orientation_twins(tmp_path, suffix)
+    a, b = (load_dataset(f"hf:{root}") for root in (upright, tagged))
+    assert a.train_x.shape == b.train_x.shape and len(a.train_x) + len(a.test_x) == 8
+    assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_x, b.test_x)
+    assert not torch.equal(a.train_x, a.train_x.rot90(1, (2, 3)))  # the test could fail: rotation matters
+
+
+def test_an_orientation_6_row_of_parquet_and_of_a_saved_dataset_decodes_upright(tmp_path: Path) -> None:
+    """The same tagged bytes as rows of a Parquet file and a ``save_to_disk`` folder."""
+    import datasets
+
+    upright, tagged = orientation_twins(tmp_path, ".jpg")
+    expected = load_dataset(f"hf:{upright}")
+    files = sorted(tagged.rglob("*.jpg"))
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=list(CLASSES[:2]))})
+    rows = datasets.Dataset.from_dict({"image": [{"bytes": f.read_bytes(), "path": None} for f in files],
+                                       "label": [CLASSES.index(f.parent.name) for f in files]}, features=features)  # fmt: skip
+    rows.to_parquet(str(tmp_path / "tagged.parquet"))
+    rows.save_to_disk(str(tmp_path / "saved"))
+    for name in (f"hf:{tmp_path / 'tagged.parquet'}", f"hf:{tmp_path / 'saved'}"):
+        got = load_dataset(name)
+        assert torch.equal(got.train_x, expected.train_x) and torch.equal(got.test_x, expected.test_x), name
+
+
+def test_16_bit_and_float_greyscale_keep_their_grey_levels(tmp_path: Path) -> None:
+    """A 16-bit PNG ramp 0..65535 decodes to 256 grey levels (x / 257, as a viewer shows it),
+    not to 0 and 255; a float TIFF in [0, 1] to round(255 x), not to 0 and 1."""
+    ramp16 = np.tile(np.linspace(0, 65535, 256).round().astype(np.uint16), (256, 1))
+    ramp_f = np.tile(np.linspace(0, 1, 256, dtype=np.float32), (256, 1))
+    for k, name in enumerate(CLASSES[:2]):
+        for i in range(3):
+            _saved(tmp_path / "xray" / name / f"{i}.png", ramp16)
+            _saved(tmp_path / "float" / name / f"{i}.tif", ramp_f)
+    xray = load_dataset(f"hf:{tmp_path / 'xray'}")
+    assert tuple(xray.train_x.shape[1:]) == (1, 256, 256)
+    assert len(np.unique(xray.train_x.numpy())) == 256
+    assert np.array_equal(xray.train_x[0, 0].numpy(), np.rint(ramp16 / 257.0).astype(np.uint8))
+    grey = load_dataset(f"hf:{tmp_path / 'float'}")
+    assert np.array_equal(grey.train_x[0, 0].numpy(), np.rint(ramp_f.astype(np.float64) * 255).astype(np.uint8))
+    bad = _saved(tmp_path / "float" / "cat" / "9.tif", ramp_f * 1000)
+    clear_caches()
+    with pytest.raises(DatasetError, match=re.escape(str(bad)) + r": float image with values in \[0, 1000\], outside "
+                       r"\[0, 1\]") as refused:  # fmt: skip
+        load_dataset(f"hf:{tmp_path / 'float'}")
+    assert "\n" not in str(refused.value)
+
+
+def test_transparency_is_shown_over_white_and_non_square_images_are_stretched(tmp_path: Path) -> None:
+    """RGBA: the red an encoder left under transparent pixels never reaches the model (white,
+    as on a white page). Non-square with image-size: stretched to the square, not cropped (the
+    left quarter stays in view)."""
+    rgba = np.zeros((16, 16, 4), dtype=np.uint8)
+    rgba[..., 0] = 255  # red everywhere, transparent in the bottom half
+    rgba[:8, :, 3] = 255
+    wide = np.full((16, 32, 3), 255, dtype=np.uint8)
+    wide[:, :8] = 0  # the left quarter black: a centre crop would lose it
+    for k, name in enumerate(CLASSES[:2]):
+        for i in range(3):
+            _saved(tmp_path / "logos" / name / f"{i}.png", rgba)
+            _saved(tmp_path / "wide" / name / f"{i}.png", wide)
+    logo = load_dataset(f"hf:{tmp_path / 'logos'}").train_x[0].numpy()
+    assert (logo[:, :8] == np.array([255, 0, 0])[:, None, None]).all() and (logo[:, 8:] == 255).all()
+    stretched = load_dataset(f"hf:{tmp_path / 'wide'}", options=DatasetOptions(image_size=16)).train_x[0, 0].numpy()
+    assert (stretched[:, :3] == 0).all() and (stretched[:, 5:] == 255).all()
+
+
+def test_every_bad_file_of_a_folder_is_named_in_one_pass(tmp_path: Path) -> None:
+    """README.txt, Thumbs.db and a phone's HEIC photo in one try; twelve broken files: the first
+    ten named, then "and 2 more"."""
+    from fedul_flwr.data.images import MAX_NAMED
+
+    root = flat_folder(tmp_path / "pets", per_class=4)
+    strays = [root / "cat" / "README.txt", root / "dog" / "Thumbs.db", root / "emu" / "IMG_0001.HEIC"]
+    for p in strays:
+        p.write_bytes(b"\0" * 40)
+    clear_caches()
+    with pytest.raises(DatasetError) as refused:
+        load_dataset(f"hf:{root}")
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("3 bad image files: ")
+    assert all(str(p) in message for p in strays) and "convert it to PNG or JPEG" in message
+    for p in strays:
+        p.unlink()
+    broken = sorted(root.rglob("*.png"))[:12]
+    for p in broken:
+        p.write_bytes(p.read_bytes()[:-60])
+    clear_caches()
+    with pytest.raises(DatasetError) as refused:
+        load_dataset(f"hf:{root}")
+    message = str(refused.value)
+    named = [p for p in broken if f"{p}: unreadable or truncated image" in message]
+    assert len(named) == MAX_NAMED and message.startswith("12 bad image files: ") and message.endswith("; and 2 more")
+
+
+def test_messages_name_classes_by_their_names(tmp_path: Path) -> None:
+    """``class 'four' has 2 images``, not ``class 0``."""
+    for k, (name, n) in enumerate((("four", 2), ("nine", 10))):
+        for i in range(n):
+            _png(tmp_path / "digits" / name / f"{i}.png", _pixels(k, i, 16, 1))
+    settings = {"dataset": f"hf:{tmp_path / 'digits'}", "method": "fixmatch", "client-setting": "labels-at-clients",
+                "num-labeled": 6, "output-dir": str(tmp_path / "runs")}  # fmt: skip
+    from fedul_flwr.client_app import app
+    from fedul_flwr.inprocess import InProcessGrid
+
+    with pytest.raises(ConfigError, match=r"num-labeled=6: class 'four' has 2 images, fewer than its 3 labels"):
+        check_before_round_one(resolve_config(settings), InProcessGrid(app, 2, settings))
+
+
 # --------------------------------------------------------------------------- bad inputs
 
 
@@ -160,6 +328,10 @@ def _bad(kind: str, root: Path) -> tuple[str, dict, str]:
         flat_folder(folder)
         (folder / "fox").mkdir()
         return f"hf:{folder}", {}, re.escape(str(folder / "fox")) + ": class folder holds no image"
+    if kind == "bomb":
+        flat_folder(folder)
+        bad = bomb_png(folder / "dog" / "scan.png")
+        return f"hf:{folder}", {}, re.escape(str(bad)) + r": 196,000,000 pixels, over PIL's decompression-bomb limit"
     if kind == "relative":
         flat_folder(folder)
         return f"hf:{kind}", {}, r"must be absolute: hf:/"  # run from `root`, where `relative/` exists
@@ -176,7 +348,7 @@ def _bad(kind: str, root: Path) -> tuple[str, dict, str]:
     raise AssertionError(kind)
 
 
-BAD = ["truncated", "other-size", "too-small", "one-class", "empty-class", "relative", "not-a-hub-name", "hassle-layout",
+BAD = ["truncated", "bomb", "other-size", "too-small", "one-class", "empty-class", "relative", "not-a-hub-name", "hassle-layout",
        "hassle-no-labels"]
 
 
@@ -244,7 +416,7 @@ def test_flwr_run_refuses_bad_images_in_one_line(tmp_path: Path) -> None:
 
     runs = tmp_path / "runs"
     with superlink(tmp_path) as link:
-        for kind in ("truncated", "too-small"):
+        for kind in ("truncated", "bomb", "too-small"):
             dataset, _, message = _bad(kind, tmp_path)
             run_id = link.submit(f"dataset='{dataset}' num-sets=3 num-rounds=1 output-dir='{runs}'",
                                  "num-supernodes=2 client-resources-num-cpus=1")  # fmt: skip
