@@ -302,6 +302,7 @@ class _Plan:
     class_names: tuple[str, ...]
     train: _Part
     test: _Part
+    files: bool = False  # the rows are an image folder's files, named by their paths (else by split and row)
 
 
 def _check_classes(where: str, names: tuple[str, ...], y_train: np.ndarray) -> None:
@@ -314,17 +315,17 @@ def _check_classes(where: str, names: tuple[str, ...], y_train: np.ndarray) -> N
 
 
 def _split_parts(where: str, names: tuple[str, ...], train: tuple[str, Any, np.ndarray],
-                 test: tuple[str, Any, np.ndarray] | None) -> _Plan:  # fmt: skip
+                 test: tuple[str, Any, np.ndarray] | None, files: bool = False) -> _Plan:  # fmt: skip
     """The plan of a training split and a test split (or a held-out share of the training split)."""
     _check_classes(where, names, train[2])
     if test is not None:
         return _Plan(where, names, _Part(train[0], train[1], np.arange(len(train[2])), train[2]),
-                     _Part(test[0], test[1], np.arange(len(test[2])), test[2]))  # fmt: skip
+                     _Part(test[0], test[1], np.arange(len(test[2])), test[2]), files)  # fmt: skip
     keep, held = holdout_split(train[2], TEST_FRACTION, TEST_SPLIT_SEED)  # a fixed class-stratified share
     if not len(held):
         raise DatasetError(f"{where}: no test split and too few images to hold out {TEST_FRACTION:.0%} of a class")
     return _Plan(where, names, _Part(train[0], train[1], keep, train[2][keep]),
-                 _Part(train[0], train[1], held, train[2][held]))  # fmt: skip
+                 _Part(train[0], train[1], held, train[2][held]), files)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=4)
@@ -348,7 +349,8 @@ def _plan(name: str, options: DatasetOptions, data_dir: str = "") -> _Plan:
             return name_, [{"bytes": None, "path": str(f)} for f in files], labels
 
         test_name = next((s for s in _TEST_SPLITS if s in folder.splits), None)
-        return _split_parts(where, folder.class_names, split("train"), None if test_name is None else split(test_name))
+        return _split_parts(where, folder.class_names, split("train"), None if test_name is None else split(test_name),
+                            files=True)  # fmt: skip
     train_name, test_name = _pick_splits(opened, where)
     train = opened[train_name]
     test = None if test_name is None else opened[test_name]
@@ -362,7 +364,12 @@ def _plan(name: str, options: DatasetOptions, data_dir: str = "") -> _Plan:
     class_names, y_train, y_test = _labels(train, test, label_col, where)
 
     def items(ds: Any) -> Any:
-        return list(ds.cast_column(image_col, datasets.Image(decode=False))[image_col])
+        try:
+            return list(ds.cast_column(image_col, datasets.Image(decode=False))[image_col])
+        except Exception as exc:  # noqa: BLE001 -- pyarrow and datasets raise many types for a column of no images
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DatasetError(f"{where}: image-column {image_col!r} holds {ds.features[image_col]}, not images "
+                               f"({type(exc).__name__}: {first})") from None  # fmt: skip
 
     return _split_parts(where, class_names, (train_name, items(train), y_train),
                         None if test is None else (str(test_name), items(test), y_test))  # type: ignore[arg-type]  # fmt: skip
@@ -372,7 +379,7 @@ def _origin(plan: _Plan, part: _Part, row: int) -> tuple[Any, str]:
     """The encoded image of ``row`` of ``part`` (bytes or a path) and where it comes from."""
     item = part.items[int(row)] or {}
     data, path = item.get("bytes"), item.get("path")
-    origin = f"{path}" if path and data is None else f"{plan.where}: split {part.split!r}, row {row}" + (
+    origin = f"{path}" if plan.files else f"{plan.where}: split {part.split!r}, row {row}" + (
         f" ({path})" if path else "")  # fmt: skip
     if data is None and not path:
         raise ImageError(f"{origin}: no image")
