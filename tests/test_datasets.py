@@ -482,10 +482,9 @@ def test_svhn_missing_files_name_both_mats(tmp_path):
 
 
 def test_flips_only_where_classes_survive_mirroring():
-    """FedDB's authors flip CIFAR's images, never SVHN's digits."""
-    from fedul_flwr.augment import MIRRORED
-
-    assert {"cifar10", "cifar100"} <= MIRRORED and not {"svhn", "mnist", "mnist-sample"} & MIRRORED
+    """FedDB's authors flip CIFAR's images, never SVHN's digits: a fact of each dataset."""
+    flips = {name for name in DATASETS if D.dataset_info(name).flip}
+    assert {"cifar10", "cifar100", "fashion-mnist"} <= flips and not {"svhn", "mnist", "mnist-sample"} & flips
 
 
 def test_dataset_info_matches_torchvision_and_is_complete():

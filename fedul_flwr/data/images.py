@@ -218,7 +218,8 @@ def read_header(source: str | Path | bytes, origin: str) -> tuple[str, tuple[int
     -------
     (str, (int, int))
         The mode and the size as shown, after its EXIF orientation (orientations 5 to 8 swap
-        width and height).
+        width and height; a PNG's EXIF is read here only where it precedes the pixels, as PIL
+        and other encoders write it).
 
     Raises
     ------
@@ -229,10 +230,12 @@ def read_header(source: str | Path | bytes, origin: str) -> tuple[str, tuple[int
     from PIL import ExifTags
 
     with _opened(source, origin) as img:
-        try:
-            turned = img.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
-        except Exception:  # noqa: BLE001 -- a damaged EXIF block: exif_transpose decides when decoding
-            turned = False
+        turned = False
+        if img.format != "PNG" or "exif" in img.info:  # a PNG's getexif() without an eXIf chunk before the
+            try:  # pixels would decode the whole image to look after them
+                turned = img.getexif().get(ExifTags.Base.Orientation) in (5, 6, 7, 8)
+            except Exception:  # noqa: BLE001 -- a damaged EXIF block: exif_transpose decides when decoding
+                pass
         return img.mode, (img.size[::-1] if turned else img.size)
 
 
