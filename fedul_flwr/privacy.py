@@ -516,8 +516,8 @@ class ClippableReplies:
     def _weigh_one(reply: Message, keys: Iterable[str]) -> Message:
         """``reply`` with each weight metric in ``keys`` set to 1: under server-side DP no
         reply weighs more than another, whatever it claims."""
-        metrics = reply.content[wire.METRICS]
-        reply.content[wire.METRICS] = MetricRecord({**metrics, **{k: 1.0 for k in keys}})
+        name, metrics = next(iter(reply.content.metric_records.items()))  # the one the door admitted
+        reply.content[name] = MetricRecord({**metrics, **{k: 1.0 for k in keys}})
         return reply
 
     def aggregate_train(

@@ -12,7 +12,7 @@ its node (:class:`MalformedReplyError`), on record with the round's other failur
 
 A reply is admitted when:
 
-- it carries one MetricRecord, ``"metrics"``, holding the metric keys most of the round's
+- it carries one MetricRecord (the ClientApp's ``"metrics"``), holding the metric keys most of the round's
   trained replies hold (Flower averages metrics only over equal key sets), and the array records the strategy reads, no others:
   ``"arrays"``, plus the strategy's side records (SCAFFOLD's ``"cv-delta"``, the kept
   optimiser state);
@@ -142,8 +142,8 @@ def malformed(
     if reply.has_error():
         return None
     content = reply.content
-    if list(content.metric_records.keys()) != [wire.METRICS]:
-        return f"it carries the metric records {list(content.metric_records.keys())}, expected '{wire.METRICS}' only"
+    if len(content.metric_records) != 1:
+        return f"it carries the metric records {list(content.metric_records.keys())}, expected one ('{wire.METRICS}')"
     records = list(content.array_records.keys())
     allowed = {wire.ARRAYS, *side_records}
     if wire.ARRAYS not in records or any(r not in allowed for r in records):
@@ -161,7 +161,7 @@ def malformed(
                                                                   if k in content[name]}), whole=False)  # fmt: skip
             if why is not None:
                 return why
-    metrics = content[wire.METRICS]
+    metrics = next(iter(content.metric_records.values()))
     sent_models = list(dict.fromkeys(wire.model_of(k) for k in arrays.keys()))
     keys = [weight_keys] if isinstance(weight_keys, str) else [weight_keys[m] for m in sent_models if m in weight_keys]
     for key in dict.fromkeys(keys):
@@ -186,13 +186,13 @@ def admit(
     whys = [malformed(reply, expected, **checks) for reply in replies]  # type: ignore[arg-type]
     # the metric keys the round's trained replies share (Flower averages only equal key sets):
     # those of most of them, the first such set on a tie
-    sets = [frozenset(r.content[wire.METRICS].keys()) for r, why in zip(replies, whys, strict=True)
+    sets = [frozenset(next(iter(r.content.metric_records.values())).keys()) for r, why in zip(replies, whys, strict=True)
             if why is None and not r.has_error() and len(r.content[wire.ARRAYS])]  # fmt: skip
     common = max(sets, key=sets.count) if sets else frozenset()
     out = []
     for reply, why in zip(replies, whys, strict=True):
         if why is None and not reply.has_error() and len(reply.content[wire.ARRAYS]):
-            keys = frozenset(reply.content[wire.METRICS].keys())
+            keys = frozenset(next(iter(reply.content.metric_records.values())).keys())
             if keys != common:
                 why = (f"its metrics {sorted(keys)} differ from the {sets.count(common)} of {len(sets)} other replies' "
                        f"(extra: {sorted(keys - common)}, missing: {sorted(common - keys)})")  # fmt: skip
