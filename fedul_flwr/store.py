@@ -362,7 +362,8 @@ def _check_lock(lock: FolderLock | None, path: Path) -> None:
         raise RuntimeError(f"{path}: changed without holding its lock ({lock.run_dir}, held=False)")
 
 
-def set_aside_damaged(path: str | os.PathLike[str], lock: FolderLock | None = None) -> Path | None:
+def set_aside_damaged(path: str | os.PathLike[str], lock: FolderLock | None = None,
+                      read: Callable[[Path], Any] = read_json) -> Path | None:  # fmt: skip
     """Rename a damaged file (:class:`DamagedFile`) to ``<name>.damaged-<UTC time>`` beside it,
     never overwriting or deleting anything, and ``fsync`` the folder. The new name ends in no
     ``.json``, so no reader of records takes it for one. Returns it; ``None`` where ``path``
@@ -371,7 +372,8 @@ def set_aside_damaged(path: str | os.PathLike[str], lock: FolderLock | None = No
 
     A damaged file is first linked under its new name, and the old name is removed only while
     it still is that same file (same inode), so a whole record written meanwhile by another
-    runner (:func:`write_atomic` replaces the name by a new file) is never moved away.
+    runner (:func:`write_atomic` replaces the name by a new file) is never moved away;
+    ``read`` is the reader that found it damaged (raising :class:`DamagedFile`), asked again.
 
     Raises
     ------
@@ -390,7 +392,7 @@ def set_aside_damaged(path: str | os.PathLike[str], lock: FolderLock | None = No
         _fsync_folder(path.parent)
         return aside
     try:
-        read_json(aside, (dict, list))
+        read(aside)
     except DamagedFile:
         same = os.stat(aside).st_ino == _inode(path)
         if same:

@@ -287,7 +287,7 @@ def record_from_folder(spec: RunSpec, run_config: dict[str, Any], run_dir: Path)
     from fedul_flwr.outputs import read_metrics, running_time
 
     try:
-        if not (run_dir / "summary.txt").read_text().startswith("status=ok"):
+        if not (run_dir / "summary.txt").read_text().rstrip().endswith(" status=ok"):
             return None
         cfg = resolve_config(dict(run_config))
         if not same_settings(run_settings(read_json(run_dir / "config.json")), run_settings(cfg.as_dict())):
@@ -718,6 +718,7 @@ def _worker(conn: Connection, item: tuple[Any, ...], parent: int) -> None:
         if full is None:
             raise
         outcome = full
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: a SIGTERM from here on ends the process quietly
     with contextlib.suppress(OSError):
         conn.send(outcome)
         conn.close()
@@ -1170,7 +1171,7 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     return True
 
 
-RECORD_KEYS = ("run-id", "config", "metrics", "last-test-error")
+RECORD_KEYS = ("run-id", "config")
 """Keys without which a file in a grid's records is no record (:func:`read_record`)."""
 FAILURE_KEYS = ("run-id", "error-type", "error", "round-reached", "log")
 """Keys without which a file in ``<records>/failed`` is no failure record."""
@@ -1183,14 +1184,17 @@ def read_record(path: Path, failure: bool = False) -> dict[str, Any] | None:
     (:func:`fedul_flwr.store.set_aside_damaged`: renamed ``<name>.damaged-<UTC time>``,
     never overwritten or deleted), and ``None`` is returned: the grid then records the cell
     again from its complete run folder (:func:`record_from_folder`) or trains it."""
+    keys = FAILURE_KEYS if failure else RECORD_KEYS
     try:
-        return read_json(path, dict, FAILURE_KEYS if failure else RECORD_KEYS)
+        return read_json(path, dict, keys)
     except FileNotFoundError:
         return None
     except DamagedFile as exc:
-        aside = set_aside_damaged(path)
+        aside = set_aside_damaged(path, read=lambda p: read_json(p, dict, keys))
         if aside is None:  # written whole meanwhile by another runner
-            return read_record(path, failure)
+            with contextlib.suppress(FileNotFoundError, DamagedFile):
+                return read_json(path, dict, keys)
+            return None
         print(f"fedul: damaged {'failure record' if failure else 'record'}: {exc}; set aside as {aside.name}",
               file=sys.stderr, flush=True)  # fmt: skip
         return None
