@@ -645,7 +645,8 @@ def test_a_node_folder_decodes_orientation_6_photos_upright(tmp_path: Path) -> N
 
 def test_a_decompression_bomb_on_a_node_is_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``fedul node-data validate`` and the ClientApp's data door name the file, not PIL's raw
-    error; the node's flip fact travels with the run's facts."""
+    error, together with the folder's other bad files; the node's flip fact travels with the
+    run's facts."""
     import dataclasses
 
     from tests.test_own_images import bomb_png
@@ -664,6 +665,9 @@ def test_a_decompression_bomb_on_a_node_is_named_in_one_line(tmp_path: Path, cap
     with pytest.raises(NodeDataError, match=message) as refused:
         client_from_node_config(cfg, {"data-dir": str(node)}, method="supervised", parts=("labeled",), facts=facts)
     assert "\n" not in str(refused.value)
+    stray = node / facts.class_names[0] / "Thumbs.db"
+    stray.write_bytes(b"\0")
     assert node_data_main(["validate", str(node), "--dataset", "mnist-sample"]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and re.search(message, err[0]), err
+    assert "2 bad image files: " in err[0] and f"{stray}: not an image file" in err[0]  # both in one pass

@@ -259,22 +259,28 @@ def test_transparency_is_shown_over_white_and_non_square_images_are_stretched(tm
 
 
 def test_every_bad_file_of_a_folder_is_named_in_one_pass(tmp_path: Path) -> None:
-    """README.txt, Thumbs.db and a phone's HEIC photo in one try; twelve broken files: the first
-    ten named, then "and 2 more"."""
+    """README.txt, Thumbs.db, a phone's HEIC photo and a truncated PNG in one try (listing and
+    decoding name their bad files together); twelve broken files: the first ten named, then
+    "and 2 more"."""
     from fedul_flwr.data.images import MAX_NAMED
 
     root = flat_folder(tmp_path / "pets", per_class=4)
     strays = [root / "cat" / "README.txt", root / "dog" / "Thumbs.db", root / "emu" / "IMG_0001.HEIC"]
     for p in strays:
         p.write_bytes(b"\0" * 40)
+    truncated = root / "dog" / "img_03.png"
+    whole = truncated.read_bytes()
+    truncated.write_bytes(whole[:-60])
     clear_caches()
     with pytest.raises(DatasetError) as refused:
         load_dataset(f"hf:{root}")
     message = str(refused.value)
-    assert "\n" not in message and message.startswith("3 bad image files: ")
+    assert "\n" not in message and message.startswith("4 bad image files: ")
     assert all(str(p) in message for p in strays) and "convert it to PNG or JPEG" in message
+    assert f"{truncated}: unreadable or truncated image" in message
     for p in strays:
         p.unlink()
+    truncated.write_bytes(whole)
     broken = sorted(root.rglob("*.png"))[:12]
     for p in broken:
         p.write_bytes(p.read_bytes()[:-60])

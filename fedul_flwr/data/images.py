@@ -106,8 +106,8 @@ class Problems:
     the first :data:`MAX_NAMED` problems (each names its file), then how many more.
     """
 
-    def __init__(self) -> None:
-        self.messages: list[str] = []
+    def __init__(self, messages: Sequence[str] = ()) -> None:
+        self.messages: list[str] = list(messages)
 
     def add(self, message: str) -> None:
         """Note one problem (a one-line message naming the file)."""
@@ -324,7 +324,8 @@ def decode_image(source: str | Path | bytes, origin: str, spec: ImageSpec) -> np
         return _finish(shown, origin, spec)
 
 
-def decode_files(items: Sequence[tuple[str | Path | bytes, str]], spec: ImageSpec) -> np.ndarray:
+def decode_files(items: Sequence[tuple[str | Path | bytes, str]], spec: ImageSpec,
+                 problems: Problems | None = None) -> np.ndarray:  # fmt: skip
     """Decode many images (:func:`decode_image`), every bad one found in the same pass.
 
     Parameters
@@ -333,24 +334,29 @@ def decode_files(items: Sequence[tuple[str | Path | bytes, str]], spec: ImageSpe
         Each image's file or bytes and where it comes from.
     spec : ImageSpec
         The run's channels and size.
+    problems : Problems, optional
+        Note the bad images here (with what the caller found before, e.g. the stray files of
+        the folder) and leave raising to the caller; ``None``: raise them here.
 
     Returns
     -------
     np.ndarray
-        uint8 ``[n, C, S, S]`` in the order of ``items``.
+        uint8 ``[n, C, S, S]`` in the order of ``items`` (zeros where an image is bad and
+        ``problems`` is given).
 
     Raises
     ------
     ImageError
-        One line naming the first :data:`MAX_NAMED` bad images and how many more
-        (:class:`Problems`).
+        Without ``problems``: one line naming the first :data:`MAX_NAMED` bad images and how
+        many more (:class:`Problems`).
     """
-    out = np.empty((len(items), spec.channels, spec.size, spec.size), dtype=np.uint8)
-    problems = Problems()
+    out = np.zeros((len(items), spec.channels, spec.size, spec.size), dtype=np.uint8)
+    noted = Problems() if problems is None else problems
     for i, (source, origin) in enumerate(items):
-        with problems.catch():
+        with noted.catch():
             out[i] = decode_image(source, origin, spec)
-    problems.raise_any()
+    if problems is None:
+        noted.raise_any()
     return out
 
 
@@ -434,8 +440,8 @@ def _entries(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
 
 
-def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None,
-                      allow_splits: bool = True) -> ImageFolder:  # fmt: skip
+def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None, allow_splits: bool = True,
+                      problems: Problems | None = None) -> ImageFolder:  # fmt: skip
     """List an image folder ``<root>/<class>/<files>`` (or ``<root>/<split>/<class>/<files>``).
 
     Parameters
@@ -449,6 +455,10 @@ def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None
     allow_splits : bool
         Accept split folders (:data:`SPLIT_FOLDERS`); a node folder's class folders are not
         split.
+    problems : Problems, optional
+        Note the bad entries (stray files, empty class folders) here and return what the
+        folder holds, so that the caller names them together with the images that fail to
+        decode; ``None``: raise them here.
 
     Returns
     -------
@@ -477,7 +487,8 @@ def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None
         roots = {name: split_dirs[name] for name in SPLIT_FOLDERS if name in split_dirs}
     else:
         roots = {"train": root}
-    problems = Problems()
+    own = problems is None
+    problems = Problems() if problems is None else problems
     classes = {split: [p for p in _entries(folder) if p.is_dir()] for split, folder in roots.items()}
     for split, folder in roots.items():
         for p in _entries(folder):
@@ -485,9 +496,9 @@ def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None
                 problems.add(f"{p}: a file beside the class folders of split {split!r}" if len(roots) > 1 or
                              folder != root else f"{p}: a file beside the class folders; an image folder holds only "
                              "class folders (<class name>/<image files>)")  # fmt: skip
-        if not classes[split] and not problems.messages:
-            raise ImageError(f"{folder}: holds no class folder")
-    problems.raise_any()
+        if not classes[split]:
+            problems.add(f"{folder}: holds no class folder")
+            problems.raise_any()
     if class_names is None:
         names = tuple(p.name for p in classes["train"])
         if len(names) < 2:
@@ -510,5 +521,6 @@ def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None
             files += found
             labels += [index[p.name]] * len(found)
         splits[split] = (files, np.asarray(labels, dtype=np.int64))
-    problems.raise_any()
+    if own:
+        problems.raise_any()
     return ImageFolder(names, splits)

@@ -389,19 +389,15 @@ def _read_npy(path: Path, spec: ImageSpec) -> np.ndarray:
     return arr
 
 
-def _decode_files(files: Sequence[Path], spec: ImageSpec) -> np.ndarray:
-    """Image files as uint8 ``[n, C, S, S]`` (:func:`fedul_flwr.data.images.decode_files`:
-    every bad file named in one line)."""
-    return _images(decode_files, [(p, str(p)) for p in files], spec)
-
-
-def _listed(folder: Path, what: str, extra: str = "") -> list[Path]:
-    """The image files of ``folder`` (:func:`fedul_flwr.data.images.image_files`); every other
-    entry, and an empty folder, named at once in one :class:`NodeDataError`."""
+def _read_files(listing: Any, spec: ImageSpec) -> np.ndarray:
+    """The image files ``listing(problems)`` returns, as uint8 ``[n, C, S, S]``
+    (:func:`fedul_flwr.data.images.decode_files`): the bad entries the listing notes and the
+    files that fail to decode are named together in one :class:`NodeDataError`."""
     problems = Problems()
-    files = image_files(folder, what, problems, extra)
+    files = listing(problems)
+    images = decode_files([(p, str(p)) for p in files], spec, problems)
     _images(problems.raise_any)
-    return files
+    return images
 
 
 def _read_set(folder: Path, set_name: str, spec: ImageSpec) -> tuple[np.ndarray, str]:
@@ -416,13 +412,14 @@ def _read_set(folder: Path, set_name: str, spec: ImageSpec) -> tuple[np.ndarray,
             others = [p.name for p in files if p.name != ARRAY_FILE][:5]
             raise NodeDataError(f"{folder}: holds {ARRAY_FILE} and other files {others}; use one or the other")
         return _read_npy(folder / ARRAY_FILE, spec), "npy"
-    return _decode_files(_listed(folder, f"set {set_name!r}", f" or one {ARRAY_FILE}"), spec), "files"
+    return _read_files(lambda problems: image_files(folder, f"set {set_name!r}", problems, f" or one {ARRAY_FILE}"),
+                       spec), "files"  # fmt: skip
 
 
 def _read_image_files(folder: Path, what: str, spec: ImageSpec) -> np.ndarray:
     """The image files of ``folder`` (sorted by name, hidden files ignored) as uint8
     ``[n, C, H, W]``; a folder without image or holding another file is an error."""
-    return _decode_files(_listed(folder, what), spec)
+    return _read_files(lambda problems: image_files(folder, what, problems), spec)
 
 
 def _read_class_folders(folder: Path, class_names: Sequence[str], spec: ImageSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -437,8 +434,11 @@ def _read_class_folders(folder: Path, class_names: Sequence[str], spec: ImageSpe
         a file beside the class folders, a class folder without image, a file that is no
         image, unreadable or of the wrong size.
     """
-    files, labels = _images(read_image_folder, folder, class_names, False).splits["train"]
-    return _decode_files(files, spec), labels
+    problems = Problems()
+    files, labels = _images(read_image_folder, folder, class_names, False, problems).splits["train"]
+    images = decode_files([(p, str(p)) for p in files], spec, problems)
+    _images(problems.raise_any)
+    return images, labels
 
 
 def _is_image_folder(root: Path, reserved: tuple[str, ...] = ()) -> bool:

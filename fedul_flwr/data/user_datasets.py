@@ -45,6 +45,7 @@ with a one-line message naming the file, row or key.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import re
@@ -192,16 +193,18 @@ def _open(source: str, data_dir: str) -> dict[str, Any] | _Folder:
         first = str(exc).splitlines()[0] if str(exc) else ""
         raise DatasetError(f"{path}: Hugging Face datasets cannot read it ({type(exc).__name__}: {first})") from exc
     try:
-        return _Folder(read_image_folder(path))
+        problems = Problems()  # stray files: named with the images that fail, in one line (user_dataset_info)
+        return _Folder(read_image_folder(path, problems=problems), tuple(problems.messages))
     except ImageError as exc:
         raise DatasetError(str(exc)) from None
 
 
 @dataclass(frozen=True)
 class _Folder:
-    """An image folder (:func:`fedul_flwr.data.images.read_image_folder`)."""
+    """An image folder (:func:`fedul_flwr.data.images.read_image_folder`) and its bad entries."""
 
     folder: Any
+    problems: tuple[str, ...] = ()
 
 
 def _pick_splits(splits: dict[str, Any], where: str) -> tuple[str, str | None]:
@@ -303,6 +306,7 @@ class _Plan:
     train: _Part
     test: _Part
     files: bool = False  # the rows are an image folder's files, named by their paths (else by split and row)
+    problems: tuple[str, ...] = ()  # an image folder's bad entries (stray files, empty class folders)
 
 
 def _check_classes(where: str, names: tuple[str, ...], y_train: np.ndarray) -> None:
@@ -349,8 +353,13 @@ def _plan(name: str, options: DatasetOptions, data_dir: str = "") -> _Plan:
             return name_, [{"bytes": None, "path": str(f)} for f in files], labels
 
         test_name = next((s for s in _TEST_SPLITS if s in folder.splits), None)
-        return _split_parts(where, folder.class_names, split("train"), None if test_name is None else split(test_name),
-                            files=True)  # fmt: skip
+        try:
+            plan = _split_parts(where, folder.class_names, split("train"),
+                                None if test_name is None else split(test_name), files=True)  # fmt: skip
+        except DatasetError:
+            _raise(Problems(opened.problems))  # an empty class folder: named as such
+            raise
+        return dataclasses.replace(plan, problems=opened.problems)
     train_name, test_name = _pick_splits(opened, where)
     train = opened[train_name]
     test = None if test_name is None else opened[test_name]
@@ -384,6 +393,14 @@ def _origin(plan: _Plan, part: _Part, row: int) -> tuple[Any, str]:
     if data is None and not path:
         raise ImageError(f"{origin}: no image")
     return (data if data is not None else path), origin
+
+
+def _raise(problems: Problems) -> None:
+    """The noted bad images, if any, as one :class:`DatasetError` line."""
+    try:
+        problems.raise_any()
+    except ImageError as exc:
+        raise DatasetError(str(exc)) from None
 
 
 def _decode(plan: _Plan, spec: ImageSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -421,19 +438,21 @@ def user_dataset_info(name: str, data_dir: str = "", options: DatasetOptions = D
     """
     plan = _plan(name, options, data_dir)
     grey, first = True, None
-    problems = Problems()
+    problems = Problems(plan.problems)
+    readable = []
     for part in (plan.train, plan.test):
         for row in part.rows:
             with problems.catch():
                 source, origin = _origin(plan, part, row)
                 mode, size = read_header(source, origin)
+                readable.append((source, origin))
                 grey = grey and channels_of_mode(mode) == 1
                 if first is None:
                     first = (size, origin)
-    try:
-        problems.raise_any()
-    except ImageError as exc:
-        raise DatasetError(str(exc)) from None
+    if problems.messages and first is not None and (options.image_size or first[0][0] == first[0][1]):
+        side = options.image_size or first[0][0]  # name the images that fail to decode too, in the same line
+        decode_files(readable, ImageSpec(1 if grey else 3, side, bool(options.image_size)), problems)
+    _raise(problems)
     (width, height), origin = first  # type: ignore[misc]
     if not options.image_size and width != height:
         raise DatasetError(f"{origin}: image of {width}x{height} pixels is not square; set image-size=N to resize "
