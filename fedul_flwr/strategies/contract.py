@@ -28,6 +28,10 @@ from dataclasses import dataclass
 __all__ = [
     "ACCEPTS",
     "COMMON_FIELDS",
+    "METHOD_SERVER_FIELDS",
+    "OPTION_FIELDS",
+    "SERVER_FIELDS",
+    "recorded_field",
     "Exposure",
     "Field",
     "METHOD_FIELDS",
@@ -321,6 +325,31 @@ METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
 }  # fmt: skip
 """Fields a method adds to its train replies (``Method.uploads``)."""
 
+_RELEASE = Treatment(Exposure.NOISED, "computed from the released model alone (post-processing)")
+_OPERATIONAL = Treatment(Exposure.PUBLIC, "who trained, sat out or failed each round: outside the epsilon")
+_ACCOUNT = Treatment(Exposure.PUBLIC, "the accountant's figures, from the public settings")
+SERVER_FIELDS: tuple[Field, ...] = (
+    Field("server:metrics.json", "round", "the round", _ACCOUNT, _ACCOUNT),
+    Field("server:metrics.json", "wall-time", "seconds since the run started",
+          Treatment(Exposure.PUBLIC, "the server's clock"), Treatment(Exposure.PUBLIC, "the server's clock")),
+    Field("server:metrics.json", "test-*", "the released model on the server's test split", _RELEASE, _RELEASE),
+    Field("server:metrics.json", "val-*", "the released model on the labeled validation hold-out", _RELEASE, _RELEASE),
+    Field("server:metrics.json", "privacy-*", "epsilon, delta; server-adaptive: the round's clipping norm (set by "
+          "earlier rounds' noised counts)", _ACCOUNT, _ACCOUNT),
+    *(Field("server:metrics.json", k, "the round's replies by node", _OPERATIONAL, _OPERATIONAL)
+      for k in ("trained-nodes", "failed-nodes", "idle-replies", "failed-replies")),
+)  # fmt: skip
+"""What the server records and prints beyond the model (``metrics.json``/``.csv``, the
+progress and summary lines). A recorded aggregate of a reply metric (``train-loss``, a method's
+``recorded_metrics``) has that reply metric's treatment (:func:`recorded_field`)."""
+METHOD_SERVER_FIELDS: dict[str, tuple[Field, ...]] = {
+    "feddb": tuple(Field("server:metrics.json", k, "DMA's weights and objective, from the clients' APP-U",
+                         Treatment(Exposure.REFUSED, "computed from the unnoised APP-U"),
+                         Treatment(Exposure.REFUSED, "computed from the unnoised APP-U"))
+                   for k in ("dma-beta", "dma-loss-uniform", "dma-loss")),
+}  # fmt: skip
+"""What a method's aggregation adds to the record (also logged each round)."""
+
 OPTION_FIELDS: dict[tuple[str, object], tuple[Field, ...]] = {
     ("fedpu-cross-client", True): (
         Field("query:metrics", "positive-classes", "the node's positive classes (K floats in {0, 1})", _POSITIVE,
@@ -343,16 +372,31 @@ def reply_fields(strategy: str, method: str, options: Mapping[str, object] | Non
     return (*COMMON_FIELDS, *STRATEGY_FIELDS.get(strategy, ()), *METHOD_FIELDS.get(method, ()), *extra)
 
 
+def recorded_field(strategy: str, method: str, key: str, options: Mapping[str, object] | None = None) -> Field | None:
+    """The declaration of ``key`` of the run's record (``metrics.json``): a
+    :data:`SERVER_FIELDS` entry (exact, or a ``prefix-*`` one), a method's
+    :data:`METHOD_SERVER_FIELDS`, or the reply metric whose aggregate it is; ``None`` if
+    undeclared."""
+    fields = (*SERVER_FIELDS, *METHOD_SERVER_FIELDS.get(method, ()),
+              *(f for f in reply_fields(strategy, method, options) if f.record == "train:metrics"))  # fmt: skip
+    for field in fields:
+        if field.key == key or (field.key.endswith("*") and key.startswith(field.key[:-1])):
+            return field
+    return None
+
+
 def field_refusal(mode: str, strategy: str, method: str, options: Mapping[str, object] | None = None) -> str | None:
     """Why ``mode`` refuses what a run sends, in one line naming the first refused field;
     ``None`` when every field is noised, kept on the server, opt-in or declared public."""
     if mode == "none":
         return None
-    for field in reply_fields(strategy, method, options):
+    for field in (*reply_fields(strategy, method, options), *METHOD_SERVER_FIELDS.get(method, ())):
         treatment = field.treatment(mode)
         if treatment.exposure is Exposure.REFUSED:
-            sender = f"method={method!r}" if field in METHOD_FIELDS.get(method, ()) else f"strategy={strategy!r}"
-            return (f"differential-privacy={mode!r} with {sender}: its replies carry {field.record.split(':')[1]} "
+            ours = field in (*METHOD_FIELDS.get(method, ()), *METHOD_SERVER_FIELDS.get(method, ()))
+            sender = f"method={method!r}" if ours else f"strategy={strategy!r}"
+            carry = "its record holds" if field.record.startswith("server:") else "its replies carry"
+            return (f"differential-privacy={mode!r} with {sender}: {carry} {field.record.split(':')[1]} "
                     f"{field.key!r} ({field.what}); {treatment.why}, outside the epsilon; use "
                     "differential-privacy='none'")  # fmt: skip
     return None
@@ -368,7 +412,8 @@ def fields_table() -> str:
         return f"{t.exposure.value}: {t.why}"
 
     groups = [("every method", COMMON_FIELDS), *((f"strategy `{k}`", v) for k, v in STRATEGY_FIELDS.items()),
-              *((f"method `{k}`", v) for k, v in METHOD_FIELDS.items()),
+              *((f"method `{k}`", v) for k, v in METHOD_FIELDS.items()), ("the server", SERVER_FIELDS),
+              *((f"method `{k}` (server)", v) for k, v in METHOD_SERVER_FIELDS.items()),
               *((f"`{k}={str(v).lower()}`", f) for (k, v), f in OPTION_FIELDS.items())]  # fmt: skip
     rows = ["| sent by | field | carries | `server-fixed`, `server-adaptive` | `client-local` |", "|---|---|---|---|---|"]
     for who, fields in groups:
