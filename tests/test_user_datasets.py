@@ -191,7 +191,8 @@ def test_truncated_image_is_named_when_decoded_and_the_facts_need_only_headers(t
 
 
 def test_a_bad_row_is_named_by_dataset_split_and_row_and_a_column_of_no_images_by_its_key(tmp_path: Path) -> None:
-    """A decompression bomb and garbage bytes in Parquet rows: one line naming both rows; an
+    """A decompression bomb, garbage bytes and a HEIC photo in Parquet rows: one line naming the
+    three rows; an
     ``image-column`` of integers: one line naming the key, not pyarrow's traceback."""
     import io
 
@@ -207,15 +208,17 @@ def test_a_bad_row_is_named_by_dataset_split_and_row_and_a_column_of_no_images_b
 
     images = [png(_image(k % 2, k, 1)) for k in range(10)]
     images[3], images[6] = bomb_png(tmp_path / "bomb.png").read_bytes(), b"garbage"
+    images[8] = b"\0\0\0\x18ftypheic\0\0\0\0mif1heic" + bytes(64)  # an iPhone photo's first bytes
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"]),
                                   "n": datasets.Value("int64")})  # fmt: skip
     datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images], "label": [k % 2 for k in range(10)],
                                 "n": list(range(10))}, features=features).to_parquet(str(tmp_path / "rows.parquet"))  # fmt: skip
     name = f"hf:{tmp_path / 'rows.parquet'}"
     where = re.escape(f"dataset={name!r}: split 'train', row ")
-    message = _one_line_error(name, "^2 bad image files: ")
+    message = _one_line_error(name, "^3 bad image files: ")
     assert re.search(where + r"3: 196,000,000 pixels, over PIL's decompression-bomb limit", message), message
     assert re.search(where + r"6: unreadable or truncated image", message), message
+    assert re.search(where + r"8: a HEIC/HEIF image; convert it to PNG or JPEG", message), message
     _one_line_error(name, re.escape(f"dataset={name!r}: image-column 'n' holds Value('int64'), not images"),
                     image_column="n")
 
