@@ -192,8 +192,8 @@ def test_truncated_image_is_named_when_decoded_and_the_facts_need_only_headers(t
 
 def test_a_bad_row_is_named_by_dataset_split_and_row_and_a_column_of_no_images_by_its_key(tmp_path: Path) -> None:
     """A decompression bomb, garbage bytes and a HEIC photo in Parquet rows: one line naming the
-    three rows; an
-    ``image-column`` of integers: one line naming the key, not pyarrow's traceback."""
+    three rows; an ``image-column`` of integers: one line naming the key, not pyarrow's
+    traceback."""
     import io
 
     import datasets
