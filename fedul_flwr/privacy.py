@@ -46,8 +46,8 @@ clipped (sampled clients minus the ones that sat the round out or failed); repli
 exactly the global arrays in their order (a guard: the contract refuses HASSLE and SCAFFOLD
 under server DP before round 1); the clients' aggregated train metrics are not recorded under
 server DP unless ``dp-publish-unnoised-train-metrics`` is set (they are outside the epsilon).
-Under ``client-local`` uploaded statistics (FedDB's APP-U, scalar metrics) and SCAFFOLD's control
-variates travel as they are. Under server-side DP the run aggregates with
+Under ``client-local`` uploaded scalar statistics travel as they are (declared public in
+:mod:`fedul_flwr.strategies.contract`); SCAFFOLD's control variates and FedDB's APP-U are refused. Under server-side DP the run aggregates with
 ``aggregation-weights=uniform`` (:func:`fedul_flwr.config.server_dp_weights` sets it, with a
 notice, where it was not typed; a typed ``num-examples`` is refused): z C / n on the mean gives
 every client noise multiplier z only under equal weights.
@@ -125,8 +125,9 @@ from fedul_flwr.console import PROGRESS
 from fedul_flwr.strategies.admission import failed_reply
 
 __all__ = [
-    "ACCOUNTED_MODES", "DP_MODES", "NEIGHBOURS", "SERVER_MODES", "NoisedMean", "NonFiniteUpdateError", "add_noise",
-    "check_numbers", "clip_update", "clipped_count_stddev", "local_dp_mod", "privacy_spent", "release_generator",
+    "ACCOUNTED_MODES", "DP_MODES", "SERVER_MODES", "NoisedMean", "NonFiniteUpdateError", "add_noise", "check_numbers",
+    "clip_update", "clipped_count_stddev", "composed_epsilon", "expected_cohort", "local_dp_mod", "neighbours",
+    "privacy_spent", "release_generator", "round_epsilon", "round_event", "sample_size", "subsampled_gaussian_epsilon",
     "update_noise_multiplier", "with_server_dp",
 ]  # fmt: skip
 
@@ -136,14 +137,6 @@ SERVER_MODES: tuple[str, ...] = ("server-fixed", "server-adaptive")
 """Values of ``differential-privacy`` whose noise the server adds (Flower's DP strategy wrappers)."""
 ACCOUNTED_MODES: tuple[str, ...] = (*SERVER_MODES, "client-local")
 """Values of ``differential-privacy`` whose (epsilon, delta) a run records."""
-NEIGHBOURS: dict[str, str] = {
-    "server-fixed": "client-level,add-or-remove-one-client,no-amplification",
-    "server-adaptive": "client-level,add-or-remove-one-client,no-amplification",
-    "client-local": "local,any-two-datasets-of-a-node",
-}
-"""The guarantee each accounted mode's epsilon is for, as the summary line names it
-(``neighbours=...``): whom it protects, the neighbouring relation, and (central DP) the
-sampling assumed."""
 _ENTROPY_BITS = 256  # from the OS CSPRNG, seed of one release's generator
 
 
@@ -244,9 +237,47 @@ def noise_multiplier(cfg: RunConfig) -> float:
 
 
 def sample_size(cfg: RunConfig, num_nodes: int) -> int:
-    """Nodes that train in a round, as Flower's FedAvg samples them (without replacement):
-    max(int(N * ``fraction-train``), ``min-train-nodes``) of the N nodes, at most N (>= 1)."""
+    """Nodes that train in a ``participation=fixed-size`` round, as Flower's FedAvg samples them
+    (without replacement): max(int(N * ``fraction-train``), ``min-train-nodes``) of the N nodes,
+    at most N (>= 1)."""
     return max(1, min(num_nodes, max(int(num_nodes * cfg.fraction_train), cfg.min_train_nodes)))
+
+
+def expected_cohort(cfg: RunConfig, num_nodes: int) -> float:
+    """The nodes a round trains on average: qN for ``participation=poisson`` (q =
+    ``fraction-train``; the fixed divisor of the noised sum under server-side DP), else
+    :func:`sample_size`. In nodes, > 0 for N >= 1."""
+    if cfg.participation == "poisson":
+        return cfg.fraction_train * max(1, num_nodes)
+    return float(sample_size(cfg, num_nodes))
+
+
+def neighbours(cfg: RunConfig, num_nodes: int) -> str:
+    """What the recorded epsilon guarantees, as the summary line names it (``neighbours=...``):
+    whom it protects, the neighbouring relation and the sampling it credits.
+
+    - ``client-local``: ``local,any-two-datasets-of-a-node``;
+    - server-side DP, ``participation=poisson``:
+      ``client-level,add-or-remove-one-client,poisson(q)``;
+    - server-side DP, a fixed-size cohort of m < N nodes:
+      ``client-level,replace-one-client,sampled-without-replacement(m/N)``;
+    - server-side DP, every node every round (m = N):
+      ``client-level,add-or-remove-one-client,every-client-every-round``.
+
+    ``""`` without DP.
+    """
+    mode = cfg.differential_privacy
+    if mode == "client-local":
+        return "local,any-two-datasets-of-a-node"
+    if mode not in SERVER_MODES:
+        return ""
+    population = max(1, num_nodes)
+    if cfg.participation == "poisson":
+        return f"client-level,add-or-remove-one-client,poisson({cfg.fraction_train:g})"
+    cohort = sample_size(cfg, population)
+    if cohort < population:
+        return f"client-level,replace-one-client,sampled-without-replacement({cohort}/{population})"
+    return "client-level,add-or-remove-one-client,every-client-every-round"
 
 
 MAX_NOISE_STD = 1e30
@@ -358,62 +389,201 @@ def gaussian_epsilon(multiplier: float, delta: float) -> float:
     return float(common.inverse_monotone_function(loss.get_delta_for_epsilon, delta, search))
 
 
-def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
-    """Epsilon at ``dp-delta`` of ``rounds`` rounds, by Rényi DP (see the module doc).
+def subsampled_gaussian_epsilon(multiplier: float, rate: float, delta: float) -> float:
+    """The epsilon at ``delta`` of one subsampled Gaussian mechanism: the privacy profile of its
+    dominating pair P = (1 - q) N(0, s^2) + q N(1, s^2) against Q = N(0, s^2) (s = ``multiplier``,
+    the noise over the sensitivity; q = ``rate``), in both directions (P against Q and Q
+    against P), the larger. It is the tight one-round epsilon of Poisson sampling under
+    add-or-remove-one adjacency (Zhu, Dong & Wang, AISTATS 2022, Sec. 5), and of sampling m of
+    N without replacement under replace-one adjacency with q = m / N and s = z / 2 (Balle,
+    Barthe & Gaboardi, NeurIPS 2018, Thm. 10): the pair in which the replaced client's update
+    moves the sum by 2C whenever it is sampled.
 
-    ``server-fixed`` and ``server-adaptive``: Flower's ``RdpAccountant`` (add-or-remove-one
-    client, no amplification by Flower's fixed-size sampling of ``num_nodes`` nodes). ``client-local``: ``dp-accounting``'s
-    ``RdpAccountant`` on the Gaussian mechanism of :func:`noise_multiplier` (no sampling: a node
-    knows whether it replied). ``inf`` for no noise, 0 for no round.
+    The privacy loss ln(P / Q)(x) = ln(1 - q + q exp((2x - 1) / (2 s^2))) is increasing in x, so
+    delta(epsilon) = P(L > epsilon) - e^epsilon Q(L > epsilon) is a difference of normal tails
+    (log-space, :func:`scipy.special.log_ndtr`), solved for epsilon by Brent's method to 1e-9.
+
+    Parameters
+    ----------
+    multiplier : float
+        s > 0, unitless.
+    rate : float
+        q in (0, 1]; 1 gives the Gaussian mechanism (:func:`gaussian_epsilon`'s figure).
+    delta : float
+        In (0, 1).
+
+    Returns
+    -------
+    float
+        epsilon >= 0; ``inf`` for no noise.
     """
-    import dp_accounting  # flwr[dp]; imported here: runs without DP do not need it
-    from flwr.serverapp import NeighboringRelation, PrivacyConfig, RdpAccountant, SamplingMethod
-    from flwr.serverapp import GaussianPrivacyEvent
+    from scipy.optimize import brentq
+    from scipy.special import log_ndtr
 
-    multiplier = noise_multiplier(cfg)
-    if rounds <= 0:
-        return 0.0
     if multiplier <= 0:
         return math.inf
+    q, var = float(rate), float(multiplier) ** 2
+
+    def log_gap(a: float, b: float) -> float:  # log(exp(a) - exp(b)), -inf where b >= a
+        return a + math.log(-math.expm1(b - a)) if b < a else -math.inf
+
+    def profile(eps: float) -> float:
+        # P against Q: the loss exceeds eps where x > x_hi
+        log_t = eps + math.log1p(-(1 - q) * math.exp(-eps)) - math.log(q)  # ln((e^eps - (1 - q)) / q)
+        x_hi = var * log_t + 0.5
+        remove = math.log(q) + log_gap(float(log_ndtr((1 - x_hi) / multiplier)),
+                                       log_t + float(log_ndtr(-x_hi / multiplier)))  # fmt: skip
+        # Q against P: the loss exceeds eps where x < x_lo (only while e^-eps > 1 - q)
+        add = -math.inf
+        if math.exp(-eps) > 1 - q:
+            u = (math.exp(-eps) - (1 - q)) / q
+            x_lo = var * math.log(u) + 0.5
+            add = math.log(q) + eps + log_gap(math.log(u) + float(log_ndtr(x_lo / multiplier)),
+                                              float(log_ndtr((x_lo - 1) / multiplier)))  # fmt: skip
+        return max(remove, add)
+
+    target = math.log(delta)
+    if profile(0.0) <= target:
+        return 0.0
+    high = 1.0
+    while profile(high) > target:
+        high *= 2
+    return float(brentq(lambda e: profile(e) - target, high / 2 if high > 1 else 0.0, high, xtol=1e-9, rtol=1e-12))
+
+
+def round_event(cfg: RunConfig, num_nodes: int) -> tuple[Any, Any]:
+    """One round of the run as ``dp-accounting`` models it: the event and its neighbouring
+    relation (see :func:`neighbours`).
+
+    - ``client-local``: ``GaussianDpEvent(sigma / (2C))`` (:func:`noise_multiplier`), no
+      sampling (a node knows whether it replied);
+    - server-side DP, ``participation=poisson``: ``PoissonSampledDpEvent(q,
+      GaussianDpEvent(z))`` under ``ADD_OR_REMOVE_ONE``: a client moves the sum of the clipped
+      updates by at most C, the divisor qN is fixed (DP-FedAvg, McMahan et al., ICLR 2018);
+    - server-side DP, a fixed-size cohort of m < N nodes: ``SampledWithoutReplacementDpEvent(N,
+      m, GaussianDpEvent(z / 2))`` under ``REPLACE_ONE``: the federation keeps its N nodes, so
+      a neighbour replaces one client's data, which moves the sum by up to 2C; the noise z C
+      on the sum is multiplier z / 2 of that sensitivity (Wang, Balle & Kasiviswanathan,
+      AISTATS 2019, Thm. 27, in ``dp-accounting``'s RDP accountant);
+    - server-side DP, every node every round: ``GaussianDpEvent(z)`` under
+      ``ADD_OR_REMOVE_ONE`` (the number of updates a round averages is public).
+
+    ``server-adaptive``'s two queries are one Gaussian mechanism of multiplier z (the module
+    doc); under replace-one both sensitivities double (2C for the sum, 1 for the centred
+    count), so it is z / 2 there too.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        Uses ``differential-privacy``, ``participation``, ``fraction-train``,
+        ``min-train-nodes`` and the keys of :func:`noise_multiplier`.
+    num_nodes : int
+        N, the nodes the rounds sample from.
+
+    Returns
+    -------
+    (dp_accounting.DpEvent, dp_accounting.NeighboringRelation)
+
+    Raises
+    ------
+    ValueError
+        For ``none``.
+    """
+    import dp_accounting  # flwr[dp]; imported here: runs without DP do not need it
+
+    multiplier = noise_multiplier(cfg)
+    add_remove = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    gaussian = dp_accounting.GaussianDpEvent(multiplier)
+    if cfg.differential_privacy == "client-local":
+        return gaussian, add_remove
+    population = max(1, num_nodes)
+    if cfg.participation == "poisson":
+        return dp_accounting.PoissonSampledDpEvent(cfg.fraction_train, gaussian), add_remove
+    cohort = sample_size(cfg, population)
+    if cohort < population:
+        half = dp_accounting.GaussianDpEvent(multiplier / 2)
+        return (dp_accounting.SampledWithoutReplacementDpEvent(population, cohort, half),
+                dp_accounting.NeighboringRelation.REPLACE_ONE)  # fmt: skip
+    return gaussian, add_remove
+
+
+def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
+    """Epsilon at ``dp-delta`` of ``rounds`` rounds: ``dp-accounting``'s Rényi DP accountant
+    on :func:`round_event`, composed ``rounds`` times (an upper bound). ``inf`` for no noise, 0
+    for no round.
+
+    Parameters
+    ----------
+    cfg : RunConfig
+        As :func:`round_event`, and ``dp-delta``.
+    rounds : int
+        Rounds done (>= 0).
+    num_nodes : int
+        N, the nodes the rounds sample from.
+    """
+    from dp_accounting.rdp import RdpAccountant
+
+    if rounds <= 0:
+        return 0.0
+    if noise_multiplier(cfg) <= 0:
+        return math.inf
+    event, relation = round_event(cfg, num_nodes)
+    accountant = RdpAccountant(neighboring_relation=relation)
+    accountant.compose(event, rounds)
+    return float(accountant.get_epsilon(cfg.dp_delta))
+
+
+def round_epsilon(cfg: RunConfig, num_nodes: int) -> float:
+    """The tight epsilon at ``dp-delta`` of one round's release (``privacy-epsilon-round``):
+    the Gaussian mechanism's (:func:`gaussian_epsilon`) where a round samples nothing
+    (``client-local``; every node every round), else the subsampled Gaussian's
+    (:func:`subsampled_gaussian_epsilon`): q = ``fraction-train`` and z under Poisson
+    sampling, q = m / N and z / 2 for a fixed-size cohort of m < N (:func:`round_event`)."""
+    multiplier = noise_multiplier(cfg)
     if cfg.differential_privacy in SERVER_MODES:
         population = max(1, num_nodes)
-        accountant = RdpAccountant(PrivacyConfig(cfg.dp_delta, population, NeighboringRelation.ADD_OR_REMOVE_ONE,
-                                                 SamplingMethod.NO_AMPLIFICATION))  # fmt: skip
-        accountant.compose(GaussianPrivacyEvent(multiplier, sample_size(cfg, population), population), rounds)
-        return accountant.get_privacy_spent(cfg.dp_delta).epsilon
-    local = dp_accounting.rdp.RdpAccountant()
-    local.compose(dp_accounting.GaussianDpEvent(multiplier), rounds)
-    return float(local.get_epsilon(cfg.dp_delta))
+        if cfg.participation == "poisson" and cfg.fraction_train < 1:
+            return subsampled_gaussian_epsilon(multiplier, cfg.fraction_train, cfg.dp_delta)
+        cohort = sample_size(cfg, population)
+        if cfg.participation != "poisson" and cohort < population:
+            return subsampled_gaussian_epsilon(multiplier / 2, cohort / population, cfg.dp_delta)
+    return gaussian_epsilon(multiplier, cfg.dp_delta)
 
 
 def privacy_spent(cfg: RunConfig, rounds: int, num_nodes: int) -> dict[str, float]:
-    """(epsilon, delta) spent after ``rounds`` rounds, and the exact epsilon of one round.
+    """(epsilon, delta) spent after ``rounds`` rounds, and the tight epsilon of one round.
 
     Parameters
     ----------
     cfg : RunConfig
         Uses ``differential-privacy``, the DP keys of :func:`noise_multiplier`, ``dp-delta``
-        (the delta the epsilons are given at), ``fraction-train`` and ``min-train-nodes``.
+        (the delta the epsilons are given at), ``participation``, ``fraction-train`` and
+        ``min-train-nodes``.
     rounds : int
         Rounds done (>= 0).
     num_nodes : int
-        Nodes the rounds sample from (Flower's accountant records it; no amplification).
+        N, the nodes the rounds sample from.
 
     Returns
     -------
     dict
         ``{"privacy-epsilon": eps, "privacy-epsilon-round": eps_1, "privacy-delta": delta}``:
         eps the composed upper bound of :func:`composed_epsilon` (0 at round 0), eps_1 the
-        exact epsilon of one round's release (:func:`gaussian_epsilon`; 0 at round 0, before any
+        tight epsilon of one round's release (:func:`round_epsilon`; 0 at round 0, before any
         release); ``{}`` when the run's mode is not accounted.
     """
     if cfg.differential_privacy not in ACCOUNTED_MODES:
         return {}
     return {
         wire.PRIVACY_EPSILON: composed_epsilon(cfg, rounds, num_nodes),
-        wire.PRIVACY_EPSILON_ROUND: gaussian_epsilon(noise_multiplier(cfg), cfg.dp_delta) if rounds > 0 else 0.0,
+        wire.PRIVACY_EPSILON_ROUND: _round_epsilon(cfg, num_nodes) if rounds > 0 else 0.0,
         wire.PRIVACY_DELTA: cfg.dp_delta,
     }
+
+
+@functools.lru_cache(maxsize=64)
+def _round_epsilon(cfg: RunConfig, num_nodes: int) -> float:
+    return round_epsilon(cfg, num_nodes)  # the same every round: computed once per run
 
 
 class NoisedMean:
@@ -440,11 +610,16 @@ class NoisedMean:
 
     dp_noise_std: float | None = None
     dp_release: ArrayRecord | None = None
+    dp_empty_mean: ArrayRecord | None = None
+    """``participation=poisson``: the global arrays, set by the DP wrapper for a round that kept
+    no update, whose release is the global model plus the noise."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
+        if arrays is None and self.dp_empty_mean is not None:  # Poisson: no update kept, the mean is w itself
+            arrays = self.dp_empty_mean
         if arrays is None or self.dp_noise_std is None:
             return arrays, metrics
         noisy = add_noise(arrays.to_numpy_ndarrays(), self.dp_noise_std, release_generator())
@@ -455,6 +630,17 @@ class NoisedMean:
         # a copy: the server step may empty the record it is handed (FedAvgM does)
         self.dp_release = ArrayRecord({k: Array(np.array(v)) for k, v in zip(arrays.keys(), noisy, strict=True)})
         return arrays, metrics
+
+
+def _scaled_update(reply: Message, current: list[np.ndarray], keys: list[str], scale: float) -> Message:
+    """``reply`` with its arrays w + scale (w_c - w), w the global arrays ``current`` (in
+    ``keys``' order): its update scaled, in place."""
+    sent = reply.content[wire.ARRAYS].to_numpy_ndarrays()
+    reply.content[wire.ARRAYS] = ArrayRecord(
+        {k: Array(np.asarray((c + scale * (np.asarray(x, dtype=np.float64) - c)).astype(np.asarray(x).dtype)))
+         for k, c, x in zip(keys, current, sent, strict=True)}  # fmt: skip
+    )
+    return reply
 
 
 class ClippableReplies:
@@ -488,6 +674,9 @@ class ClippableReplies:
     current_arrays: ArrayRecord
     num_sampled_clients: int
     clipping_norm: float
+    expected_cohort: float | None = None
+    """``participation=poisson``: qN, the fixed divisor of the noised sum (DP-FedAvg); ``None``:
+    the number of updates kept (a fixed-size cohort)."""
     noise_multiplier: float
     publish_train_metrics: bool = False
     last_clipping_norm: float | None = None
@@ -551,11 +740,21 @@ class ClippableReplies:
         self.num_sampled_clients = max(1, len(kept))
         clipping_norm = self.clipping_norm  # the norm this round's updates were clipped to
         self.last_clipping_norm = clipping_norm
-        if kept and hasattr(self, "_geometric_update"):  # the adaptive wrapper
+        cohort = self.expected_cohort  # Poisson: the fixed divisor qN; None: the n updates kept
+        if hasattr(self, "_geometric_update") and cohort is not None:  # the adaptive wrapper, Poisson
+            self._geometric_update(self._noisy_centred_fraction(self._clipped, len(kept), cohort))  # type: ignore[attr-defined]
+        elif kept and hasattr(self, "_geometric_update"):  # the adaptive wrapper
             self._geometric_update(self._noisy_fraction(self._clipped, len(kept)))  # type: ignore[attr-defined]
-        inner.dp_noise_std = compute_stdv(self.noise_multiplier, clipping_norm, self.num_sampled_clients)
+        if cohort is not None:  # FedAvg's mean of the k kept is w + sum / k: rescaled to w + sum / (qN)
+            kept = [_scaled_update(reply, current, expected, len(kept) / cohort) for reply in kept]
+        inner.dp_noise_std = compute_stdv(self.noise_multiplier, clipping_norm, cohort or self.num_sampled_clients)
         inner.dp_release = None
-        arrays, metrics = inner.aggregate_train(server_round, kept)
+        # Poisson: a round that kept no update releases the global model plus the noise (a sum of nothing)
+        inner.dp_empty_mean = self.current_arrays if cohort is not None and not kept else None
+        try:
+            arrays, metrics = inner.aggregate_train(server_round, kept)
+        finally:
+            inner.dp_empty_mean = None
         if arrays is not None and inner.dp_release is None:
             raise RuntimeError(f"round {server_round}: {type(inner).__name__} aggregated without server-side DP's "
                                "noise (its aggregation does not take FedAvg's mean)")  # fmt: skip
@@ -589,6 +788,12 @@ class QuantileTracking:
 
     def _noisy_fraction(self, count: int, total: int) -> float:
         return float(release_generator().normal(count, self.clipped_count_stddev)) / float(total)
+
+    def _noisy_centred_fraction(self, count: int, total: int, cohort: float) -> float:
+        """Poisson sampling: the clipped share as 1/2 + (sum of the centred bits b_i - 1/2 plus
+        N(0, sigma_b^2)) / qN; the realised count ``total`` stays inside the noised sum (one
+        client moves it by 1/2), the divisor is the expected cohort."""
+        return 0.5 + float(release_generator().normal(count - total / 2, self.clipped_count_stddev)) / cohort
 
 
 @functools.cache
@@ -635,19 +840,23 @@ def with_server_dp(strategy: FedAvg, cfg: RunConfig, num_nodes: int | None = Non
     elif cfg.differential_privacy == "server-adaptive":
         if num_nodes is None:
             raise ValueError("server-adaptive sizes its clipped-count noise for the cohort: give num_nodes")
-        cohort = sample_size(cfg, num_nodes)
+        cohort = expected_cohort(cfg, num_nodes)  # m, or qN under Poisson sampling
         count_stddev = clipped_count_stddev(cfg, cohort)
         update_noise_multiplier(cfg.dp_noise_multiplier, count_stddev)  # the one refusal, in this project's words
         wrapper = _wrapper(DifferentialPrivacyServerSideAdaptiveClipping)(
-            strategy, noise_multiplier=cfg.dp_noise_multiplier, num_sampled_clients=cohort,
+            strategy, noise_multiplier=cfg.dp_noise_multiplier, num_sampled_clients=max(1, math.ceil(cohort)),
             initial_clipping_norm=cfg.dp_clipping_norm, target_clipped_quantile=cfg.dp_target_clipped_quantile,
             clip_norm_lr=cfg.dp_clip_norm_lr, clipped_count_stddev=count_stddev,
         )  # fmt: skip
-        PROGRESS.info("fedul-flwr: server-adaptive: cohort m=%d, clipped-count noise sigma_b=%.4g, update noise "
+        PROGRESS.info("fedul-flwr: server-adaptive: cohort m=%.4g, clipped-count noise sigma_b=%.4g, update noise "
             "multiplier z_Delta=%.4g (z=%g for both queries together)", cohort, count_stddev,
             wrapper.noise_multiplier, cfg.dp_noise_multiplier)  # fmt: skip
     else:
         return strategy
+    if cfg.participation == "poisson":
+        if num_nodes is None:
+            raise ValueError("participation='poisson' divides the noised sum by the expected cohort: give num_nodes")
+        wrapper.expected_cohort = expected_cohort(cfg, num_nodes)
     wrapper.publish_train_metrics = cfg.dp_publish_unnoised_train_metrics
     strategy.whole_replies = True  # the door refuses partial replies: the update is of the whole model
     return wrapper
