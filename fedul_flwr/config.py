@@ -68,6 +68,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "local-optimizer-state": ("fresh", "kept"),
     "scaffold-option": ("I", "II"),
     "differential-privacy": ("none", "server-fixed", "server-adaptive", "client-local"),
+    "participation": ("fixed-size", "poisson"),
 }
 """Fixed choice lists of core keys that have no registry of their own (the keys chosen from a
 registry are checked by :mod:`fedul_flwr.checks`, which knows the registries)."""
@@ -122,6 +123,7 @@ class RunConfig:
     l1_weight: float
     aggregation_weights: str
     fraction_train: float
+    participation: str
     min_available_nodes: int
     strategy: str
     min_train_nodes: int

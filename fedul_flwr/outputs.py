@@ -173,6 +173,8 @@ class RunOutputs:
     lock: FolderLock | None = None
     owns_lock: bool = True
     status: str = "running"
+    num_nodes: int = 0
+    """The nodes the rounds sample from (set by the server): what the epsilon's ``neighbours=`` names."""
     reason: str = ""
     ended: float | None = None
 
@@ -361,16 +363,16 @@ class RunOutputs:
     def _privacy(self, row: Mapping[str, Any]) -> str:
         """``epsilon=... delta=... epsilon-round=... neighbours=... `` of a DP run's row ("" without
         them): the composed bound, its delta, the exact epsilon of one round and the guarantee
-        they are for (:data:`fedul_flwr.privacy.NEIGHBOURS`); ``unnoised-train-metrics=published``
+        they are for (:func:`fedul_flwr.privacy.neighbours` of the federation's ``num_nodes``); ``unnoised-train-metrics=published``
         when a server-DP run records its clients' train metrics, which the epsilon does not cover."""
         if wire.PRIVACY_EPSILON not in row:
             return ""
-        from fedul_flwr.privacy import NEIGHBOURS
+        from fedul_flwr.privacy import neighbours
 
         published = self.cfg.dp_publish_unnoised_train_metrics and self.cfg.differential_privacy.startswith("server")
         return (f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "
                 f"epsilon-round={row.get(wire.PRIVACY_EPSILON_ROUND, math.nan):.4g} "
-                f"neighbours={NEIGHBOURS[self.cfg.differential_privacy]} "
+                f"neighbours={neighbours(self.cfg, self.num_nodes)} "
                 + ("unnoised-train-metrics=published " if published else ""))  # fmt: skip
 
     def summary(self) -> str:

@@ -94,6 +94,7 @@ workflow API rather than the Message-API strategies used here, and is not wired 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import secrets
 from collections.abc import Iterable
@@ -343,8 +344,9 @@ def clipped_count_stddev(cfg: RunConfig, cohort: int) -> float:
     ----------
     cfg : RunConfig
         Uses ``dp-clipped-count-stddev`` and ``dp-noise-multiplier``.
-    cohort : int
-        m, the nodes a round samples (:func:`sample_size`), >= 1.
+    cohort : float
+        m, the nodes a round samples (:func:`sample_size`), or qN under Poisson sampling
+        (:func:`expected_cohort`), > 0.
     """
     if cfg.dp_clipped_count_stddev > 0:
         return cfg.dp_clipped_count_stddev
@@ -529,8 +531,14 @@ def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
         return math.inf
     event, relation = round_event(cfg, num_nodes)
     accountant = RdpAccountant(neighboring_relation=relation)
-    accountant.compose(event, rounds)
-    return float(accountant.get_epsilon(cfg.dp_delta))
+    absl = logging.getLogger("absl")  # fractional orders of a subsampled event that do not converge are
+    level = absl.level  # left out of the bound (still valid) with a warning per order and call: kept quiet
+    absl.setLevel(logging.ERROR)
+    try:
+        accountant.compose(event, rounds)
+        return float(accountant.get_epsilon(cfg.dp_delta))
+    finally:
+        absl.setLevel(level)
 
 
 def round_epsilon(cfg: RunConfig, num_nodes: int) -> float:

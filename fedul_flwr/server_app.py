@@ -247,6 +247,7 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     # the clients use the server's resolution, and a deployed node reads its folder against the dataset's facts
     settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json(), wire.DATASET_FACTS: run_dataset_info(cfg.as_dict()).to_json()})
     outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round, lock=lock)
+    outputs.num_nodes = num_nodes  # the federation the epsilon's neighbours= is for
     round_end: RoundEnd | None = None
     try:
         PROGRESS.info("fedul-flwr: run folder %s", outputs.path)

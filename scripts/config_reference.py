@@ -213,7 +213,13 @@ DESCRIPTIONS: dict[str, dict[str, str]] = {
         "aggregation-weights": "client weights, for every strategy: `num-examples` (n_c) or `uniform` (1/C, the "
         "FedUL authors' code); `uniform` under server-side DP, whose noise assumes equal weights (set when not "
         "typed; a typed `num-examples` is refused)",
-        "fraction-train": "share of connected nodes sampled per round",
+        "fraction-train": "share of connected nodes sampled per round (`participation=poisson`: each node's "
+        "probability q of training in a round)",
+        "participation": "which nodes train in a round: `fixed-size` (max(int(N * `fraction-train`), "
+        "`min-train-nodes`) of the N connected nodes, drawn without replacement) or `poisson` (each node on its own "
+        "with probability q = `fraction-train`; a round may train none; under server DP the noised sum is divided "
+        "by the expected cohort qN). Under server DP the draw comes from the OS CSPRNG, else from the run's `seed`; "
+        "what each gives in epsilon: [privacy](privacy.md#participation-and-the-privacy-spent)",
         "min-train-nodes": "at least this many nodes per round (must be <= `min-available-nodes`)",
         "max-failure-fraction": "stop the run (with the nodes' errors) when more than this share of a round's "
         "training replies are errors; default 0.5: a minority of failing nodes is survived, a failing majority "

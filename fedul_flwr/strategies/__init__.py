@@ -202,6 +202,8 @@ class RequireReplies:
                                          sorted((node(m), error_type(m.error)) for m in failed))  # fmt: skip
         ok = len(replies) - len(failed)
         needed = max(1, int(getattr(self, "min_train_nodes", 1)))
+        if getattr(self, "participation", "fixed-size") == "poisson":  # a random cohort: min-train-nodes is no floor
+            needed = min(needed, len(getattr(self, "_instructions", [])))
         if ok < needed or len(failed) > self.max_failure_fraction * len(replies):
             errors = [f"node {node(m)}: {m.error.reason}" for m in failed]
             why = (f"{ok} successful training repl{'y' if ok == 1 else 'ies'} out of {len(replies)}, {needed} needed "
@@ -219,7 +221,8 @@ class RequireReplies:
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies) if self._screened == server_round else self.screen(server_round, replies)
         self._screened = None
-        if not any(not m.has_error() for m in replies):  # every successful reply idle: the model stays
+        # every successful reply idle: the model stays (a Poisson round under server DP still releases its noise)
+        if not any(not m.has_error() for m in replies) and getattr(self, "dp_empty_mean", None) is None:
             log(INFO, "round %d: no client had anything to train; the global model stays", server_round)
             return None, None
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
@@ -318,8 +321,9 @@ def strict(strategy_class: type[FedAvg], method_mixin: type | None = None, kept_
 @functools.cache
 def _noised_fedavg() -> type[FedAvg]:
     from fedul_flwr.privacy import NoisedMean
+    from fedul_flwr.strategies.participation import Participation
 
-    return type("NoisedMeanFedAvg", (NoisedMean, FedAvg), {"__module__": __name__})
+    return type("NoisedMeanFedAvg", (Participation, NoisedMean, FedAvg), {"__module__": __name__})
 
 
 @functools.cache
@@ -431,6 +435,9 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         **specific,
     )
     strategy.max_failure_fraction = cfg.max_failure_fraction
+    # which nodes train (strategies/participation.py): a secret draw where it is part of server-side DP
+    strategy.participation, strategy.sampling_seed = cfg.participation, cfg.seed
+    strategy.secret_sampling = cfg.differential_privacy in ("server-fixed", "server-adaptive")
     if evaluate and cfg.differential_privacy != "none":
         strategy.evaluation_prefix = UNNOISED_PREFIX
         log(WARNING, "fedul-flwr: dp-publish-unnoised-client-evaluation=true: the clients' evaluation on their local "
