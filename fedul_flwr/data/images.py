@@ -13,7 +13,7 @@ the model sees what a photo viewer shows:
   to convert them: PIL cannot read them without a plugin.
 - **orientation**: the EXIF orientation tag is applied (``PIL.ImageOps.exif_transpose``), as
   a photo viewer and ``datasets``' own decoding do: a phone's photo stored sideways with
-  ``Orientation = 6`` trains upright.
+  ``Orientation = 6`` trains upright (a damaged EXIF block is ignored: the pixels as stored).
 - **bit depth**: 16-bit greyscale (PIL modes ``I;16``, ``I;16B``, ``I;16L``, and ``I``
   holding values in 0..65535, as PIL opens some 16-bit files) is scaled from its full range,
   x / 257 rounded (0 -> 0, 65535 -> 255), as a viewer shows it; a 12-bit scan stored in 16
@@ -261,7 +261,10 @@ def _upright(img: Any, origin: str) -> Any:
     greyscale scaled to ``L``, transparency composited over white."""
     from PIL import Image, ImageOps
 
-    img = ImageOps.exif_transpose(img)
+    try:
+        ImageOps.exif_transpose(img, in_place=True)
+    except Exception:  # noqa: BLE001 -- a damaged EXIF block: the pixels as stored, as read_header sizes them
+        pass
     if img.mode in _INT_MODES or img.mode == "F":
         return _scaled_grey(img, origin)
     if img.mode in _ALPHA_MODES or "transparency" in img.info:
