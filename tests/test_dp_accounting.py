@@ -45,17 +45,14 @@ def _pair_epsilon_one_round(z: float, q: float) -> float:
     else not: P = (1 - q) N(0, (zC)^2) + q N(2C, (zC)^2) against Q = N(0, (zC)^2) (C = 1, shifted
     by the others' sum). delta(eps) = max over both orders of the integral of (p - e^eps q)+."""
 
-    def p(x: np.ndarray) -> np.ndarray:
-        return (1 - q) * stats.norm.pdf(x, 0, z) + q * stats.norm.pdf(x, 2, z)
+    x = np.linspace(-12 * z - 2, 12 * z + 4, 600_001)
+    dx = x[1] - x[0]
+    p = (1 - q) * stats.norm.pdf(x, 0, z) + q * stats.norm.pdf(x, 2, z)
+    r = stats.norm.pdf(x, 0, z)
 
-    def r(x: np.ndarray) -> np.ndarray:
-        return stats.norm.pdf(x, 0, z)
-
-    def delta(eps: float) -> float:
-        grid = dict(a=-12 * z - 2, b=12 * z + 4, limit=400, points=[0.0, 1.0, 2.0])
-        one = integrate.quad(lambda x: max(0.0, p(x) - math.exp(eps) * r(x)), **grid)[0]
-        other = integrate.quad(lambda x: max(0.0, r(x) - math.exp(eps) * p(x)), **grid)[0]
-        return max(one, other)
+    def delta(eps: float) -> float:  # the integrals of (p - e^eps r)+ and (r - e^eps p)+, by the trapezoid rule
+        return max(float(integrate.trapezoid(np.maximum(0.0, p - math.exp(eps) * r), dx=dx)),
+                   float(integrate.trapezoid(np.maximum(0.0, r - math.exp(eps) * p), dx=dx)))  # fmt: skip
 
     return optimize.brentq(lambda e: delta(e) - DELTA, 0.0, 100.0, xtol=1e-6)
 
@@ -65,7 +62,7 @@ def _pair_epsilons(z: float, q: float, rounds: int) -> list[float]:
     sensitivity-2 mixture, composed (pessimistic discretisation: an upper bound of the pair's
     exact epsilon within the discretisation)."""
     pld = privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=z, sensitivity=2.0, sampling_prob=q, value_discretization_interval=1e-3
+        standard_deviation=z, sensitivity=2.0, sampling_prob=q, value_discretization_interval=1e-2
     )
     out, composed = [], pld
     for _ in range(rounds):
@@ -80,7 +77,7 @@ def test_fixed_size_record_is_at_least_the_worst_neighbouring_pair() -> None:
     integrated = _pair_epsilon_one_round(0.8, 3 / 5)
     pair = _pair_epsilons(0.8, 3 / 5, 3)
     assert integrated == pytest.approx(12.40, abs=0.01)  # the finding's pair
-    assert pair[0] == pytest.approx(integrated, rel=2e-3)
+    assert pair[0] == pytest.approx(integrated, rel=1e-3)
     assert recorded[0] >= integrated and recorded[0] >= 12.40
     assert all(rec >= exact for rec, exact in zip(recorded, pair, strict=True))
     # the record is dp-accounting's bound for replace-one, m of N without replacement, multiplier z / 2
@@ -101,18 +98,18 @@ def test_every_node_every_round_keeps_add_or_remove_accounting() -> None:
     assert neighbours(cfg, 5) == "client-level,add-or-remove-one-client,every-client-every-round"
 
 
-@pytest.mark.parametrize(("q", "z", "nodes"), [(0.6, 0.8, 5), (0.1, 1.0, 100), (0.35, 2.0, 7)])
+@pytest.mark.parametrize(("q", "z", "nodes"), [(0.6, 0.8, 5), (0.1, 1.0, 100)])
 def test_poisson_records_what_dp_accounting_gives(q: float, z: float, nodes: int) -> None:
     cfg = resolve_config({**FIXED, "participation": "poisson", "fraction-train": q, "dp-noise-multiplier": z})
-    for rounds in (1, 2, 5):
+    for rounds in (1, 3):
         accountant = RdpAccountant()
         accountant.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z)), rounds)
         assert privacy_spent(cfg, rounds, nodes)[wire.PRIVACY_EPSILON] == accountant.get_epsilon(DELTA)
     # one round's tight figure: the Poisson subsampled Gaussian's privacy loss distribution
     pld = privacy_loss_distribution.from_gaussian_mechanism(standard_deviation=z, sampling_prob=q,
-                                                            value_discretization_interval=1e-3)  # fmt: skip
+                                                            value_discretization_interval=1e-2)  # fmt: skip
     assert privacy_spent(cfg, 1, nodes)[wire.PRIVACY_EPSILON_ROUND] == pytest.approx(pld.get_epsilon_for_delta(DELTA),
-                                                                                     rel=5e-3)  # fmt: skip
+                                                                                     rel=2e-3)  # fmt: skip
     assert neighbours(cfg, nodes) == f"client-level,add-or-remove-one-client,poisson({q:g})"
 
 

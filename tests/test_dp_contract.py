@@ -268,7 +268,7 @@ def test_server_adaptive_at_the_default_multiplier_trains_three_rounds_of_four_n
     assert trained[0][wire.PRIVACY_CLIPPING_NORM] == cfg.dp_clipping_norm  # round 1 clips to the initial C
     summary = outputs.summary()
     assert "status=ok" in summary and f"epsilon={trained[-1][wire.PRIVACY_EPSILON]:.4g}" in summary
-    assert "neighbours=client-level,add-or-remove-one-client,no-amplification" in summary
+    assert "neighbours=client-level,replace-one-client,sampled-without-replacement(4/5)" in summary
 
 
 @pytest.mark.parametrize(("z", "nodes"), [(1.0, 4), (1.0, 40), (1.0, 400), (0.3, 5), (8.0, 1000)])
