@@ -9,7 +9,7 @@ the new content survives a power cut once the call returns. Text, bytes and anyt
 writes itself to a binary file object (``torch.save``, ``numpy.save``, matplotlib's
 ``savefig``) go through it: configuration, metric tables, summaries, plots, models,
 checkpoints, records, failure records, rendered tables and benchmark results. Only
-append-only streams are written otherwise: logs (``logging.FileHandler``) and TensorBoard's
+append-only streams are written otherwise: logs (:class:`RunLogHandler`) and TensorBoard's
 event files; and a node data folder (``fedul node-data write``), the user's data written
 once into a fresh folder, not a run's file.
 
@@ -25,9 +25,34 @@ holds. A lock is held by the one process that writes the folder: the ServerApp o
 
 Nothing is deleted. A folder that cannot be continued is renamed ``<name>.set-aside-<UTC
 time>`` (:func:`set_aside`), with its log and summary; :func:`set_aside_folders` lists them and
-the user removes them (``fedul reproduce --clean --yes``). The only files removed otherwise
-are the partial temporary files of a writer that was killed mid-write (:func:`sweep_temporary`,
-when a folder is taken over or set aside, and in a grid's records).
+the user removes them (``fedul reproduce --clean --yes``, :func:`remove_tree`). The only files
+removed otherwise are the partial temporary files of a writer that was killed mid-write
+(:func:`sweep_temporary`, when a folder is taken over or set aside, and in a grid's records),
+a failure record once its content is kept in its run folder, and a dangling link of a dataset
+cache (:func:`remove`).
+
+Moves and removals. :func:`move` (``os.replace`` and an ``fsync`` of both folders),
+:func:`remove` and :func:`remove_tree` (an ``fsync`` of the parent) are the one way a file,
+a log or a tree is renamed or removed; each checks the run folder's lock it is given is held,
+and :func:`remove_tree` refuses a run folder another live process holds. A run's log is a
+:class:`RunLogHandler`. Outside this module no code renames, replaces, unlinks or removes a
+file or a tree, or opens a log file (a test walks every module's syntax tree for such calls).
+
+Reads. :func:`read_with` (any binary reader, e.g. ``torch.load`` of a checkpoint) and
+:func:`read_json` (records, failure records, metric tables; with the shape and keys they must
+have) are the one way a stored file is read; content that is empty, cut short, not JSON or
+not of its shape raises :class:`DamagedFile`, one line naming the file and what is wrong.
+:func:`set_aside_damaged` renames such a file ``<name>.damaged-<UTC time>`` beside it (a hard
+link first, then the old name removed only while it is still the damaged file, so a whole
+file another process wrote meanwhile stays): never overwritten, never deleted.
+
+A full device. A write that meets ``ENOSPC``/``EDQUOT``, or a writer's own error while its
+device is full (``torch.save``'s ``unexpected pos``), raises :class:`NoSpace` (an ``OSError``):
+one line naming the file, about the space it needs and the space free on its mount, the
+target unchanged and no temporary file left (:func:`no_space` finds one behind any
+exception). A run's log on a full device goes quiet and keeps its :class:`NoSpace`
+(:class:`RunLogHandler`) instead of printing a traceback per message. The grid runner stops
+on it: it is the device's failure, not a run's.
 """
 
 from __future__ import annotations

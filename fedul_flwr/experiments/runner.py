@@ -40,8 +40,19 @@ configuration's ``output-dir``. Then:
   terminal shows a progress bar with the time estimate (on a terminal) and one summary line
   per finished run;
 - Ctrl-C or SIGTERM stops the runner and its worker processes; a worker whose runner died
-  (SIGKILL included) stops within a second on its own; an unfinished run writes no record,
-  only its per-round checkpoint;
+  (SIGKILL included) is gone within about 1.2 s on its own, even mid-evaluation
+  (:func:`_watch_parent`); an unfinished run writes no record, only its per-round checkpoint;
+- every record, failure record and checkpoint is read through the store
+  (:func:`read_record`, :func:`fedul_flwr.store.read_json`): a damaged one is named in one line
+  and set aside (``<name>.damaged-<UTC time>``, never overwritten or deleted), and the cell
+  is recorded again from its complete run folder (:func:`record_from_folder`) or trained;
+  every move and removal goes through the store too (:func:`fedul_flwr.store.move`,
+  ``remove``, ``remove_tree``: lock checked, folder fsynced);
+- a full device (:class:`fedul_flwr.store.NoSpace`) is no failed cell: it stops the runner
+  and its workers with one line naming the file, the space it needs and the space free
+  (the CLI's ``fedul: error: no space left on device writing ...``), no failure record is
+  written and every record written before stays whole; a cell is not started where the
+  device has less room than the largest run folder this invocation finished;
 - a run whose clients and resolved settings (its name aside) equal those of a recorded run,
   e.g. of another grid, is not trained again: it gets a copy of that record with ``same-run-as``.
 
@@ -705,23 +716,40 @@ def _worker(conn: Connection, item: tuple[Any, ...], parent: int) -> None:
     ends it within :data:`ORPHAN_EXIT_S` of the runner's (``parent``'s) death, whatever killed
     it (SIGKILL included) and whatever the run is doing (a round's training, a global
     evaluation), so a rerun never races an orphan. A full device (:class:`fedul_flwr.store.NoSpace`)
-    is sent back as the outcome: the runner stops the grid."""
+    is sent back as the outcome: the runner stops the grid. The process ends with ``os._exit``
+    once its run has ended (every file written and synced), without the interpreter's
+    teardown."""
     import threading
+    import traceback
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     threading.Thread(target=_watch_parent, args=(parent,), name="fedul-runner-watchdog", daemon=True).start()
-    outcome: RunOutcome | NoSpace
+    code = 0
     try:
-        outcome = _execute_to_file(*item)
-    except Exception as exc:
-        full = no_space(exc, item[2])
-        if full is None:
-            raise
-        outcome = full
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: a SIGTERM from here on ends the process quietly
-    with contextlib.suppress(OSError):
-        conn.send(outcome)
-        conn.close()
+        outcome: RunOutcome | NoSpace
+        try:
+            outcome = _execute_to_file(*item)
+        except Exception as exc:
+            full = no_space(exc, item[2])
+            if full is None:
+                raise
+            outcome = full
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the run is over: a SIGTERM from here on ends the process quietly
+        with contextlib.suppress(OSError):
+            conn.send(outcome)
+            conn.close()
+    except SystemExit as exc:  # SIGTERM: the run stopped (status=stopped, its checkpoint kept)
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 -- a crash: the runner records WorkerDied with this exit code
+        traceback.print_exc()
+        code = 1
+    finally:
+        # every file of the run is written and synced by now: skip the interpreter's teardown
+        # (seconds of torch's and Flower's finalisers, during which no watchdog runs any more)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
 
 
 ORPHAN_EXIT_S = 1.0
