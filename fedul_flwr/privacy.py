@@ -53,31 +53,38 @@ notice, where it was not typed; a typed ``num-examples`` is refused): z C / n on
 every client noise multiplier z only under equal weights.
 
 The privacy spent: :func:`privacy_spent` gives (epsilon, delta) after each round, an upper
-bound for the sampling Flower performs (a fixed number of nodes drawn without replacement),
-recorded per round in the run's metrics and in the summary line:
+bound for the sampling the run performs (``participation``,
+:mod:`fedul_flwr.strategies.participation`), recorded per round in the run's metrics and in the
+summary line with the guarantee it is for (:func:`neighbours`):
 
-- ``server-fixed`` (client-level DP of the released models, neighbouring federations differ by
-  adding or removing one client; the number n of updates a round averages is public): Flower's
-  own accountant (``flwr.serverapp.RdpAccountant``, Rényi DP via Google's ``dp-accounting``)
-  with ``sampling_method=no-amplification``, the only one Flower 1.42 allows for these
-  wrappers: each round is the Gaussian mechanism with noise multiplier z on the sum of the
-  clipped updates, whatever share of the nodes it samples.
+- ``server-fixed`` (client-level DP of the released models), by :func:`round_event`: with every
+  node training every round, neighbouring federations differ by adding or removing one client
+  (the number n of updates a round averages is public) and a round is the Gaussian mechanism
+  with multiplier z on the sum of the clipped updates; with a fixed-size cohort of m < N nodes,
+  a removed client's place goes to another node, so the relation is replace-one (sensitivity
+  2C, multiplier z / 2) with amplification by sampling m of N without replacement; with
+  ``participation=poisson`` (each node with probability q, the sum divided by the fixed qN)
+  it is add-or-remove with Poisson amplification. Composed by ``dp-accounting``'s RDP
+  accountant. Amplification needs a cohort no one can predict: under server-side DP the
+  cohort is drawn from the OS CSPRNG.
 - ``client-local`` (local DP of each node's replies, neighbouring inputs are any two local data
   sets of the node): each reply is the Gaussian mechanism with standard deviation
   sigma = ``dp-sensitivity * sqrt(2 ln(1.25 / dp-delta)) / dp-epsilon`` on an update clipped to
   C, so two replies of a node differ by at most 2C in L2 norm: noise multiplier sigma / (2C),
   composed over every round by ``dp-accounting``'s RDP accountant (a node that sat rounds out
   spent less).
-- Beside the composed figure both record the exact epsilon of one round's release at the
-  same delta (``privacy-epsilon-round``): the analytic Gaussian mechanism of Balle & Wang
-  (ICML 2018, Thm. 8) by ``dp-accounting``'s ``GaussianPrivacyLoss``. For ``client-local`` it
+- Beside the composed figure both record the tight epsilon of one round's release at the
+  same delta (``privacy-epsilon-round``, :func:`round_epsilon`): the analytic Gaussian
+  mechanism of Balle & Wang (ICML 2018, Thm. 8) by ``dp-accounting``'s ``GaussianPrivacyLoss``,
+  or the subsampled Gaussian's dominating pair (:func:`subsampled_gaussian_epsilon`). For ``client-local`` it
   is what ``dp-epsilon`` promises only in part: ``LocalDpMod``'s sigma is the classic bound,
   valid for ``dp-epsilon`` < 1; with ``dp-sensitivity`` = 2C one reply is below ``dp-epsilon``
   up to about 8.4 and above it beyond (2.2e4 at ``dp-epsilon`` = 1000).
 - ``server-adaptive`` runs two Gaussian queries a round (Andrew et al., Sec. 3): the clipped
   sum with noise multiplier z_Delta and the count of clipped updates with standard deviation
   sigma_b (sensitivity 1/2 once the bits are centred, as the fraction's public denominator n
-  allows). Together they are one Gaussian mechanism with 1 / z^2 = 1 / z_Delta^2 + 1 / (2
+  allows; under Poisson sampling the centred sum is divided by qN, under replace-one both
+  sensitivities double and the multiplier is z / 2). Together they are one Gaussian mechanism with 1 / z^2 = 1 / z_Delta^2 + 1 / (2
   sigma_b)^2, so z = ``dp-noise-multiplier`` is accounted exactly as ``server-fixed``'s and
   the update carries z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 > z. The paper recommends
   sigma_b = m / 20 for a cohort of m clients, which needs m > 10 z (Flower's wrapper refuses the
@@ -511,8 +518,10 @@ def round_event(cfg: RunConfig, num_nodes: int) -> tuple[Any, Any]:
 
 def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
     """Epsilon at ``dp-delta`` of ``rounds`` rounds: ``dp-accounting``'s Rényi DP accountant
-    on :func:`round_event`, composed ``rounds`` times (an upper bound). ``inf`` for no noise, 0
-    for no round.
+    on :func:`round_event`, composed ``rounds`` times (an upper bound). For a fixed-size cohort
+    the smaller of the sampled bound and the unsampled replace-one Gaussian's (z / 2), both
+    valid: at small z the sampling bound of Wang et al. exceeds the unsampled one. ``inf`` for
+    no noise, 0 for no round.
 
     Parameters
     ----------
@@ -523,6 +532,7 @@ def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
     num_nodes : int
         N, the nodes the rounds sample from.
     """
+    import dp_accounting
     from dp_accounting.rdp import RdpAccountant
 
     if rounds <= 0:
@@ -536,7 +546,13 @@ def composed_epsilon(cfg: RunConfig, rounds: int, num_nodes: int) -> float:
     absl.setLevel(logging.ERROR)
     try:
         accountant.compose(event, rounds)
-        return float(accountant.get_epsilon(cfg.dp_delta))
+        epsilon = float(accountant.get_epsilon(cfg.dp_delta))
+        if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
+            # at small multipliers Wang et al.'s bound exceeds the unsampled mechanism's; both hold
+            plain = RdpAccountant(neighboring_relation=relation)
+            plain.compose(event.event, rounds)
+            epsilon = min(epsilon, float(plain.get_epsilon(cfg.dp_delta)))
+        return epsilon
     finally:
         absl.setLevel(level)
 

@@ -31,6 +31,7 @@ from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies import build_strategy
 from fedul_flwr.strategies.participation import poisson_draw
 
+REPO = Path(__file__).resolve().parent.parent
 DELTA = 1e-5
 # the federation of the finding: N = 5 nodes, 3 a round, z = 0.8
 FIXED = {"differential-privacy": "server-fixed", "dp-noise-multiplier": 0.8, "fraction-train": 0.6,
@@ -193,3 +194,17 @@ def test_fedul_check_refuses_a_bad_participation_in_one_line(value: str, capsys:
     assert "\n" not in err and err.startswith(f"error: participation={value!r} is not one of ('fixed-size', 'poisson')")
     with pytest.raises(ConfigError, match="^participation="):
         resolve_config({"participation": value})
+
+
+@pytest.mark.slow
+def test_docs_participation_table_is_rendered_from_the_accountant() -> None:
+    """docs/privacy.md's table of what each participation mode costs is what
+    scripts/participation_table.py renders now (no number typed by hand)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("participation_table", REPO / "scripts" / "participation_table.py")
+    assert spec is not None and spec.loader is not None
+    table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(table)
+    assert table.OUTPUT.read_text() == table.render(), "stale: run python scripts/participation_table.py"
+    assert '--8<-- "docs/reproduce/privacy/participation.md"' in (REPO / "docs" / "privacy.md").read_text()
