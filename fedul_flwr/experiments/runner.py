@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import logging
 import multiprocessing
 import multiprocessing.connection
@@ -100,7 +99,8 @@ if TYPE_CHECKING:
 __all__ = [
     "EXIT_FAILED", "EXIT_STOPPED", "GridResult", "RunOutcome", "RunSpec", "StopRequested", "StoppableGrid",
     "add_common_arguments", "best_val_round", "check_run_configs", "device_name", "execute", "failure_line",
-    "failure_path", "load_failures", "load_records", "parse_overrides", "parse_seeds", "resumable_round", "run_cells", "run_grid", "run_in_workers",
+    "failure_path", "load_failures", "load_records", "parse_overrides", "parse_seeds", "read_record", "record_from_folder",
+    "resumable_round", "run_cells", "run_grid", "run_in_workers",
     "run_settings", "share_gpu", "stop_times", "threads_per_job",
 ]  # fmt: skip
 
