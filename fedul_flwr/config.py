@@ -613,6 +613,11 @@ def _validate_robustness(cfg: RunConfig) -> None:
         f"strategy={cfg.strategy!r} with num-malicious-nodes={cfg.num_malicious_nodes} needs at least {needed} replies "
         f"per round (Bulyan: 4f + 3, Krum: 2f + 3), so min-train-nodes={cfg.min_train_nodes} must be >= {needed}",
     )
+    _check(
+        cfg.participation != "poisson" or not needed,
+        f"participation='poisson' with strategy={cfg.strategy!r}: a Poisson round may draw fewer nodes than the "
+        f"{needed} replies it needs (min-train-nodes is no floor under Poisson sampling); use participation='fixed-size'",
+    )
     d = cfg.as_dict()
     for key in ("dp-noise-multiplier", "dp-clipped-count-stddev"):
         _check(d[key] >= 0, f"{key}={d[key]} must be >= 0")

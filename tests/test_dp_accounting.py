@@ -208,3 +208,34 @@ def test_docs_participation_table_is_rendered_from_the_accountant() -> None:
     spec.loader.exec_module(table)
     assert table.OUTPUT.read_text() == table.render(), "stale: run python scripts/participation_table.py"
     assert '--8<-- "docs/reproduce/privacy/participation.md"' in (REPO / "docs" / "privacy.md").read_text()
+
+
+def test_poisson_with_a_robust_strategy_is_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^participation='poisson' with strategy='krum': a Poisson round may draw "
+                       r"fewer nodes than the 3 replies it needs .* use participation='fixed-size'$"):  # fmt: skip
+        resolve_config({"participation": "poisson", "strategy": "krum", "num-malicious-nodes": 0, "min-train-nodes": 3,
+                        "min-available-nodes": 3})  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("ray")
+def test_flwr_run_with_poisson_participation_records_dp_accounting(tmp_path: Path) -> None:
+    """``flwr run .`` through a real SuperLink (simulation, Ray), 4 nodes, Poisson sampling at
+    q = 0.5 under server-fixed DP: the run completes (a round may draw nobody) and records the
+    epsilon dp-accounting gives for q, z and the rounds, naming its neighbours."""
+    from tests.flower_harness import superlink
+
+    out = tmp_path / "runs"
+    run_config = (f"differential-privacy='server-fixed' dp-noise-multiplier=0.8 participation='poisson' "
+                  f"fraction-train=0.5 min-available-nodes=4 min-train-nodes=2 num-rounds=2 samples-per-client=200 "
+                  f"batch-size=256 output-dir='{out}' run-name='poisson'")  # fmt: skip
+    with superlink(tmp_path) as link:
+        link.run_to_completion(run_config, "num-supernodes=4 client-resources-num-cpus=1", out / "poisson")
+    rows = [row for row in json.loads((out / "poisson" / "metrics.json").read_text()) if row["round"] >= 1]
+    assert [row["round"] for row in rows] == [1, 2]
+    for row in rows:
+        accountant = RdpAccountant()
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(0.5, dp_accounting.GaussianDpEvent(0.8)), row["round"])
+        assert row[wire.PRIVACY_EPSILON] == accountant.get_epsilon(DELTA)
+    summary = (out / "poisson" / "summary.txt").read_text()
+    assert "status=ok" in summary and "neighbours=client-level,add-or-remove-one-client,poisson(0.5) " in summary
