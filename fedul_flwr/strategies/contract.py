@@ -276,10 +276,10 @@ def _metric(key: str, what: str, server: Treatment = _TRAIN_METRICS, local: Trea
 COMMON_FIELDS: tuple[Field, ...] = (
     _NOISED_ARRAYS,
     _metric("train-loss", "the node's mean training loss"),
-    _metric("num-examples", "the node's examples (the num-examples weight)",
-            Treatment(Exposure.SERVER_ONLY, "not read: every kept reply weighs 1"), _SIZE),
+    _metric("num-examples", "the node's examples (not read as a weight under server DP: every kept reply weighs 1)",
+            local=_SIZE),
     _metric("uniform-weight", "1 (the uniform weight)",
-            Treatment(Exposure.SERVER_ONLY, "not read: every kept reply weighs 1"), _SIZE),
+            Treatment(Exposure.SERVER_ONLY, "set to 1 before aggregation, whatever the node claims"), _SIZE),
     _metric("num-steps", "the node's local optimiser steps", local=_SIZE),
     Field("train:node", "node-key", "the node's stable key (partition id, hash of its data folder)",
           Treatment(Exposure.SERVER_ONLY, "the aggregation order"),
@@ -329,7 +329,8 @@ _RELEASE = Treatment(Exposure.NOISED, "computed from the released model alone (p
 _OPERATIONAL = Treatment(Exposure.PUBLIC, "who trained, sat out or failed each round: outside the epsilon")
 _ACCOUNT = Treatment(Exposure.PUBLIC, "the accountant's figures, from the public settings")
 SERVER_FIELDS: tuple[Field, ...] = (
-    Field("server:metrics.json", "round", "the round", _ACCOUNT, _ACCOUNT),
+    Field("server:metrics.json", "round", "the round", Treatment(Exposure.PUBLIC, "the round's number"),
+          Treatment(Exposure.PUBLIC, "the round's number")),
     Field("server:metrics.json", "wall-time", "seconds since the run started",
           Treatment(Exposure.PUBLIC, "the server's clock"), Treatment(Exposure.PUBLIC, "the server's clock")),
     Field("server:metrics.json", "test-*", "the released model on the server's test split", _RELEASE, _RELEASE),
