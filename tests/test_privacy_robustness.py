@@ -165,9 +165,10 @@ SERVER_FIXED_REFERENCE = [
     (1.0, 5.0, 1, 1e-5, 0.794522032537103, 0.7255217508578085, 0.7255217508578085),
     (1.0, 1.0, 10, 1e-5, 19.05359753163139, 17.85658683010763, 4.377178095681232),
     (1.0, 0.05, 5, 1e-5, 1211.7782575788603, 1189.7766984122504, 284.3918494977892),
-    (0.1, 1.0, 100, 1e-5, 96.11630842505602, 91.81728962466377, 4.377178095681232),
-    (0.01, 1.5, 200, 1e-5, 87.78297509172268, 83.83059061287624, 2.7533813795291784),
 ]  # fmt: skip
+# q < 1 (a fixed-size cohort of m = qN of the N = 100 nodes): replace-one adjacency, multiplier z / 2,
+# sampled without replacement (tests/test_dp_accounting.py has the finding's N = 5 in full)
+SAMPLED_REFERENCE = [(0.1, 1.0, 100, 1e-5), (0.01, 1.5, 200, 1e-5)]  # q, z, rounds, delta
 CLIENT_LOCAL_REFERENCE = [
     # q, dp-epsilon, dp-sensitivity, C, rounds, delta, rdp, exact, one round
     (1.0, 0.9, 2.0, 1.0, 1, 1e-5, 0.7331940613623855, 0.6692746052827478, 0.6692746052827478),
@@ -191,16 +192,44 @@ def _check_against(spent: dict, rdp: float, exact: float, one_round: float) -> N
 def test_server_side_epsilon_matches_independent_values_without_amplification(
     mode: str, q: float, z: float, rounds: int, delta: float, rdp: float, exact: float, one_round: float
 ) -> None:
-    """Flower samples a fixed number of nodes without replacement; like Flower's own accountant
-    the bound takes no amplification from it: sampling 10% or 1% of the nodes spends what
-    sampling them all does (Poisson amplification at q = 0.1 said 7.90 for the 96.1 here).
-    server-adaptive's two queries together have the multiplier z of server-fixed."""
+    """Every node every round: add-or-remove adjacency, the Gaussian mechanism of multiplier z
+    composed, no sampling to credit. server-adaptive's two queries together have the multiplier
+    z of server-fixed."""
     cfg = resolve_config({"differential-privacy": mode, "dp-noise-multiplier": z, "dp-delta": delta,
                           "fraction-train": q, "min-train-nodes": 1})  # fmt: skip
     spent = privacy_spent(cfg, rounds, num_nodes=100)
     assert spent[wire.PRIVACY_DELTA] == delta
     _check_against(spent, rdp, exact, one_round)
     assert privacy_spent(cfg, 0, 100)[wire.PRIVACY_EPSILON] == 0
+
+
+@pytest.mark.parametrize("mode", ["server-fixed", "server-adaptive"])
+@pytest.mark.parametrize(("q", "z", "rounds", "delta"), SAMPLED_REFERENCE)
+def test_server_side_epsilon_of_a_fixed_size_cohort_covers_the_replace_one_pair(
+    mode: str, q: float, z: float, rounds: int, delta: float
+) -> None:
+    """m = qN of N = 100 nodes a round: the record is dp-accounting's replace-one bound for m of
+    N without replacement at z / 2 (or the unsampled one where smaller), at least the epsilon of
+    the pair whose replaced client moves the sum by 2C whenever sampled (privacy loss
+    distribution, composed)."""
+    import dp_accounting
+    from dp_accounting.pld import privacy_loss_distribution
+    from dp_accounting.rdp import RdpAccountant
+
+    cfg = resolve_config({"differential-privacy": mode, "dp-noise-multiplier": z, "dp-delta": delta,
+                          "fraction-train": q, "min-train-nodes": 1})  # fmt: skip
+    spent = privacy_spent(cfg, rounds, num_nodes=100)
+    bounds = []
+    for event in (dp_accounting.SampledWithoutReplacementDpEvent(100, round(100 * q), dp_accounting.GaussianDpEvent(z / 2)),
+                  dp_accounting.GaussianDpEvent(z / 2)):  # fmt: skip
+        accountant = RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+        accountant.compose(event, rounds)
+        bounds.append(accountant.get_epsilon(delta))
+    assert spent[wire.PRIVACY_EPSILON] == pytest.approx(min(bounds), rel=1e-12)
+    pair = privacy_loss_distribution.from_gaussian_mechanism(standard_deviation=z, sensitivity=2.0, sampling_prob=q,
+                                                             value_discretization_interval=1e-2)  # fmt: skip
+    assert pair.self_compose(rounds).get_epsilon_for_delta(delta) <= spent[wire.PRIVACY_EPSILON]
+    assert pair.get_epsilon_for_delta(delta) == pytest.approx(spent[wire.PRIVACY_EPSILON_ROUND], rel=2e-3)
 
 
 @pytest.mark.parametrize(("q", "eps", "sensitivity", "clip", "rounds", "delta", "rdp", "exact", "one_round"),
