@@ -7,8 +7,9 @@ with local DP (``client-local``, several per-round epsilons), each through the g
 ``flwr run .`` with the same settings), and renders the last round's test accuracy beside the
 (epsilon, delta) the run recorded (``fedul_flwr.privacy.privacy_spent``): the exact epsilon of
 one round's release (``privacy-epsilon-round``, the analytic Gaussian mechanism) and the
-composed upper bound after the last round (``privacy-epsilon``, Rényi DP; Flower's accountant
-without amplification for ``server-fixed``). The DP noise comes from the OS CSPRNG, so a re-run
+composed upper bound after the last round (``privacy-epsilon``, Rényi DP; every node trains
+every round, so ``server-fixed`` is accounted add-or-remove without sampling; what the other
+``participation`` modes cost is ``scripts/participation_table.py``'s table). The DP noise comes from the OS CSPRNG, so a re-run
 gives other DP rows (the training itself is seeded).
 
 Writes ``<out>/records/<run-id>.json`` (one per run; a recorded run is not run again),
