@@ -816,8 +816,12 @@ class QuantileTracking:
     def _noisy_centred_fraction(self, count: int, total: int, cohort: float) -> float:
         """Poisson sampling: the clipped share as 1/2 + (sum of the centred bits b_i - 1/2 plus
         N(0, sigma_b^2)) / qN; the realised count ``total`` stays inside the noised sum (one
-        client moves it by 1/2), the divisor is the expected cohort."""
-        return 0.5 + float(release_generator().normal(count - total / 2, self.clipped_count_stddev)) / cohort
+        client moves it by 1/2), the divisor is the expected cohort. The estimate is clamped to
+        [0, 1], post-processing of the noised count: with a small expected cohort qN (a round that
+        samples nobody at q = 1e-9) the unclamped share is the noise divided by qN, and one round
+        would throw C out of the floating-point range."""
+        noised = float(release_generator().normal(count - total / 2, self.clipped_count_stddev))
+        return min(1.0, max(0.0, 0.5 + noised / cohort))
 
 
 @functools.cache

@@ -15,6 +15,7 @@ from pathlib import Path
 import dp_accounting
 import numpy as np
 import pytest
+import torch
 from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.rdp import RdpAccountant
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
@@ -171,6 +172,28 @@ def test_poisson_round_with_no_node_releases_the_model_plus_noise() -> None:
     assert sampled == [] and arrays is not None
     released = arrays["f.w"].numpy().astype(np.float64)
     assert np.std(released) == pytest.approx(1.0 * 1.0 / 1e-6, rel=0.05) and abs(np.mean(released)) < 1e5
+
+
+@pytest.mark.parametrize("mode", ["server-fixed", "server-adaptive"])
+def test_a_poisson_round_that_samples_nobody_releases_noise_end_to_end(
+    mode: str, tmp_path: Path, small_test_set: None
+) -> None:
+    """q = 1e-9 of 3 nodes (the draw is secret, but a draw of anyone is a 3e-9 chance): the round
+    trains nobody, is no failure even with min-train-nodes = 3 and max-failure-fraction = 0, and
+    releases the global model plus noise of standard deviation z C / (qN) (adaptive: z_Delta C / (qN)),
+    with its epsilon on record."""
+    rc = {"samples-per-client": 60, "batch-size": 64, "differential-privacy": mode, "participation": "poisson",
+          "fraction-train": 1e-9, "dp-noise-multiplier": 1.0, "dp-clipping-norm": 1.0, "num-rounds": 1,
+          "min-train-nodes": 3, "min-available-nodes": 3, "max-failure-fraction": 0.0,
+          "output-dir": str(tmp_path), "run-name": "empty"}  # fmt: skip
+    outputs = run_federation(InProcessGrid(client_app, 3, rc), resolve_config(rc))
+    assert "status=ok" in outputs.summary()
+    rows = json.loads((tmp_path / "empty" / "metrics.json").read_text())
+    assert [row["round"] for row in rows] == [0, 1] and rows[1]["trained-nodes"] == [] and rows[1]["failed-nodes"] == []
+    assert math.isfinite(rows[1][wire.PRIVACY_EPSILON]) and rows[1][wire.PRIVACY_DELTA] == DELTA
+    model = torch.load(tmp_path / "empty" / "model.pt", weights_only=True)
+    std = float(np.std(np.concatenate([v.double().numpy().ravel() for v in model.values() if v.is_floating_point()])))
+    assert 0.9 / 3e-9 < std < (1.5 if mode == "server-adaptive" else 1.1) / 3e-9  # the initial model's weights are < 1
 
 
 def test_a_poisson_run_records_dp_accounting_and_names_its_neighbours(tmp_path: Path, small_test_set: None) -> None:

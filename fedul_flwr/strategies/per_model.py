@@ -121,8 +121,10 @@ class PerModelAggregation:
         """
         replies = list(replies)
         ok = [r for r in replies if not r.has_error()]
-        if not ok:
+        if not ok and getattr(self, "dp_empty_mean", None) is None:
             return None, None
+        if not ok:  # server DP, Poisson: no update kept; the strategy releases the model plus noise
+            return super().aggregate_train(server_round, replies)  # type: ignore[misc]
         current: ArrayRecord | None = getattr(self, "global_arrays", None)
         if current is None:
             raise InconsistentMessageReplies(reason="per-model aggregation before configure_train")
