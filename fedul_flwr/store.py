@@ -66,7 +66,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -75,8 +75,9 @@ from typing import IO, Any
 import filelock
 
 __all__ = [
-    "DAMAGED", "LOCK_DIR", "SET_ASIDE", "DamagedFile", "FolderLock", "NoSpace", "RunFolderInUse", "RunLogHandler",
-    "lock_path", "move", "no_space", "read_json", "read_with", "remove", "remove_tree", "set_aside",
+    "DAMAGED", "LOCK_DIR", "SET_ASIDE", "Check", "DamagedFile", "FolderLock", "NoSpace", "RunFolderInUse",
+    "RunLogHandler", "is_int", "is_number", "list_of", "lock_path", "move", "no_space", "of_type", "optional",
+    "read_json", "read_with", "remove", "remove_tree", "set_aside",
     "set_aside_damaged", "set_aside_folders", "sweep_temporary", "utc_stamp", "write_atomic", "write_json",
 ]  # fmt: skip
 
@@ -362,16 +363,55 @@ def read_with(path: str | os.PathLike[str], load: Callable[[IO[bytes]], Any]) ->
             raise DamagedFile(path, f"{type(exc).__name__}: {exc}") from exc
 
 
-def read_json(path: str | os.PathLike[str], shape: type | tuple[type, ...] = dict, keys: tuple[str, ...] = ()) -> Any:
+Check = Callable[[Any], bool]
+"""A field's check in a declared schema (:func:`read_json`): true where the value may stand."""
+
+
+def is_number(value: Any) -> bool:
+    """A JSON number (an ``int`` or ``float``, ``NaN`` included; never a ``bool``)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def is_int(value: Any) -> bool:
+    """A JSON integer (never a ``bool``)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def of_type(*types: type) -> Check:
+    """The check "an instance of one of ``types``" (``bool`` is no ``int`` here)."""
+    return lambda value: isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+
+
+def optional(check: Check) -> Check:
+    """``check``, or ``None`` (JSON ``null``)."""
+    return lambda value: value is None or check(value)
+
+
+def list_of(check: Check) -> Check:
+    """A JSON list whose every item passes ``check``."""
+    return lambda value: isinstance(value, list) and all(check(v) for v in value)
+
+
+def _describe(value: Any) -> str:
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def read_json(path: str | os.PathLike[str], shape: type | tuple[type, ...] = dict,
+              keys: tuple[str, ...] | Mapping[str, Check] = ()) -> Any:  # fmt: skip
     """The JSON value of ``path`` (:func:`read_with`), checked to be a ``shape`` (``dict``: a
-    record) holding ``keys``.
+    record) holding ``keys``: a tuple of names that must be there, or a declared schema, a
+    mapping of each name that must be there to the check its value must pass (e.g.
+    ``{"run-id": of_type(str), "wall-time-s": is_number}``), so that a record whose fields
+    have wrong types is damaged here, not an error far away in whatever reads the field.
 
     Raises
     ------
     FileNotFoundError
         If ``path`` does not exist.
     DamagedFile
-        If it is empty, cut short, not UTF-8 JSON, not a ``shape`` or lacks one of ``keys``.
+        If it is empty, cut short, not UTF-8 JSON, not a ``shape``, lacks one of ``keys`` or
+        (a schema) holds a value its check refuses, named with the key.
     """
     value = read_with(path, lambda fh: json.loads(fh.read().decode("utf-8")))
     if not isinstance(value, shape):
@@ -379,6 +419,10 @@ def read_json(path: str | os.PathLike[str], shape: type | tuple[type, ...] = dic
     missing = [k for k in keys if k not in value]
     if missing:
         raise DamagedFile(path, "no " + ", ".join(repr(k) for k in missing))
+    if isinstance(keys, Mapping):
+        for key, check in keys.items():
+            if not check(value[key]):
+                raise DamagedFile(path, f"{key!r} is {_describe(value[key])}, not a value it can hold")
     return value
 
 

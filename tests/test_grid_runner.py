@@ -43,6 +43,16 @@ def _folder(rc: dict) -> Path:
     return Path(rc["output-dir"]) / rc["run-name"]
 
 
+def record_of(spec: runner.RunSpec, config: dict, **fields: object) -> dict:
+    """A whole record of ``spec`` (every key of :data:`runner.RECORD_KEYS`, of its type) made
+    with ``config``, ``fields`` over it: what a test writes into a grid's records by hand."""
+    rows = [{"round": 1, "test-accuracy": 0.5, "test-error": 0.5, "wall-time": 1.0}]
+    return {"run-id": spec.run_id, "spec": dataclasses.asdict(spec), "run-config": {}, "config": config, "metrics": rows,
+            "last-round": 1, "last-test-error": 0.5, "best-test-error": 0.5, "best-round": 1, "best-val-round": None,
+            "best-val-test-error": None, "predictors": ["f"], "wall-time-s": 1.0, "threads": 1, "cohort": None,
+            "device": "cpu", "device-name": None, "run-dir": "runs/x", **fields}  # fmt: skip
+
+
 def _strip(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k != "wall-time"} for r in rows]
 
@@ -197,8 +207,7 @@ def test_a_record_made_on_cuda_in_fp32_counts_for_the_cpu_cell(tmp_path: Path) -
     made = resolve_config({**rc, "device": "cuda"}).as_dict()
     records = tmp_path / "records"
     records.mkdir()
-    record = {"run-id": spec.run_id, "config": made, "spec": dataclasses.asdict(spec), "device": "cuda",
-              "device-name": "NVIDIA H100 80GB HBM3"}  # fmt: skip
+    record = record_of(spec, made, **{"device": "cuda", "device-name": "NVIDIA H100 80GB HBM3"})
     (records / f"{spec.run_id}.json").write_text(json.dumps(record))
     cpu = _spec("cpu-grid")
     assert runner._share_record(cpu, _config(tmp_path, cpu), records / "cpu.json", runner._recorded_runs(records))
@@ -219,8 +228,8 @@ def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> 
     for seed, accuracy in ((0, 0.75), (1, 0.25)):
         spec = next(s for s in reproduce.hassle_sweep_specs([seed]) if s.column == "FedAvg (labeled only)")
         rows = [{"round": n, "test-accuracy": accuracy, "wall-time": float(n)} for n in range(1, 11)]
-        record = {"spec": dataclasses.asdict(spec), "run-id": spec.run_id, "last-test-error": 1 - accuracy, "last-round": 10,
-                  "wall-time-s": 10.0, "config": {"method": "supervised"}, "metrics": rows}  # fmt: skip
+        record = record_of(spec, {"method": "supervised"}, **{"last-test-error": 1 - accuracy, "last-round": 10,
+                                                            "wall-time-s": 10.0, "metrics": rows})  # fmt: skip
         (records / f"{spec.run_id}.json").write_text(json.dumps(record))
         cli.main([*command, "--seeds", str(seed)])
         page = (tmp_path / "cpu" / "results-hassle-sweep.md").read_text()
@@ -319,10 +328,10 @@ def test_a_record_made_with_other_settings_never_stands_for_the_asked_run(tmp_pa
     records = tmp_path / "records"
     records.mkdir()
     recorded = resolve_config(rc).as_dict()
-    (records / f"{spec.run_id}.json").write_text(json.dumps({"run-id": spec.run_id, "config": recorded}))
+    (records / f"{spec.run_id}.json").write_text(json.dumps(record_of(spec, recorded)))
     runner.check_records_match([(spec, {**rc, "verbose": True})], records)  # output-only: the same run
     older = {k: v for k, v in recorded.items() if k != "dp-clipped-count-stddev"}  # made before the key existed
-    (records / f"{spec.run_id}.json").write_text(json.dumps({"run-id": spec.run_id, "config": older}))
+    (records / f"{spec.run_id}.json").write_text(json.dumps(record_of(spec, older)))
     runner.check_records_match([(spec, rc)], records)
     dp = {**rc, "differential-privacy": "server-fixed", "aggregation-weights": "uniform"}
     with pytest.raises(ConfigError, match=rf"^run {re.escape(spec.run_id)}: its record .* was made with other settings "

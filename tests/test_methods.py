@@ -518,13 +518,15 @@ def test_a_record_is_shared_across_grids_when_only_keys_added_since_sit_at_their
     the run folder's place never matters."""
     import json
 
+    from tests.test_grid_runner import record_of
+
     spec = reproduce.RunSpec("grid-a", "row", "FixMatch", "*", 0, 20, "", {})
     requested = {"method": "fixmatch", "client-setting": "labels-at-clients", "seed": 0}
     old = resolve_config({**requested, "output-dir": "elsewhere/runs"}).as_dict()
     del old["fixmatch-weight"]  # the record predates the key
     records = tmp_path / "records"
     records.mkdir()
-    (records / "old.json").write_text(json.dumps({"run-id": "old", "config": old, "spec": dataclasses.asdict(spec)}))
+    (records / "old.json").write_text(json.dumps(record_of(spec, old, **{"run-id": "old"})))
     recorded = runner._recorded_runs(records)
     other = dataclasses.replace(spec, grid="grid-b")
     assert runner._share_record(other, {**requested, "fixmatch-weight": "epoch", "output-dir": str(tmp_path)},

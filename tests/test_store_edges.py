@@ -7,6 +7,7 @@ device goes quiet instead of printing a traceback per message."""
 from __future__ import annotations
 
 import json
+import re
 import logging
 import os
 import subprocess
@@ -222,3 +223,47 @@ def test_a_log_on_a_full_device_goes_quiet_and_names_the_file(small_disk: Path, 
         handler.raise_if_full()
     assert str(info.value).startswith(f"no space left on device writing {small_disk / 'run.log'} ")
     filler.unlink()
+
+
+@pytest.mark.slow
+def test_a_record_with_fields_of_the_wrong_type_is_damaged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A record that is valid JSON but holds a field of the wrong type (a text test error, a
+    ``null`` wall time, a list for its config, text for its metrics) is damaged like a cut
+    one: ``--render-only`` names it and the key in one line, sets it aside and says which run
+    has no record (exit status 1); a rerun records it again from its run folder (exit 0)."""
+    out = tmp_path / "out"
+    args = [*SMOKE, "--methods", "fedul", "--out", str(out)]
+    assert cli.main(args) == 0
+    path = out / "cpu" / "records" / f"{FEDUL}.json"
+    original = json.loads(path.read_text())
+    bad = {"last-test-error": "oops", "wall-time-s": None, "config": [], "metrics": "oops", "last-test-error ": None}
+    for key, value in bad.items():
+        key = key.strip()  # the second last-test-error: null, not a number
+        path.write_text(json.dumps({**original, key: value}))
+        capsys.readouterr()
+        assert cli.main([*args, "--render-only"]) == 1, key
+        err = capsys.readouterr().err
+        assert "fedul: error" not in err and "Traceback" not in err, err
+        named = [line for line in err.splitlines() if "damaged" in line]
+        assert len(named) == 1 and str(path) in named[0] and repr(key) in named[0], err
+        assert f"have no record ({FEDUL})" in err, err
+        assert not path.exists() and len(list(path.parent.glob(f"{FEDUL}.json{DAMAGED}*"))) >= 1
+        path.write_text(json.dumps({**original, key: value}))
+        assert cli.main(args) == 0, key
+        captured = capsys.readouterr()
+        assert f"{FEDUL}: recorded again from its complete run folder" in captured.out, key
+        again = json.loads(path.read_text())
+        assert again["metrics"] == original["metrics"] and again["last-test-error"] == original["last-test-error"]
+
+
+def test_a_failure_record_with_fields_of_the_wrong_type_is_damaged(tmp_path: Path) -> None:
+    """The failure record's declared schema: a text round or a ``null`` error is damaged."""
+    path = tmp_path / "failure.json"
+    whole = {"run-id": "x", "spec": {"row": "r", "column": "c"}, "run-config": {}, "error-type": "RuntimeError",
+             "error": "boom", "round-reached": 2, "run-dir": "runs/x", "log": "runs/x/flower.log", "wall-time-s": 1.5}
+    write_json(path, whole)
+    assert read_json(path, dict, runner.FAILURE_KEYS) == whole
+    for key, value in {"round-reached": "2", "error": None, "wall-time-s": True, "spec": []}.items():
+        write_json(path, {**whole, key: value})
+        with pytest.raises(DamagedFile, match=rf"{re.escape(str(path))} is damaged \({re.escape(repr(key))} is "):
+            read_json(path, dict, runner.FAILURE_KEYS)

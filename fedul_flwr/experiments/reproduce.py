@@ -1102,7 +1102,12 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(f"no records of grid {args.grid!r} in {out_dir / 'records'}: nothing to render", file=sys.stderr)
     if result is None:
-        return 0 if records and len(records) == len(specs) else 1
+        missing = [s.run_id for s in specs if s.run_id not in {r.get("run-id") for r in records}]
+        if missing:
+            named = ", ".join(missing[:5]) + (f", ... ({len(missing) - 5} more)" if len(missing) > 5 else "")
+            print(f"fedul: exit status 1: {len(missing)} of {len(specs)} runs of grid {args.grid!r} have no record "
+                  f"({named})", file=sys.stderr, flush=True)  # fmt: skip
+        return 0 if records and not missing else 1
     for line in result.final_lines():
         print(line, flush=True)
     if result.exit_code:

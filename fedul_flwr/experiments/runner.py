@@ -87,7 +87,10 @@ from flwr.app import Message, MessageType
 from fedul_flwr.checks import run_settings
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import RunStopped
-from fedul_flwr.store import DamagedFile, NoSpace, RunLogHandler, no_space, read_json, set_aside_damaged
+from fedul_flwr.store import (
+    Check, DamagedFile, NoSpace, RunLogHandler, is_int, is_number, list_of, no_space, of_type, optional, read_json,
+    set_aside_damaged,
+)
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -1199,10 +1202,34 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     return True
 
 
-RECORD_KEYS = ("run-id", "config")
-"""Keys without which a file in a grid's records is no record (:func:`read_record`)."""
-FAILURE_KEYS = ("run-id", "error-type", "error", "round-reached", "log")
-"""Keys without which a file in ``<records>/failed`` is no failure record."""
+def _metric_row(row: Any) -> bool:
+    """A metric row of a record: a JSON object with an integer ``round``, its other values
+    numbers, ``null``, or the lists of node ids (``failed-nodes``, ``trained-nodes``)."""
+    return (isinstance(row, dict) and is_int(row.get("round"))
+            and all(is_number(v) or v is None or isinstance(v, list) for k, v in row.items() if k != "round"))  # fmt: skip
+
+
+def _spec(value: Any) -> bool:
+    """A record's ``spec``: a JSON object naming its grid's row and column (strings)."""
+    return isinstance(value, dict) and all(isinstance(value.get(k), str) for k in ("row", "column"))
+
+
+_TEXT, _OBJECT = of_type(str), of_type(dict)
+RECORD_KEYS: dict[str, Check] = {
+    "run-id": _TEXT, "spec": _spec, "run-config": _OBJECT, "config": _OBJECT, "metrics": list_of(_metric_row),
+    "last-round": is_int, "last-test-error": is_number, "best-test-error": optional(is_number),
+    "best-round": optional(is_int), "best-val-round": optional(is_int), "best-val-test-error": optional(is_number),
+    "predictors": list_of(_TEXT), "wall-time-s": is_number, "threads": optional(is_int),
+    "cohort": optional(_OBJECT), "device": optional(_TEXT), "device-name": optional(_TEXT), "run-dir": _TEXT,
+}  # fmt: skip
+"""The declared schema of a record: each key the runner and the grid's page read, and the
+check of its value (:func:`fedul_flwr.store.read_json`). A file in a grid's records without
+one of them, or with a value its check refuses, is damaged (:func:`read_record`)."""
+FAILURE_KEYS: dict[str, Check] = {
+    "run-id": _TEXT, "spec": _spec, "run-config": _OBJECT, "error-type": _TEXT, "error": _TEXT,
+    "round-reached": optional(is_int), "run-dir": _TEXT, "log": _TEXT, "wall-time-s": is_number,
+}  # fmt: skip
+"""The declared schema of a failure record (a file in ``<records>/failed``)."""
 
 
 def read_record(path: Path, failure: bool = False) -> dict[str, Any] | None:
