@@ -71,6 +71,7 @@ __all__ = [
     "registry_choices",
     "resolve_config",
     "resume_conflicts",
+    "run_finished",
     "run_settings",
     "validate_config",
 ]
@@ -553,22 +554,33 @@ def resume_conflicts(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
     ]
 
 
+def run_finished(run_dir: Path) -> bool:
+    """Whether the run in ``run_dir`` ended whole: its ``summary.txt`` says ``status=ok``
+    (written last, after ``model.pt`` and the plot). Reads only."""
+    try:
+        return (Path(run_dir) / "summary.txt").read_text(errors="replace").rstrip().endswith(" status=ok")
+    except OSError:
+        return False
+
+
 def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
     """The checkpoint ``resume=true`` continues from, once it is certain the run can go on:
-    it exists, its round is below ``num-rounds`` and it was written with the same settings
-    (:func:`resume_conflicts`). Reads only; nothing is written.
+    it exists, its round is below ``num-rounds`` (or at ``num-rounds`` in a run that did not
+    end whole, :func:`run_finished`: e.g. a full device after its last checkpoint; the run
+    then trains no round and writes its outputs from the checkpoint) and it was written with
+    the same settings (:func:`resume_conflicts`). Reads only; nothing is written.
 
     Raises
     ------
     CheckpointError
         If ``run_dir`` holds no readable checkpoint.
     ConfigError
-        If the run is already at ``num-rounds``, or naming every differing key with both
-        values.
+        If the run is already at ``num-rounds`` and ended whole, or naming every differing
+        key with both values.
     """
     ckpt = load_checkpoint(run_dir)
     _check(
-        ckpt.round < cfg.num_rounds,
+        ckpt.round < cfg.num_rounds or (ckpt.round == cfg.num_rounds and not run_finished(run_dir)),
         f"resume=true: {run_dir} has finished round {ckpt.round} and num-rounds={cfg.num_rounds}; nothing to resume "
         "(set num-rounds higher to continue it)",
     )

@@ -339,3 +339,27 @@ def test_a_record_made_with_other_settings_never_stands_for_the_asked_run(tmp_pa
                        r"'server-fixed' here\)") as refused:  # fmt: skip
         runner.run_cells([(spec, dp)], records)
     assert "\n" not in str(refused.value) and not _folder(rc).exists()
+
+
+def test_a_run_whose_checkpoint_is_at_num_rounds_writes_its_outputs_without_training(tmp_path: Path) -> None:
+    """A run whose last checkpoint reached ``num-rounds`` but whose model, plot and summary
+    were never written (a full device after the checkpoint) continues from it: no round is
+    trained again (the checkpoint is untouched), the outputs are written, the metrics are the
+    run's own."""
+    spec = _spec()
+    rc = _config(tmp_path, spec)
+    whole = runner.execute(spec, rc)
+    folder = _folder(rc)
+    for name in ("model.pt", "accuracy.png", "summary.txt"):
+        (folder / name).unlink(missing_ok=True)
+    checkpoint = (folder / CHECKPOINT_FILE).read_bytes(), (folder / CHECKPOINT_FILE).stat().st_mtime_ns
+    assert runner.resumable_round(rc) == 2
+    [continued] = runner.run_grid([(spec, rc)], tmp_path / "records")
+    assert continued["resumed-after-round"] == 2 and continued["last-round"] == 2
+    assert ((folder / CHECKPOINT_FILE).read_bytes(), (folder / CHECKPOINT_FILE).stat().st_mtime_ns) == checkpoint
+    assert continued["metrics"] == whole["metrics"]
+    assert (folder / "model.pt").is_file() and (folder / "summary.txt").read_text().rstrip().endswith(" status=ok")
+    assert not list(tmp_path.glob("**/*.set-aside-*"))
+    # a run that ended whole is still not resumed: nothing to continue
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        check_resume(resolve_config({**rc, "resume": True}), folder)

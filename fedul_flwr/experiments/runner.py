@@ -419,10 +419,11 @@ def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
     """(:func:`resumable_round`, why the stopped run in the run folder cannot go on: ``""``
     where it can or where the folder holds no checkpoint)."""
     from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, CheckpointMissing, load_checkpoint
-    from fedul_flwr.checks import resolve_config, resume_conflicts
+    from fedul_flwr.checks import resolve_config, resume_conflicts, run_finished
 
+    ckpt_dir = Path(run_config["output-dir"]) / run_config["run-name"]
     try:
-        ckpt = load_checkpoint(Path(run_config["output-dir"]) / run_config["run-name"])
+        ckpt = load_checkpoint(ckpt_dir)
     except CheckpointMissing:  # the run stopped before its first checkpoint
         return 0, "it has no checkpoint (no round was checkpointed)"
     except CheckpointError as exc:  # unreadable
@@ -434,7 +435,8 @@ def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
     conflicts = resume_conflicts(ckpt.config, resolve_config(dict(run_config)))  # the ServerApp's own rule
     if conflicts:
         return 0, "other settings (" + "; ".join(conflicts) + ")"
-    if ckpt.round >= int(run_config["num-rounds"]):
+    rounds = int(run_config["num-rounds"])
+    if ckpt.round > rounds or (ckpt.round == rounds and run_finished(ckpt_dir)):  # at num-rounds: outputs written only
         return 0, f"its checkpoint is at round {ckpt.round}, num-rounds={run_config['num-rounds']}"
     return ckpt.round, ""
 
