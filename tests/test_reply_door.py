@@ -40,8 +40,9 @@ def _reply(instruction: Message, update: dict[str, np.ndarray], weight: object =
     content = RecordDict({wire.ARRAYS: ArrayRecord({k: Array(np.asarray(v)) for k, v in arrays.items()}),
                           wire.METRICS: MetricRecord(metrics),
                           wire.NODE_RECORD: ConfigRecord({wire.NODE_KEY: instruction.metadata.dst_node_id})})  # fmt: skip
-    if "scaffold" in changes:
+    if "scaffold" in changes:  # the honest SCAFFOLD client: its control variate's change and round count
         changes.pop("scaffold")
+        content[wire.METRICS] = MetricRecord({**metrics, wire.CV_ROUNDS: 1.0})
         content[wire.CV_DELTA] = ArrayRecord({k: Array(np.zeros_like(v)) for k, v in GLOBAL.items()})
     for name, change in changes.items():
         change(content)  # type: ignore[operator]
@@ -140,3 +141,44 @@ def test_a_malformed_reply_is_its_nodes_named_failed_reply(strategy: str, mode: 
     assert inner.last_replies.trained == [2, 3, 4]
     assert arrays is not None and sorted(arrays.keys()) == sorted(GLOBAL)
     assert all(arrays[k].numpy().shape == GLOBAL[k].shape and np.isfinite(arrays[k].numpy()).all() for k in GLOBAL)
+
+
+class _OneHostileNode(InProcessGrid):
+    """The in-process federation in which the node ``hostile`` adds the undeclared metric
+    ``secret-label-count`` to its training replies, which arrive ``first`` or last."""
+
+    def __init__(self, *args: object, hostile_first: bool, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.hostile = min(self.get_node_ids())
+        self.hostile_first = hostile_first
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        replies = list(super().pull_messages(message_ids))
+        for reply in replies:
+            if reply.metadata.src_node_id == self.hostile and not reply.has_error() and wire.ARRAYS in reply.content:
+                reply.content[wire.METRICS] = MetricRecord({**reply.content[wire.METRICS], "secret-label-count": 7.0})
+        replies.sort(key=lambda r: (r.metadata.src_node_id == self.hostile) != self.hostile_first)
+        return replies
+
+
+@pytest.mark.parametrize("hostile_first", [True, False])
+@pytest.mark.parametrize("mode", ["none", "server-fixed"])
+def test_an_undeclared_metric_key_refuses_that_reply_not_the_honest_one(
+    hostile_first: bool, mode: str, tmp_path, small_test_set: None  # type: ignore[no-untyped-def]
+) -> None:
+    """Two nodes, one adding a metric key the contract does not declare: the door refuses that
+    reply (whichever arrives first; two replies are no majority), keeps the honest one, and the
+    run goes on."""
+    import json
+
+    from fedul_flwr.server_app import run_federation
+
+    rc = {"samples-per-client": 60, "batch-size": 64, "num-rounds": 1, "min-train-nodes": 1, "min-available-nodes": 2,
+          "differential-privacy": mode, "output-dir": str(tmp_path), "run-name": "door"}  # fmt: skip
+    grid = _OneHostileNode(client_app, 2, rc, hostile_first=hostile_first)
+    honest = max(grid.get_node_ids())
+    outputs = run_federation(grid, resolve_config(rc))
+    assert "status=ok" in outputs.summary()
+    row = json.loads((tmp_path / "door" / "metrics.json").read_text())[-1]
+    assert row["round"] == 1 and row["failed-replies"] == 1
+    assert row["failed-nodes"] == [[grid.hostile, "MalformedReplyError"]] and row["trained-nodes"] == [honest]

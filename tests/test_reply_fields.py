@@ -19,7 +19,7 @@ from fedul_flwr.methods import METHODS
 from fedul_flwr.privacy import DP_MODES
 from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies import UNNOISED_PREFIX, build_strategy, inner_strategy
-from fedul_flwr.strategies.contract import Exposure, fields_table, recorded_field, reply_fields
+from fedul_flwr.strategies.contract import Exposure, fields_table, recorded_field, reply_fields, train_metric_keys
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = {"samples-per-client": 200, "num-rounds": 1, "client-test-fraction": 0.2, "val-fraction": 0.05}
@@ -67,6 +67,10 @@ def test_every_field_a_method_sends_is_declared_for_every_mode_it_accepts(
     assert {"test-accuracy", "val-accuracy", "train-loss"} <= recorded
     assert any(kind == "train" and name == "arrays" for kind, name, _ in sent)
     assert any(kind == "evaluate" for kind, _, _ in sent)  # the evaluation replies were seen too
+    # the reply door's reference (every mode, refused ones included): no undeclared key, none sent always missing
+    cfg = resolve_config(rc)
+    declared, always = train_metric_keys(cfg.strategy, method, cfg.as_dict())
+    assert always <= {key for kind, name, key in sent if (kind, name) == ("train", "metrics")} <= declared, method
     for mode in DP_MODES[1:]:
         try:
             cfg = resolve_config({**rc, "differential-privacy": mode, "dp-noise-multiplier": 0.5})

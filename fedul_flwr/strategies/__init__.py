@@ -62,6 +62,7 @@ from fedul_flwr import wire
 from fedul_flwr.config import RunConfig
 from fedul_flwr.registry import Registry
 from fedul_flwr.strategies.admission import admit
+from fedul_flwr.strategies.contract import train_metric_keys
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.kept_state import KeptOptimizerStates
 from fedul_flwr.strategies.scaffold import Scaffold
@@ -142,6 +143,10 @@ class RequireReplies:
     """The latest training round's replies, for the server to record (kept when the round
     stops the run)."""
     _screened: int | None = None  # the round whose replies screen() has seen already (a DP wrapper's call)
+    declared_metrics: tuple[frozenset[str], frozenset[str]] | None = None
+    """(declared, always sent) train metric keys of the run's contract
+    (:func:`~fedul_flwr.strategies.contract.train_metric_keys`; set by :func:`build_strategy`):
+    the door's reference for each reply's metric keys."""
     whole_replies: bool = False
     """Whether every reply must carry every exchanged model (server-side DP clips whole-model
     updates; :func:`fedul_flwr.privacy.with_server_dp` sets it)."""
@@ -171,7 +176,8 @@ class RequireReplies:
             side.update(cls.__dict__.get("side_records", {}))
         checked = iter(admit(server_round, fresh, expected, getattr(self, "_instructions", ()),
                              weight_keys={m: per_model.get(m, self.weighted_by_key) for m in models},  # type: ignore[attr-defined]
-                             side_records=side, whole=self.whole_replies))  # fmt: skip
+                             side_records=side, whole=self.whole_replies,
+                             declared_metrics=getattr(self, "declared_metrics", None)))  # fmt: skip
         out = [next(checked) if id(r) not in self._admitted else r for r in replies]
         self._admitted.update(id(r) for r in out)
         return out
@@ -435,6 +441,8 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         **specific,
     )
     strategy.max_failure_fraction = cfg.max_failure_fraction
+    # the reply door judges each reply's metric keys against the run's declaration (admission.py)
+    strategy.declared_metrics = train_metric_keys(cfg.strategy, cfg.method, cfg.as_dict())
     # which nodes train (strategies/participation.py): a secret draw where it is part of server-side DP
     strategy.participation, strategy.sampling_seed = cfg.participation, cfg.seed
     strategy.secret_sampling = cfg.differential_privacy in ("server-fixed", "server-adaptive")

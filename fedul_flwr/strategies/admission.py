@@ -12,8 +12,8 @@ its node (:class:`MalformedReplyError`), on record with the round's other failur
 
 A reply is admitted when:
 
-- it carries one MetricRecord (the ClientApp's ``"metrics"``), holding the metric keys most of the round's
-  trained replies hold (Flower averages metrics only over equal key sets), and the array records the strategy reads, no others:
+- it carries one MetricRecord (the ClientApp's ``"metrics"``) whose keys the run's contract
+  declares (see "Metric keys" below), and the array records the strategy reads, no others:
   ``"arrays"``, plus the strategy's side records (SCAFFOLD's ``"cv-delta"``, the kept
   optimiser state);
 - its ``"arrays"`` hold only keys of the global arrays, each model it sends complete
@@ -25,6 +25,19 @@ A reply is admitted when:
 - a side record that mirrors the model (``"cv-delta"``) holds arrays of the global shapes;
 - each weight the aggregation reads (the strategy's ``weighted_by_key`` and a method's
   per-model weight keys) is a finite number > 0 (not a bool, not a list).
+
+Metric keys. Flower averages metrics only over replies with equal key sets, so the round's
+trained replies must agree; which one is wrong is decided by the declaration, never by a vote
+(a vote of two replies is a tie, and a hostile node could have the honest one refused). Each
+trained reply is judged on its own against the run's contract
+(:func:`fedul_flwr.strategies.contract.train_metric_keys` of its strategy, method and settings):
+a key the contract does not declare for the run makes *that* reply malformed, and so does the
+lack of a key every honest ClientApp of the run sends (``Field.always``). What remains can
+differ only in declared keys that some nodes send and others do not (a diagnostic that needs
+the true classes): those not on every admitted reply are dropped from the round's replies
+(none of them is read by an aggregation), so no reply is refused for another's key. The
+verdict does not depend on the order or number of the replies. Without a declaration (a
+strategy not built by :func:`fedul_flwr.strategies.build_strategy`) only the dropping applies.
 
 A reply with no model (an empty ``"arrays"`` record: the client had nothing to train) needs
 only its metrics. Under server-side DP the weights are not read at all: every kept reply
@@ -171,31 +184,55 @@ def malformed(
     return None
 
 
+def _metric_keys(reply: Message) -> frozenset[str]:
+    return frozenset(next(iter(reply.content.metric_records.values())).keys())
+
+
+def _undeclared(keys: frozenset[str], declared: tuple[frozenset[str], frozenset[str]] | None) -> str | None:
+    if declared is None:
+        return None
+    allowed, always = declared
+    if keys - allowed:
+        return f"its metrics hold {sorted(keys - allowed)}, which the run's contract does not declare"
+    if always - keys:
+        return f"its metrics lack {sorted(always - keys)}, which every reply of the run carries"
+    return None
+
+
 def admit(
     server_round: int,
     replies: Iterable[Message],
     expected: ArrayRecord,
     instructions: Collection[Message] = (),
+    declared_metrics: tuple[frozenset[str], frozenset[str]] | None = None,
     **checks: object,
 ) -> list[Message]:
-    """``replies`` with every malformed one (:func:`malformed`, given ``checks``) replaced by a
-    failed reply of its node (:class:`MalformedReplyError`, naming the round, the node and why).
+    """``replies`` with every malformed one (:func:`malformed`, given ``checks``, and a metric
+    key set the declaration refuses) replaced by a failed reply of its node
+    (:class:`MalformedReplyError`, naming the round, the node and why); the admitted trained
+    replies keep only the metric keys they all hold (module doc, "Metric keys").
+
+    Parameters
+    ----------
+    declared_metrics : tuple[frozenset[str], frozenset[str]] | None
+        (keys the run's contract declares, keys every reply carries):
+        :func:`fedul_flwr.strategies.contract.train_metric_keys`; ``None``: not checked.
     """
     by_id = {m.metadata.message_id: m for m in instructions}
     replies = list(replies)
     whys = [malformed(reply, expected, **checks) for reply in replies]  # type: ignore[arg-type]
-    # the metric keys the round's trained replies share (Flower averages only equal key sets):
-    # those of most of them, the first such set on a tie
-    sets = [frozenset(next(iter(r.content.metric_records.values())).keys()) for r, why in zip(replies, whys, strict=True)
-            if why is None and not r.has_error() and len(r.content[wire.ARRAYS])]  # fmt: skip
-    common = max(sets, key=sets.count) if sets else frozenset()
+    trained = [why is None and not r.has_error() and len(r.content[wire.ARRAYS]) > 0
+               for r, why in zip(replies, whys, strict=True)]  # fmt: skip
+    whys = [_undeclared(_metric_keys(r), declared_metrics) if ok else why
+            for r, why, ok in zip(replies, whys, trained, strict=True)]  # fmt: skip
+    kept = [r for r, why, ok in zip(replies, whys, trained, strict=True) if ok and why is None]
+    common = frozenset.intersection(*(_metric_keys(r) for r in kept)) if kept else frozenset()
+    for reply in kept:  # declared keys only some nodes send: dropped, not blamed (module doc)
+        if _metric_keys(reply) != common:
+            name, metrics = next(iter(reply.content.metric_records.items()))
+            reply.content[name] = MetricRecord({k: v for k, v in metrics.items() if k in common})
     out = []
     for reply, why in zip(replies, whys, strict=True):
-        if why is None and not reply.has_error() and len(reply.content[wire.ARRAYS]):
-            keys = frozenset(next(iter(reply.content.metric_records.values())).keys())
-            if keys != common:
-                why = (f"its metrics {sorted(keys)} differ from the {sets.count(common)} of {len(sets)} other replies' "
-                       f"(extra: {sorted(keys - common)}, missing: {sorted(common - keys)})")  # fmt: skip
         if why is None:
             out.append(reply)
             continue

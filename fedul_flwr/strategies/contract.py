@@ -40,6 +40,7 @@ __all__ = [
     "field_refusal",
     "fields_table",
     "reply_fields",
+    "train_metric_keys",
     "Combining",
     "Contract",
     "MISSING_CONTRACT",
@@ -124,15 +125,30 @@ MISSING_CONTRACT = Contract(Combining.REWEIGHTED, "its aggregation mixin declare
 """What a method aggregation mixin without a ``contract`` attribute counts as."""
 
 
-def _mode_refusal(mode: str, contract: Contract, subject: str) -> str | None:
+def _mode_refusal(mode: str, contract: Contract, subject: str, local_accepted: bool = True) -> str | None:
     if mode in ACCEPTS[contract.combines]:
         return None
     if mode.startswith("server") and "client-local" in ACCEPTS[contract.combines]:
+        # suggest client-local only where the whole run (strategy, method, fields) accepts it
         return (f"differential-privacy={mode!r} with {subject}: {contract.how} ({contract.combines.value}), so one "
                 "client moves the release by more than the C/n that server-side DP's epsilon assumes; use "
-                "differential-privacy=client-local")  # fmt: skip
+                + ("differential-privacy=client-local" if local_accepted else "differential-privacy='none'"))  # fmt: skip
     return (f"differential-privacy={mode!r} with {subject}: {contract.how} ({contract.combines.value}), outside "
             "every DP mode's epsilon; use differential-privacy='none'")  # fmt: skip
+
+
+def _combining_refusal(
+    mode: str, strategy: str, method: str, method_contract: Contract | None, options: Mapping[str, object] | None
+) -> str | None:
+    """The refusal of ``mode`` by the strategy's contract, the method's, then the fields sent; a
+    suggestion of ``client-local`` only where that refusal would be ``None`` for it."""
+    local = mode == "client-local" or _combining_refusal("client-local", strategy, method, method_contract, options) is None
+    why = _mode_refusal(mode, STRATEGY_CONTRACTS[strategy], f"strategy={strategy!r}", local)
+    if why is None and method_contract is not None:
+        why = _mode_refusal(mode, method_contract, f"method={method!r}", local)
+    if why is None:
+        why = field_refusal(mode, strategy, method, options)
+    return why
 
 
 def dp_refusal(
@@ -175,11 +191,7 @@ def dp_refusal(
         return (f"dp-noise-multiplier={noise_multiplier:g} with differential-privacy={mode!r} adds no noise: the run "
                 "would release the exact clipped mean (epsilon = inf); give dp-noise-multiplier > 0, or "
                 "differential-privacy='none'")  # fmt: skip
-    why = _mode_refusal(mode, STRATEGY_CONTRACTS[strategy], f"strategy={strategy!r}")
-    if why is None and method_contract is not None:
-        why = _mode_refusal(mode, method_contract, f"method={method!r}")
-    if why is None:
-        why = field_refusal(mode, strategy, method, options)
+    why = _combining_refusal(mode, strategy, method, method_contract, options)
     if why is None and mode.startswith("server") and weights != SERVER_DP_WEIGHTS:
         why = (f"aggregation-weights={weights!r} with differential-privacy={mode!r}: the server's noise z C / n "
                "protects every client with noise multiplier z only when the clients weigh the same; use "
@@ -245,6 +257,10 @@ class Field:
         Under ``server-fixed`` and ``server-adaptive``.
     local : Treatment
         Under ``client-local``.
+    always : bool
+        Whether every trained reply of the run carries it (``False``: only some nodes send it,
+        e.g. a diagnostic that needs the true classes); the reply door refuses a trained reply
+        that lacks a field sent always (:func:`train_metric_keys`).
     """
 
     record: str
@@ -252,6 +268,7 @@ class Field:
     what: str
     server: Treatment
     local: Treatment
+    always: bool = True
 
     def treatment(self, mode: str) -> Treatment:
         """The treatment under ``mode`` (a DP mode other than ``none``)."""
@@ -269,8 +286,9 @@ _SIZE = Treatment(Exposure.PUBLIC, "the size of the node's data (or 1), sent unn
 _CLIENT_EVAL = Treatment(Exposure.OPT_IN, "dp-publish-unnoised-client-evaluation")
 
 
-def _metric(key: str, what: str, server: Treatment = _TRAIN_METRICS, local: Treatment = _STATISTIC) -> Field:
-    return Field("train:metrics", key, what, server, local)
+def _metric(key: str, what: str, server: Treatment = _TRAIN_METRICS, local: Treatment = _STATISTIC,
+            always: bool = True) -> Field:  # fmt: skip
+    return Field("train:metrics", key, what, server, local, always)
 
 
 COMMON_FIELDS: tuple[Field, ...] = (
@@ -303,7 +321,8 @@ STRATEGY_FIELDS: dict[str, tuple[Field, ...]] = {
 
 _PSEUDO = (
     _metric("pseudo-label-share", "the share of the node's unlabeled images whose pseudo-label passed"),
-    _metric("pseudo-label-correct-share", "in simulation, the share also of their true class (a diagnostic)"),
+    _metric("pseudo-label-correct-share", "in simulation, the share also of their true class (a diagnostic)",
+            always=False),
 )
 _POSITIVE = Treatment(Exposure.PUBLIC, "which classes each node labels, told to the server and every client: "
                       "outside the epsilon, and it shows the other clients which class sets take part")  # fmt: skip
@@ -371,6 +390,24 @@ def reply_fields(strategy: str, method: str, options: Mapping[str, object] | Non
     options = options or {}
     extra = [f for (key, value), fields in OPTION_FIELDS.items() if options.get(key) == value for f in fields]
     return (*COMMON_FIELDS, *STRATEGY_FIELDS.get(strategy, ()), *METHOD_FIELDS.get(method, ()), *extra)
+
+
+def train_metric_keys(
+    strategy: str, method: str, options: Mapping[str, object] | None = None
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The metric keys a trained reply of a run may carry and those it must carry: the
+    ``train:metrics`` fields :func:`reply_fields` declares for ``strategy``, ``method`` and
+    ``options``, and the subset of them sent always (``Field.always``). The reply door
+    (:mod:`fedul_flwr.strategies.admission`) judges each reply against these, not against the
+    other replies.
+
+    Returns
+    -------
+    tuple[frozenset[str], frozenset[str]]
+        (declared keys, keys every trained reply carries).
+    """
+    fields = [f for f in reply_fields(strategy, method, options) if f.record == "train:metrics"]
+    return frozenset(f.key for f in fields), frozenset(f.key for f in fields if f.always)
 
 
 def recorded_field(strategy: str, method: str, key: str, options: Mapping[str, object] | None = None) -> Field | None:
