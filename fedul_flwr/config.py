@@ -620,7 +620,7 @@ def _validate_robustness(cfg: RunConfig) -> None:
     )
     d = cfg.as_dict()
     for key in ("dp-noise-multiplier", "dp-clipped-count-stddev"):
-        _check(d[key] >= 0, f"{key}={d[key]} must be >= 0")
+        _check(0 <= d[key] < math.inf, f"{key}={d[key]} must be a finite number >= 0")
     for key in ("dp-clipping-norm", "dp-clip-norm-lr", "dp-sensitivity", "dp-epsilon"):
         _check(d[key] > 0, f"{key}={d[key]} must be > 0")
     _check(0.0 < cfg.dp_delta < 1.0, f"dp-delta={cfg.dp_delta} must be in (0, 1)")

@@ -104,6 +104,7 @@ import functools
 import logging
 import math
 import secrets
+import warnings
 from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
@@ -295,6 +296,10 @@ long before it no model survives the noise."""
 MAX_CLIP_NORM_LR = 10.0
 """The largest ``dp-clip-norm-lr``: C changes by up to exp(eta) per round (Andrew et al. use
 eta = 0.2; at 10, a factor 2.2e4 per round)."""
+MIN_POISSON_RATE = 1e-12
+"""The smallest ``fraction-train`` q of ``participation=poisson`` under server-side DP:
+``dp-accounting`` computes the subsampled Gaussian's epsilon only while 1 - q differs from 1 in
+floating point (it fails below about 1e-16); far below, a round samples nobody anyway."""
 
 
 def check_numbers(cfg: RunConfig) -> None:
@@ -327,11 +332,17 @@ def check_numbers(cfg: RunConfig) -> None:
     if mode == "server-adaptive" and cfg.dp_clip_norm_lr > MAX_CLIP_NORM_LR:
         raise ValueError(f"dp-clip-norm-lr={cfg.dp_clip_norm_lr:g} must be at most {MAX_CLIP_NORM_LR:g} (C changes by "
                          "up to exp(dp-clip-norm-lr) per round; Andrew et al. use 0.2)")  # fmt: skip
+    if mode in SERVER_MODES and cfg.participation == "poisson" and 0 < cfg.fraction_train < MIN_POISSON_RATE:
+        raise ValueError(f"fraction-train={cfg.fraction_train:g} with participation='poisson' and differential-privacy="
+                         f"{mode!r}: the accountant (dp-accounting) computes no epsilon for a sampling rate below "
+                         f"{MIN_POISSON_RATE:g}; give fraction-train >= {MIN_POISSON_RATE:g}")  # fmt: skip
     key = "dp-epsilon" if mode == "client-local" else "dp-noise-multiplier"
     try:
-        if mode == "server-adaptive":
-            update_noise_multiplier(cfg.dp_noise_multiplier, clipped_count_stddev(cfg, 1))
-        spent = privacy_spent(cfg, 1, 1)
+        with warnings.catch_warnings():  # dp-accounting's overflow warnings: the refusal below is the one line
+            warnings.simplefilter("ignore")
+            if mode == "server-adaptive":
+                update_noise_multiplier(cfg.dp_noise_multiplier, clipped_count_stddev(cfg, 1))
+            spent = privacy_spent(cfg, 1, 1)
     except (ArithmeticError, ValueError) as exc:
         raise ValueError(f"{key}={d[key]:g}: the accountant cannot compute its epsilon ({type(exc).__name__}: {exc})") from None
     if not all(math.isfinite(v) and v >= 0 for v in spent.values()):

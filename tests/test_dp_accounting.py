@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import uuid
+import warnings
 from pathlib import Path
 
 import dp_accounting
@@ -217,6 +218,28 @@ def test_fedul_check_refuses_a_bad_participation_in_one_line(value: str, capsys:
     assert "\n" not in err and err.startswith(f"error: participation={value!r} is not one of ('fixed-size', 'poisson')")
     with pytest.raises(ConfigError, match="^participation="):
         resolve_config({"participation": value})
+
+
+@pytest.mark.parametrize(("values", "start"), [
+    ("participation='poisson' fraction-train=1e-20", "error: fraction-train=1e-20 with participation='poisson' and "
+                                                     "differential-privacy='server-fixed': "),
+    ("dp-noise-multiplier=1e-250", "error: dp-noise-multiplier=1e-250: the accountant cannot compute its epsilon"),
+    ("dp-noise-multiplier=nan", "error: dp-noise-multiplier=nan must be a finite number >= 0"),
+])  # fmt: skip
+def test_fedul_check_refuses_numbers_the_accountant_cannot_take_in_one_line_naming_the_key(
+    values: str, start: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with warnings.catch_warnings(record=True) as warned:  # a warning would print its own lines before the error
+        warnings.simplefilter("always")
+        assert fedul_check(["--run-config", f"differential-privacy='server-fixed' {values}", "--no-simulation"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith(start) and not warned, (err, [str(w.message) for w in warned])
+
+
+def test_a_tiny_poisson_rate_is_accounted() -> None:
+    """q = 1e-12, the smallest accepted: the accountant gives a finite epsilon."""
+    cfg = resolve_config({"differential-privacy": "server-fixed", "participation": "poisson", "fraction-train": 1e-12})
+    assert all(math.isfinite(v) for v in privacy_spent(cfg, 3, 3).values())
 
 
 @pytest.mark.slow
