@@ -71,11 +71,31 @@ def test_method_and_dp_mode_accepted_or_refused_in_one_line(method: str, mode: s
                            r"differential-privacy='none'$"):  # fmt: skip
             resolve_config(values)
     elif mode.startswith("server") and method in SERVER_DP_REFUSING_METHODS:
+        suggested = "'none'" if method in NO_DP_METHODS else "client-local"  # only a mode the run accepts
         with pytest.raises(ConfigError, match=rf"^differential-privacy='{mode}' with method='{method}': .*"
-                           rf"\({SERVER_DP_REFUSING_METHODS[method]}\).* use differential-privacy=client-local$"):  # fmt: skip
+                           rf"\({SERVER_DP_REFUSING_METHODS[method]}\).* use differential-privacy={suggested}$"):  # fmt: skip
             resolve_config(values)
     else:
         resolve_config(values)
+
+
+@pytest.mark.parametrize("mode", ["server-fixed", "server-adaptive"])
+def test_a_refusal_suggests_only_a_mode_the_run_accepts(mode: str) -> None:
+    """Every method with every strategy: where a server mode is refused with "use
+    differential-privacy=client-local", client-local is accepted for the same run."""
+    suggested = 0
+    for method in METHODS.names():
+        for strategy in STRATEGIES.names():
+            values = {**ROBUST, "method": method, "strategy": strategy, "differential-privacy": mode}
+            try:
+                resolve_config(values)
+                continue
+            except ConfigError as refused:
+                if not str(refused).endswith("use differential-privacy=client-local"):
+                    continue
+            suggested += 1
+            resolve_config({**values, "differential-privacy": "client-local"})  # raises if the suggestion is refused
+    assert suggested > 0
 
 
 @pytest.mark.parametrize("strategy", sorted(SERVER_DP_STRATEGIES))
