@@ -63,6 +63,7 @@ __all__ = [
     "check_resume",
     "check_resumed_federation",
     "check_setting",
+    "check_node_counts",
     "check_simulation",
     "federation_nodes",
     "is_simulation",
@@ -367,6 +368,24 @@ def laid_out_clients(cfg: RunConfig) -> tuple[str, int] | None:
         raise ConfigError(str(exc)) from None
 
 
+def check_node_counts(cfg: RunConfig, num_nodes: int) -> None:
+    """A simulation's ``min-available-nodes`` (and so ``min-train-nodes``, at most it) against
+    its ``num_nodes`` nodes (``num-supernodes``): Flower waits without a time limit for
+    ``min-available-nodes`` nodes to connect, and a simulation never gets more than it has. (A
+    deployment's node count is unknown: there the run waits, as Flower does.)
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the key, its value and the federation's size.
+    """
+    _check(cfg.min_available_nodes <= num_nodes,
+           f"min-available-nodes={cfg.min_available_nodes} with a simulated federation of {num_nodes} nodes "
+           f"(num-supernodes={num_nodes}): the run would wait forever for nodes that never connect; give "
+           f"min-available-nodes <= {num_nodes} (min-train-nodes <= it), or "
+           f'--federation-config "num-supernodes={cfg.min_available_nodes}"')  # fmt: skip
+
+
 def check_federation_size(cfg: RunConfig, num_nodes: int) -> None:
     """A simulation's settings against its number of nodes (``num-supernodes``): a client
     layout (:func:`laid_out_clients`) lays out exactly ``num_nodes`` clients, and with
@@ -629,7 +648,7 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     anything is written: :func:`validate_config`, :func:`check_dataset` (every image of the
     run's dataset, which the server evaluates on), and when ``grid`` simulates its clients
     :func:`check_clients` (every client built as its node will build it),
-    (:func:`is_simulation`) :func:`check_simulation` and, for settings that lay out their
+    (:func:`is_simulation`) :func:`check_simulation`, :func:`check_node_counts` and, for settings that lay out their
     clients one by one, :func:`check_federation_size` against the grid's nodes. (With
     ``resume=true`` the ServerApp then runs :func:`check_resume` on the run folder.)
 
@@ -642,6 +661,7 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     if is_simulation(grid):
         check_simulation(cfg)
         num_nodes = federation_nodes(grid)
+        check_node_counts(cfg, num_nodes)
         if laid_out_clients(cfg) is not None or cfg.client_setting == "pu":
             check_federation_size(cfg, num_nodes)
     check_dataset(cfg)
@@ -683,6 +703,7 @@ def run(args: argparse.Namespace) -> int:
             check_simulation(cfg)
             num_nodes = _num_supernodes(args.federation_config)
             if num_nodes is not None:
+                check_node_counts(cfg, num_nodes)
                 check_federation_size(cfg, num_nodes)
             elif (laid_out := laid_out_clients(cfg)) is not None:
                 if cfg.client_setting == "annotation-heterogeneity":

@@ -129,8 +129,10 @@ def test_run_name_is_one_folder_inside_output_dir(tmp_path: Path, name: str) -> 
         ({"num-sets": "10,5"}, r"num-sets=10,5: .* got \[5\]"),
         ({"client-setting": "pu", "method": "fedpu", "class-prior": "0"}, r"class-prior='0'.*not all zero"),
         ({"strategy": "krum", "num-malicious-nodes": 1}, r"strategy='krum' .* min-train-nodes=2 must be >= 5"),
+        ({"min-available-nodes": 3, "min-train-nodes": 3, "differential-privacy": "server-fixed"},
+         r"^min-available-nodes=3 with a simulated federation of 2 nodes .*wait forever"),  # else: waits forever
     ],
-    ids=["hassle-pu", "fedpu-usets", "num-sets", "num-sets-list", "zero-prior", "krum"],
+    ids=["hassle-pu", "fedpu-usets", "num-sets", "num-sets-list", "zero-prior", "krum", "more-nodes-than-simulated"],
 )
 def test_settings_that_cannot_work_stop_before_round_1_and_leave_no_folder(
     tmp_path: Path, settings: dict, message: str
@@ -207,3 +209,15 @@ def test_fedul_check_names_a_mistyped_key_and_the_closest_valid_one(capsys: pyte
     assert fedul(["check", "--no-simulation", "--run-config", "num-sets=5"]) == 0  # a deployment's nodes have their sets
     assert fedul(["check", "--run-config", "num-rounds=3"]) == 0
     assert capsys.readouterr().out.startswith("ok: run configuration:")
+
+
+@pytest.mark.parametrize("participation", ["fixed-size", "poisson"])
+def test_fedul_check_refuses_more_available_nodes_than_simulated_in_one_line(
+    participation: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A simulation never gets more nodes than num-supernodes: Flower would wait forever."""
+    values = f"min-train-nodes=6 min-available-nodes=6 participation='{participation}'"
+    assert fedul(["check", "--run-config", values, "--federation-config", "num-supernodes=5"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: min-available-nodes=6 with a simulated federation of 5 nodes")
+    assert fedul(["check", "--run-config", values, "--federation-config", "num-supernodes=6"]) == 0
