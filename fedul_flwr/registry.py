@@ -20,9 +20,11 @@ __all__ = ["Registry", "UnknownChoiceError", "closest"]
 
 def closest(name: str, valid: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the valid name nearest to a mistyped ``name``
-    (:func:`difflib.get_close_matches`, similarity >= 0.6), else ``""``; for error messages."""
-    match = difflib.get_close_matches(str(name), [str(v) for v in valid], n=1)
-    return f" (did you mean {match[0]!r}?)" if match else ""
+    (:func:`difflib.get_close_matches`, similarity >= 0.6, compared without case: ``'POISSON'``
+    finds ``'poisson'``), else ``""``; for error messages."""
+    names = {str(v).lower(): str(v) for v in reversed(list(valid))}  # the first spelling wins on a tie of cases
+    match = difflib.get_close_matches(str(name).lower(), list(names), n=1)
+    return f" (did you mean {names[match[0]]!r}?)" if match else ""
 
 
 class UnknownChoiceError(ValueError):

@@ -220,6 +220,14 @@ def test_fedul_check_refuses_a_bad_participation_in_one_line(value: str, capsys:
         resolve_config({"participation": value})
 
 
+@pytest.mark.parametrize("value", ["Poisson", "POISSON", "poisso"])
+def test_a_mistyped_participation_gets_the_closest_choice_whatever_its_case(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert fedul_check(["--run-config", f"participation='{value}'", "--no-simulation"]) == 1
+    assert capsys.readouterr().err.strip().endswith("(did you mean 'poisson'?)")
+
+
 @pytest.mark.parametrize(("values", "start"), [
     ("participation='poisson' fraction-train=1e-20", "error: fraction-train=1e-20 with participation='poisson' and "
                                                      "differential-privacy='server-fixed': "),
