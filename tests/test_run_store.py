@@ -142,10 +142,11 @@ def test_a_sigkilled_runner_leaves_no_worker_and_its_rerun_equals_an_uninterrupt
         assert grid.pid not in workers
         grid.send_signal(signal.SIGKILL)
         grid.wait()
-        _wait_for(lambda: not any(_alive(pid) for pid in workers), 2, "the orphaned workers to stop")
+        # gone, and their locks free (the kernel frees a lock once the last of a process's threads has ended)
+        _wait_for(lambda: not any(_alive(pid) for pid in workers) and not _holders(killed), 2,
+                  "the orphaned workers to stop")  # fmt: skip
     finally:
         grid.kill()
-    assert not _holders(killed)
     assert subprocess.run([*GRID, *two, "--out", str(killed)], capture_output=True, timeout=600).returncode == 0
     assert subprocess.run([*GRID, *two, "--out", str(clean)], capture_output=True, timeout=600).returncode == 0
     resumed, uninterrupted = _records(killed), _records(clean)
@@ -156,6 +157,43 @@ def test_a_sigkilled_runner_leaves_no_worker_and_its_rerun_equals_an_uninterrupt
 
     for run_id, record in resumed.items():
         assert curve(record) == curve(uninterrupted[run_id]), run_id
+
+
+def _children(pid: int) -> list[int]:
+    """Live child pids of ``pid`` (Linux ``/proc``)."""
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
+def test_a_runner_sigkilled_while_its_workers_start_leaves_no_worker(tmp_path: Path) -> None:
+    """SIGKILL to a ``--jobs 2`` runner while its spawned workers are still starting (importing
+    torch and the app, no run begun, no lock taken): they are gone within 2 s (the kernel's
+    parent-death signal, asked for before any heavy import), not when they finish starting."""
+    out = tmp_path / "out"
+    grid = subprocess.Popen([*GRID, "--methods", "fedul,fedpl", "--jobs", "2", "--out", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    workers: list[int] = []
+    try:
+        _wait_for(lambda: len(_children(grid.pid)) >= 2, 300, "two spawned workers")
+        workers = _children(grid.pid)
+        assert not _holders(out), "a worker began its run already: not the start-up this test is about"
+        grid.send_signal(signal.SIGKILL)
+        grid.wait()
+        _wait_for(lambda: not any(_alive(pid) for pid in workers), 2, "the starting workers to stop")
+    finally:
+        grid.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert not list((out / "cpu" / "records").glob("*.json"))
 
 
 def _write_records(path: str, writer: int, times: int) -> int:

@@ -40,8 +40,10 @@ configuration's ``output-dir``. Then:
   terminal shows a progress bar with the time estimate (on a terminal) and one summary line
   per finished run;
 - Ctrl-C or SIGTERM stops the runner and its worker processes; a worker whose runner died
-  (SIGKILL included) is gone within about 1.2 s on its own, even mid-evaluation
-  (:func:`_watch_parent`); an unfinished run writes no record, only its per-round checkpoint;
+  (SIGKILL included) is gone on its own, even while it is still starting or mid-evaluation:
+  at once on Linux (the kernel's parent-death signal), within about 1.2 s elsewhere (a
+  watchdog; :mod:`fedul_flwr.experiments.worker_start`); an unfinished run writes no record,
+  only its per-round checkpoint;
 - every record, failure record and checkpoint is read through the store
   (:func:`read_record`, :func:`fedul_flwr.store.read_json`): a damaged one is named in one line
   and set aside (``<name>.damaged-<UTC time>``, never overwritten or deleted), and the cell
@@ -74,6 +76,7 @@ import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import signal
 import sys
 import time
@@ -85,6 +88,7 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import Message, MessageType
 
 from fedul_flwr.checks import run_settings
+from fedul_flwr.experiments import worker_start
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import RunStopped
 from fedul_flwr.store import (
@@ -103,7 +107,7 @@ __all__ = [
     "EXIT_FAILED", "EXIT_STOPPED", "GridResult", "RunOutcome", "RunSpec", "StopRequested", "StoppableGrid",
     "add_common_arguments", "best_val_round", "check_run_configs", "device_name", "execute", "failure_line",
     "failure_path", "load_failures", "load_records", "parse_overrides", "parse_seeds", "read_record", "record_from_folder",
-    "resumable_round", "run_cells", "run_grid", "run_in_workers",
+    "resumable_round", "run_cells", "run_grid", "run_in_worker", "run_in_workers",
     "run_settings", "share_gpu", "stop_times", "threads_per_job",
 ]  # fmt: skip
 
@@ -713,22 +717,20 @@ def _worker_died(item: tuple[Any, ...], why: str, seconds: float) -> RunOutcome:
                      f"({why}; SIGKILL is the kernel's out-of-memory killer's)", seconds)  # fmt: skip
 
 
-def _worker(conn: Connection, item: tuple[Any, ...], parent: int) -> None:
-    """A worker process's body: one run (:func:`_execute_to_file`), its outcome sent back.
+def run_in_worker(conn: Connection, item: tuple[Any, ...]) -> None:
+    """A ``--jobs`` worker process's run, once it is bound to die with its runner
+    (:func:`fedul_flwr.experiments.worker_start.start`, the process's target, which calls
+    this): one run (:func:`_execute_to_file`), its outcome sent back on ``conn``.
 
-    The worker dies with its runner: SIGTERM stops the run (``status=stopped`` in its folder,
-    its checkpoint holding the last finished round), and a watchdog thread (:func:`_watch_parent`)
-    ends it within :data:`ORPHAN_EXIT_S` of the runner's (``parent``'s) death, whatever killed
-    it (SIGKILL included) and whatever the run is doing (a round's training, a global
-    evaluation), so a rerun never races an orphan. A full device (:class:`fedul_flwr.store.NoSpace`)
-    is sent back as the outcome: the runner stops the grid. The process ends with ``os._exit``
-    once its run has ended (every file written and synced), without the interpreter's
-    teardown."""
-    import threading
+    SIGTERM stops the run (``status=stopped`` in its folder, its checkpoint holding the last
+    finished round); the runner's death ends the worker (Linux: the kernel's SIGKILL at once;
+    elsewhere the watchdog's SIGTERM, then ``os._exit``), whatever the run is doing, so a rerun
+    never races an orphan. A full device (:class:`fedul_flwr.store.NoSpace`) is sent back as
+    the outcome: the runner stops the grid. The process ends with ``os._exit`` once its run
+    has ended (every file written and synced), without the interpreter's teardown."""
     import traceback
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    threading.Thread(target=_watch_parent, args=(parent,), name="fedul-runner-watchdog", daemon=True).start()
     code = 0
     try:
         outcome: RunOutcome | NoSpace
@@ -757,28 +759,6 @@ def _worker(conn: Connection, item: tuple[Any, ...], parent: int) -> None:
         os._exit(code)
 
 
-ORPHAN_EXIT_S = 1.0
-"""Seconds a worker whose runner died has to stop on SIGTERM (writing ``status=stopped``)
-before its watchdog ends it with ``os._exit``; with the watchdog's 0.1 s polling, a worker is
-gone within about 1.2 s of its runner's death."""
-
-
-def _watch_parent(parent: int) -> None:
-    """A worker's watchdog: poll ``os.getppid()`` every 0.1 s; once the runner ``parent`` is gone
-    (the worker was re-parented), send this process SIGTERM (the run stops between two Python
-    steps: ``status=stopped``, its checkpoint holding the last finished round), and
-    :data:`ORPHAN_EXIT_S` later end it with ``os._exit`` whatever it is still doing (a torch
-    call, a thread pool's join, a global evaluation). A checkpoint is replaced atomically
-    (:func:`fedul_flwr.store.write_atomic`), so an exit mid-write leaves the last complete one,
-    and the kernel drops the folder's lock with the process. Portable (no ``prctl``): it needs
-    only ``os.getppid``."""
-    while os.getppid() == parent:
-        time.sleep(0.1)
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(ORPHAN_EXIT_S)
-    os._exit(128 + signal.SIGTERM)
-
-
 def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | None,
                    report: Callable[[RunOutcome], None], before: Callable[[tuple[Any, ...]], None] | None = None,
                    ) -> None:  # fmt: skip
@@ -791,7 +771,7 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
     ``time.time()`` value; None: never) the runs still going are terminated; their
     checkpoints hold their last finished round, and they are not reported. Leaving early
     (Ctrl-C, SIGTERM made SystemExit) terminates every worker too, and a worker whose runner
-    dies (even by SIGKILL) stops on its own (:func:`_worker`). ``before`` is called with each
+    dies (even by SIGKILL) stops on its own (:mod:`fedul_flwr.experiments.worker_start`). ``before`` is called with each
     item before its worker starts (e.g. to stop on a full device); a worker that meets a full
     device sends its :class:`~fedul_flwr.store.NoSpace`, which is raised here after the other
     workers are terminated.
@@ -805,8 +785,9 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
                 if before is not None:
                     before(item)
                 receiver, sender = ctx.Pipe(duplex=False)
-                process = ctx.Process(target=_worker, args=(sender, item, os.getpid()), name=f"fedul-run-{item[0].run_id}",
-                                      daemon=True)  # fmt: skip
+                # the target imports nothing heavy before it is bound to die with this process
+                process = ctx.Process(target=worker_start.start, args=(sender, pickle.dumps(item), os.getpid()),
+                                      name=f"fedul-run-{item[0].run_id}", daemon=True)  # fmt: skip
                 process.start()
                 sender.close()  # the child's end: it closes when the child exits, sent or not
                 live[receiver] = (process, item, time.time())
