@@ -786,7 +786,7 @@ def run_in_workers(items: Sequence[tuple[Any, ...]], jobs: int, hard: float | No
                     before(item)
                 receiver, sender = ctx.Pipe(duplex=False)
                 # the target imports nothing heavy before it is bound to die with this process
-                process = ctx.Process(target=worker_start.start, args=(sender, pickle.dumps(item), os.getpid()),
+                process = ctx.Process(target=worker_start.start, args=(sender, pickle.dumps((run_in_worker, item)), os.getpid()),
                                       name=f"fedul-run-{item[0].run_id}", daemon=True)  # fmt: skip
                 process.start()
                 sender.close()  # the child's end: it closes when the child exits, sent or not

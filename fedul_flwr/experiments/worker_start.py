@@ -16,9 +16,9 @@ when its runner is killed (even by SIGKILL), so this module imports nothing heav
   :data:`ORPHAN_EXIT_S` + 0.2 s of the runner's death, the worker stops (SIGTERM:
   ``status=stopped``), then ends outright;
 
-and only then imports the runner and unpickles its run. The kernel frees the run folder's
-lock (``flock``) with the process; a checkpoint is replaced atomically, and a killed writer's
-temporary files are swept by the next run of the folder.
+and only then unpickles its run (and with it the runner, torch and the app). The kernel
+frees the run folder's lock (``flock``) with the process; a checkpoint is replaced
+atomically, and a killed writer's temporary files are swept by the next run of the folder.
 """
 
 from __future__ import annotations
@@ -76,11 +76,10 @@ def watch_parent(parent: int) -> None:
 
 def start(conn: Connection, payload: bytes, parent: int) -> None:
     """A ``--jobs`` worker process's target: die with the runner ``parent``
-    (:func:`die_with_parent`, :func:`watch_parent`), then import the runner and run the
-    pickled item ``payload`` (:func:`fedul_flwr.experiments.runner.run_in_worker`), its
-    outcome sent on ``conn``. Never returns."""
+    (:func:`die_with_parent`, :func:`watch_parent`), then unpickle ``payload``, a pair
+    ``(body, item)`` (:func:`fedul_flwr.experiments.runner.run_in_worker` and its run), which
+    imports torch, Flower and the app (seconds), and call ``body(conn, item)``."""
     die_with_parent(parent)
     threading.Thread(target=watch_parent, args=(parent,), name="fedul-runner-watchdog", daemon=True).start()
-    from fedul_flwr.experiments.runner import run_in_worker  # torch, Flower, the app: seconds
-
-    run_in_worker(conn, pickle.loads(payload))
+    body, item = pickle.loads(payload)
+    body(conn, item)
