@@ -518,3 +518,71 @@ def test_hub_name_offline_without_a_cached_copy_is_one_line(monkeypatch: pytest.
         load_dataset("hf:someone/no-such-dataset", str(tmp_path / "cache"))
     assert str(refused.value).startswith("dataset='hf:someone/no-such-dataset': Hugging Face datasets could not load it")
     assert "\n" not in str(refused.value)
+
+
+def test_nan_or_infinite_float_images_are_said_so_in_one_line(tmp_path: Path, recwarn: pytest.WarningsRecorder) -> None:
+    """An all-NaN float TIFF and a [0, 1] one with one NaN are refused as holding NaN (not as
+    values "outside [0, 1]"), an infinite one as infinite, without numpy's warnings."""
+    from fedul_flwr.data.images import ImageError, ImageSpec, decode_image
+
+    ramp = np.tile(np.linspace(0, 1, 16, dtype=np.float32), (16, 1))
+    one = ramp.copy()
+    one[0, 0] = np.nan
+    inf = ramp.copy()
+    inf[3, 3] = np.inf
+    cases = {"all.tif": (np.full((16, 16), np.nan, np.float32), "256 NaN values of 256"),
+             "one.tif": (one, "1 NaN value of 256"), "inf.tif": (inf, "1 infinite value of 256")}  # fmt: skip
+    for name, (arr, said) in cases.items():
+        path = _saved(tmp_path / name, arr)
+        with pytest.raises(ImageError, match=re.escape(f"{path}: float image holding {said}")) as refused:
+            decode_image(path, str(path), ImageSpec(1, 16))
+        assert "outside" not in str(refused.value) and "\n" not in str(refused.value)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_a_lab_image_reads_alike_in_greyscale_and_colour_runs(tmp_path: Path) -> None:
+    """A LAB TIFF (PIL converts LAB to RGB but not to L) decodes in a colour run as PIL's RGB
+    and in a greyscale run as that RGB's luminance, not as "unreadable or truncated"."""
+    from PIL import Image
+
+    from fedul_flwr.data.images import ImageSpec, decode_image
+
+    rgb = Image.fromarray(_pixels(1, 0, 16, 3).astype(np.uint8))
+    path = tmp_path / "lab.tif"
+    Image.merge("LAB", rgb.split()).save(path)
+    with Image.open(path) as lab:
+        colour = lab.convert("RGB")
+    assert np.array_equal(decode_image(path, str(path), ImageSpec(3, 16)), np.moveaxis(np.asarray(colour), 2, 0))
+    assert np.array_equal(decode_image(path, str(path), ImageSpec(1, 16))[0], np.asarray(colour.convert("L")))
+
+
+def test_class_folders_in_nfd_are_the_nfc_classes(tmp_path: Path) -> None:
+    """A class folder named ``caté`` decomposed (NFD, as macOS writes it) is the class ``caté``
+    composed (NFC): of a dataset's classes, and against the run's classes given in NFC."""
+    import unicodedata
+
+    from fedul_flwr.data.images import read_image_folder
+
+    nfd, nfc = unicodedata.normalize("NFD", "caté"), unicodedata.normalize("NFC", "caté")
+    assert nfd != nfc
+    for k, name in enumerate((nfd, "dog")):
+        for i in range(2):
+            _png(tmp_path / name / f"{i}.png", _pixels(k, i, 16, 3))
+    folder = read_image_folder(tmp_path, class_names=[nfc, "dog"], allow_splits=False)
+    assert folder.class_names == (nfc, "dog") and folder.splits["train"][1].tolist() == [0, 0, 1, 1]
+    assert read_image_folder(tmp_path).class_names == (nfc, "dog")
+
+
+def test_a_class_named_like_a_split_is_told_to_go_under_split_folders(tmp_path: Path) -> None:
+    """A flat folder with a class ``train`` (CIFAR-100 has one) beside ``bus`` is refused with
+    the hint to nest the classes under split folders; nested so, it reads."""
+    from fedul_flwr.data.images import ImageError, read_image_folder
+
+    for k, name in enumerate(("train", "bus")):
+        for i in range(2):
+            _png(tmp_path / "flat" / name / f"{i}.png", _pixels(k, i, 16, 3))
+            _png(tmp_path / "nested" / "train" / name / f"{i}.png", _pixels(k, i, 16, 3))
+    with pytest.raises(ImageError, match=r"a class named like a split, e\.g\. CIFAR-100's 'train', goes under split "
+                       r"folders: .*/flat/train/<class>/"):  # fmt: skip
+        read_image_folder(tmp_path / "flat")
+    assert read_image_folder(tmp_path / "nested").class_names == ("bus", "train")

@@ -18,13 +18,16 @@ the model sees what a photo viewer shows:
   holding values in 0..65535, as PIL opens some 16-bit files) is scaled from its full range,
   x / 257 rounded (0 -> 0, 65535 -> 255), as a viewer shows it; a 12-bit scan stored in 16
   bits therefore stays as dark as a viewer shows it. 32-bit float greyscale (``F``) in
-  [0, 1] is scaled by 255, rounded. A float image with values outside [0, 1] (or not
-  finite), or an integer image with values outside 0..65535, is refused: its scale is not in
+  [0, 1] is scaled by 255, rounded. A float image with values outside [0, 1] or holding NaN
+  or infinite values (said so), or an integer image with values outside 0..65535, is refused: its scale is not in
   the file, and stretching each image to its own minimum and maximum would silently give every
   image another contrast (save such images as 8- or 16-bit integers, or as floats in [0, 1]).
 - **channels**: every image is converted to the run's C channels with PIL (``L`` for C = 1,
   ``RGB`` for C = 3: greyscale images are repeated to three channels, colour images turned
-  to luminance, CMYK and palettes resolved by PIL).
+  to luminance, CMYK, YCbCr, LAB and palettes resolved by PIL; a mode PIL converts to ``RGB``
+  but not to ``L``, such as ``LAB``, goes through ``RGB``, so colour and greyscale runs read it
+  alike). A mode PIL cannot convert is refused naming the mode as unsupported.
+- **frames**: an animated GIF/WebP/PNG or a multi-page TIFF is read by its first frame only.
 - **transparency**: an image with an alpha channel (``RGBA``, ``LA``, ``PA``) or a
   transparent palette colour is composited over white (``Image.alpha_composite``), as a
   viewer on a white page shows it; the colour an encoder left under fully transparent pixels
@@ -46,13 +49,17 @@ the model sees what a photo viewer shows:
 An *image folder* (:func:`read_image_folder`) is ``<root>/<class name>/<image files>``,
 optionally under split folders ``<root>/train/``, ``<root>/test/``, ``<root>/validation/``
 (:data:`SPLIT_FOLDERS`). Splits come only from split folders, never from file names (a flat
-class folder whose files are called ``test_*.png`` trains on every one of them).
+class folder whose files are called ``test_*.png`` trains on every one of them). A folder named
+as a split beside other folders is refused (a class named like a split, such as CIFAR-100's
+``train``, goes under split folders: ``<root>/train/train/``). Class names are folder names in
+Unicode NFC, so a name written decomposed (NFD, as macOS writes it) is the same class.
 """
 
 from __future__ import annotations
 
 import io
 import re
+import unicodedata
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -245,8 +252,13 @@ def _scaled_grey(img: Any, origin: str) -> Any:
 
     arr = np.asarray(img)
     if img.mode == "F":
-        if not np.isfinite(arr).all() or arr.min() < 0.0 or arr.max() > 1.0:
-            raise ImageError(f"{origin}: float image with values in [{np.nanmin(arr):.4g}, {np.nanmax(arr):.4g}], "
+        nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
+        if nan or inf:
+            held = " and ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n)
+            raise ImageError(f"{origin}: float image holding {held} value{'s' if nan + inf > 1 else ''} of "
+                             f"{arr.size}; save it as 8- or 16-bit integers, or as finite floats in [0, 1]")  # fmt: skip
+        if arr.min() < 0.0 or arr.max() > 1.0:
+            raise ImageError(f"{origin}: float image with values in [{arr.min():.4g}, {arr.max():.4g}], "
                              "outside [0, 1]; its scale is not in the file: save it as 8- or 16-bit integers, or as "
                              "floats in [0, 1]")  # fmt: skip
         return Image.fromarray(np.rint(arr.astype(np.float64) * 255.0).astype(np.uint8))
@@ -277,8 +289,16 @@ def _finish(img: Any, origin: str, spec: ImageSpec) -> np.ndarray:
     """A PIL image as uint8 ``[C, S, S]``: converted to the run's channels, resized or checked."""
     from PIL import Image
 
-    if img.mode != ("L" if spec.channels == 1 else "RGB"):
-        img = img.convert("L" if spec.channels == 1 else "RGB")
+    target = "L" if spec.channels == 1 else "RGB"
+    if img.mode != target:
+        try:
+            img = img.convert(target)
+        except ValueError:  # PIL has no direct conversion (LAB to L): through RGB, as a colour run reads it
+            try:
+                img = img.convert("RGB").convert(target)
+            except ValueError:  # none at all: an unsupported mode, not a damaged file
+                raise ImageError(f"{origin}: colour mode {img.mode!r} is not supported (PIL cannot convert it to "
+                                 f"{target!r}); save the image as RGB or greyscale") from None  # fmt: skip
     if img.size != (spec.size, spec.size):
         if not spec.resize:
             raise ImageError(
@@ -439,6 +459,12 @@ class ImageFolder:
     splits: dict[str, tuple[list[Path], np.ndarray]]
 
 
+def _nfc(name: str) -> str:
+    """A folder name as a class name: Unicode NFC, so ``caté`` written decomposed (NFD, as macOS
+    does) is the class ``caté`` composed."""
+    return unicodedata.normalize("NFC", name)
+
+
 def _entries(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
 
@@ -485,7 +511,8 @@ def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None
         if others or "train" not in split_dirs:
             raise ImageError(
                 f"{root}: holds split folders {sorted(split_dirs)} and {others or 'no train/'}; split folders are "
-                f"{list(SPLIT_FOLDERS)}, with train/ among them, and nothing beside them"
+                f"{list(SPLIT_FOLDERS)}, with train/ among them, and nothing beside them (a class named like a split, "
+                f"e.g. CIFAR-100's 'train', goes under split folders: {root}/train/<class>/, {root}/test/<class>/)"
             )
         roots = {name: split_dirs[name] for name in SPLIT_FOLDERS if name in split_dirs}
     else:
@@ -503,16 +530,16 @@ def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None
             problems.add(f"{folder}: holds no class folder")
             problems.raise_any()
     if class_names is None:
-        names = tuple(p.name for p in classes["train"])
+        names = tuple(_nfc(p.name) for p in classes["train"])
         if len(names) < 2:
             raise ImageError(f"{roots['train']}: only one class ({names[0]!r}); a classifier needs at least two class "
                              "folders")  # fmt: skip
     else:
-        names = tuple(class_names)
+        names = tuple(_nfc(n) for n in class_names)
     index = {n: i for i, n in enumerate(names)}
     for folders in classes.values():
         for p in folders:
-            if p.name not in index:
+            if _nfc(p.name) not in index:
                 known = "the training split's" if class_names is None else "the run's"
                 raise ImageError(f"{p}: folder name {p.name!r} is not one of {known} classes {list(names)}")
     splits: dict[str, tuple[list[Path], np.ndarray]] = {}
@@ -522,7 +549,7 @@ def read_image_folder(root: str | Path, class_names: Sequence[str] | None = None
         for p in folders:
             found = image_files(p, "class folder", problems)
             files += found
-            labels += [index[p.name]] * len(found)
+            labels += [index[_nfc(p.name)]] * len(found)
         splits[split] = (files, np.asarray(labels, dtype=np.int64))
     if own:
         problems.raise_any()
