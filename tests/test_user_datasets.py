@@ -209,16 +209,21 @@ def test_a_bad_row_is_named_by_dataset_split_and_row_and_a_column_of_no_images_b
     images = [png(_image(k % 2, k, 1)) for k in range(10)]
     images[3], images[6] = bomb_png(tmp_path / "bomb.png").read_bytes(), b"garbage"
     images[8] = b"\0\0\0\x18ftypheic\0\0\0\0mif1heic" + bytes(64)  # an iPhone photo's first bytes
+    images[1] = images[1][:-40]  # cut short: its header reads, its pixels do not (found in a later pass)
     features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b"]),
                                   "n": datasets.Value("int64")})  # fmt: skip
     datasets.Dataset.from_dict({"image": [{"bytes": b, "path": None} for b in images], "label": [k % 2 for k in range(10)],
                                 "n": list(range(10))}, features=features).to_parquet(str(tmp_path / "rows.parquet"))  # fmt: skip
     name = f"hf:{tmp_path / 'rows.parquet'}"
     where = re.escape(f"dataset={name!r}: split 'train', row ")
-    message = _one_line_error(name, "^3 bad image files: ")
+    message = _one_line_error(name, "^4 bad rows: ")
+    assert re.search(where + r"1: unreadable or truncated image", message), message
     assert re.search(where + r"3: 196,000,000 pixels, over PIL's decompression-bomb limit", message), message
-    assert re.search(where + r"6: unreadable or truncated image", message), message
+    assert re.search(where + r"6: unreadable or truncated image \(UnidentifiedImageError: cannot identify image "
+                     r"file\); ", message), message  # the row named, not PIL's <_io.BytesIO object at 0x...>
     assert re.search(where + r"8: a HEIC/HEIF image; convert it to PNG or JPEG", message), message
+    rows = [int(n) for n in re.findall(where + r"(\d+):", message)]
+    assert rows == sorted(rows) == [1, 3, 6, 8] and "BytesIO" not in message  # in the dataset's row order
     _one_line_error(name, re.escape(f"dataset={name!r}: image-column 'n' holds Value('int64'), not images"),
                     image_column="n")
 

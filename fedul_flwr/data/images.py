@@ -113,8 +113,9 @@ class Problems:
     the first :data:`MAX_NAMED` problems (each names its file), then how many more.
     """
 
-    def __init__(self, messages: Sequence[str] = ()) -> None:
+    def __init__(self, messages: Sequence[str] = (), noun: str = "bad image files") -> None:
         self.messages: list[str] = list(messages)
+        self.noun = noun  # what the many are called in the line: files, or a dataset's rows
 
     def add(self, message: str) -> None:
         """Note one problem (a one-line message naming the file)."""
@@ -135,14 +136,14 @@ class Problems:
         ------
         ImageError
             The one problem's message, or ``"<n> bad image files: <first>; <second>; ...;
-            and <k> more"``.
+            and <k> more"`` (``bad rows`` for a dataset's rows, :attr:`noun`).
         """
         if len(self.messages) == 1:
             raise ImageError(self.messages[0])
         if self.messages:
             shown = self.messages[:MAX_NAMED]
             more = len(self.messages) - len(shown)
-            raise ImageError(f"{len(self.messages)} bad image files: " + "; ".join(shown)
+            raise ImageError(f"{len(self.messages)} {self.noun}: " + "; ".join(shown)
                              + (f"; and {more} more" if more else ""))  # fmt: skip
 
 
@@ -207,6 +208,7 @@ def _opened(source: str | Path | bytes, origin: str) -> Iterator[Any]:
         if _is_heic(source):
             raise ImageError(f"{origin}: a HEIC/HEIF image; {_CONVERT_HINT}") from None
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        why = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", why)  # PIL names the buffer: origin names the row
         raise ImageError(f"{origin}: unreadable or truncated image ({type(exc).__name__}: {why})") from None
 
 

@@ -63,6 +63,7 @@ from fedul_flwr.data.images import (
     Problems,
     channels_of_mode,
     decode_files,
+    decode_image,
     read_header,
     read_image_folder,
 )
@@ -407,7 +408,7 @@ def _decode(plan: _Plan, spec: ImageSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """The training and the test images as uint8 ``[n, C, S, S]``, decoded in one pass by the
     project's one decoder (:func:`fedul_flwr.data.images.decode_files`), which names every bad
     image of both at once."""
-    problems = Problems()
+    problems = Problems(noun="bad image files" if plan.files else "bad rows")
     items = []
     for part in (plan.train, plan.test):
         for row in part.rows:
@@ -415,7 +416,8 @@ def _decode(plan: _Plan, spec: ImageSpec) -> tuple[torch.Tensor, torch.Tensor]:
                 items.append(_origin(plan, part, row))
     try:
         problems.raise_any()
-        out = decode_files(items, spec)
+        out = decode_files(items, spec, problems)
+        problems.raise_any()
     except ImageError as exc:
         raise DatasetError(str(exc)) from None
     return torch.from_numpy(out[: len(plan.train.rows)]), torch.from_numpy(out[len(plan.train.rows) :])
@@ -438,20 +440,29 @@ def user_dataset_info(name: str, data_dir: str = "", options: DatasetOptions = D
     """
     plan = _plan(name, options, data_dir)
     grey, first = True, None
-    problems = Problems(plan.problems)
+    problems = Problems(plan.problems, noun="bad image files" if plan.files else "bad rows")
+    bad: dict[int, str] = {}  # the bad images by their place in the dataset: named in its order
     readable = []
-    for part in (plan.train, plan.test):
-        for row in part.rows:
-            with problems.catch():
-                source, origin = _origin(plan, part, row)
-                mode, size = read_header(source, origin)
-                readable.append((source, origin))
-                grey = grey and channels_of_mode(mode) == 1
-                if first is None:
-                    first = (size, origin)
-    if problems.messages and first is not None and (options.image_size or first[0][0] == first[0][1]):
-        side = options.image_size or first[0][0]  # name the images that fail to decode too, in the same line
-        decode_files(readable, ImageSpec(1 if grey else 3, side, bool(options.image_size)), problems)
+    for i, (part, row) in enumerate((part, row) for part in (plan.train, plan.test) for row in part.rows):
+        try:
+            source, origin = _origin(plan, part, row)
+            mode, size = read_header(source, origin)
+        except ImageError as exc:
+            bad[i] = str(exc)
+            continue
+        readable.append((i, source, origin))
+        grey = grey and channels_of_mode(mode) == 1
+        if first is None:
+            first = (size, origin)
+    if (bad or problems.messages) and first is not None and (options.image_size or first[0][0] == first[0][1]):
+        spec = ImageSpec(1 if grey else 3, options.image_size or first[0][0], bool(options.image_size))
+        for i, source, origin in readable:  # name the images that fail to decode too, in the same line
+            try:
+                decode_image(source, origin, spec)
+            except ImageError as exc:
+                bad[i] = str(exc)
+    for i in sorted(bad):
+        problems.add(bad[i])
     _raise(problems)
     (width, height), origin = first  # type: ignore[misc]
     if not options.image_size and width != height:
