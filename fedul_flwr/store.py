@@ -164,6 +164,12 @@ def _no_space(path: str, needed: int, at_least: bool) -> NoSpace:
 
 
 def _megabytes(size: int) -> str:
+    """A size for the one line of :class:`NoSpace`: bytes, kB or MB, never ``0.0 MB`` for a
+    small write (a summary line) or a nearly full device."""
+    if size < 1e3:
+        return f"{size} bytes"
+    if size < 100e3:
+        return f"{size / 1e3:.1f} kB"
     return f"{size / 1e6:.1f} MB" if size < 10e6 else f"{size / 1e6:.0f} MB"
 
 

@@ -267,3 +267,12 @@ def test_a_failure_record_with_fields_of_the_wrong_type_is_damaged(tmp_path: Pat
         write_json(path, {**whole, key: value})
         with pytest.raises(DamagedFile, match=rf"{re.escape(str(path))} is damaged \({re.escape(repr(key))} is "):
             read_json(path, dict, runner.FAILURE_KEYS)
+
+
+def test_no_space_names_a_small_write_in_bytes_or_kb(tmp_path: Path) -> None:
+    """A full device met writing a summary line (a few hundred bytes) says how many bytes, not
+    "needs about 0.0 MB"."""
+    line = str(NoSpace(tmp_path / "summary.txt", 312))
+    assert f"writing {tmp_path / 'summary.txt'} (needs about 312 bytes, " in line and "0.0 MB" not in line
+    assert "needs more than 42.0 kB, " in str(NoSpace(tmp_path / "metrics.json", 42_000, at_least=True))
+    assert "needs about 3.4 MB, " in str(NoSpace(tmp_path / "checkpoint.pt", 3_400_000))
