@@ -42,8 +42,6 @@ from pathlib import Path
 from statistics import median
 from typing import IO, Any
 
-from fedul_flwr.store import remove_tree
-
 PROJECT = Path(__file__).resolve().parents[2]
 """The source checkout (its git history holds the baseline)."""
 
@@ -197,6 +195,8 @@ def run_pair(
                 worker.proc.kill()
             worker.close()
         with contextlib.suppress(OSError):
+            from fedul_flwr.store import remove_tree  # not at the top: the workers run this file against the baseline's package
+
             remove_tree(trees["baseline"])  # the exported revision, a temporary tree
     models = {
         side: {f"{name}.{k}": v for name, path in done[side]["models"].items() for k, v in torch.load(path).items()}
