@@ -441,8 +441,10 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         **specific,
     )
     strategy.max_failure_fraction = cfg.max_failure_fraction
-    # the reply door judges each reply's metric keys against the run's declaration (admission.py)
-    strategy.declared_metrics = train_metric_keys(cfg.strategy, cfg.method, cfg.as_dict())
+    # the reply door judges each reply's metric keys against the run's declaration (admission.py);
+    # a method given by import path ("module:Class") is outside the contract: its keys are not judged
+    declared = ":" not in cfg.method
+    strategy.declared_metrics = train_metric_keys(cfg.strategy, cfg.method, cfg.as_dict()) if declared else None
     # which nodes train (strategies/participation.py): a secret draw where it is part of server-side DP
     strategy.participation, strategy.sampling_seed = cfg.participation, cfg.seed
     strategy.secret_sampling = cfg.differential_privacy in ("server-fixed", "server-adaptive")
