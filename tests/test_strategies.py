@@ -109,7 +109,8 @@ def _linear_train(msg: Message, context: Context) -> Message:
     )  # fmt: skip
     extra = update.reply_records(result, ("f",))
     metrics = MetricRecord(
-        {wire.NUM_EXAMPLES: result.num_examples, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: result.num_steps, **update.metrics}
+        {wire.NUM_EXAMPLES: result.num_examples, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: result.num_steps,
+         wire.TRAIN_LOSS: float(result.loss), **update.metrics}
     )
     content = {wire.ARRAYS: ArrayRecord(models.state_dict()), wire.METRICS: metrics,
                wire.NODE_RECORD: ConfigRecord({wire.NODE_KEY: pid}), **extra}  # fmt: skip
@@ -193,7 +194,8 @@ def test_a_method_aggregation_mixin_runs_on_checked_ordered_replies_before_the_s
     assert mro[4] is Recording and FedAvg in mro[5:9]  # after the checks and the ordering, before the strategy
     assert type(strategy) is strict(FedAvg, Recording) and strict(FedAvg, Recording) is not strict(FedAvg)
     replies = {node: RecordDict({wire.ARRAYS: ArrayRecord({"f.w": Array(np.full(3, float(key), dtype=np.float32))}),
-                                 wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: 1}),
+                                 wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: 1, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: 1,
+                                                             wire.TRAIN_LOSS: 0.0}),
                                  wire.NODE_RECORD: ConfigRecord({wire.NODE_KEY: key})})
                for node, key in ((1, 2), (2, 0), (3, 1))}  # fmt: skip
     grid = InProcessGrid(_scripted_app(replies), 3, {})
