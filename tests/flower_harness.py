@@ -371,3 +371,16 @@ def _stop_group(process: subprocess.Popen, grace: float = 30) -> None:
         process.wait(timeout=10)
     except ProcessLookupError:
         pass
+
+
+def children(pid: int) -> set[int]:
+    """Live child pids of ``pid`` (Linux ``/proc``)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # the process ended while we looked
+        if int(fields[1]) == pid and fields[0] != "Z":
+            kids.add(int(stat.parent.name))
+    return kids

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.flower_harness import children
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -569,19 +571,6 @@ def test_reproduce_runs_selects_runs_in_pattern_order(capsys) -> None:
         cli.main([*listing, "--runs", "*FedDB*,*FedPU*"])
 
 
-def _children(pid: int) -> set[int]:
-    """Live child pids of ``pid`` (Linux ``/proc``)."""
-    kids = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.add(int(stat.parent.name))
-    return kids
-
-
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -602,7 +591,7 @@ def test_runner_sigterm_stops_its_worker_processes(tmp_path: Path) -> None:
         while not (runs.exists() and len([d for d in runs.iterdir() if not d.name.startswith(".")]) >= 2):  # both workers in a run
             assert proc.poll() is None and time.monotonic() < deadline, "the runner never started its runs"
             time.sleep(0.2)
-        workers = _children(proc.pid)
+        workers = children(proc.pid)
         assert len(workers) >= 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) != 0

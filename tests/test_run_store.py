@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.flower_harness import children
+
 from fedul_flwr import server_app
 from fedul_flwr.experiments import runner
 from fedul_flwr.store import LOCK_DIR, SET_ASIDE, FolderLock, RunFolderInUse, write_json
@@ -159,19 +161,6 @@ def test_a_sigkilled_runner_leaves_no_worker_and_its_rerun_equals_an_uninterrupt
         assert curve(record) == curve(uninterrupted[run_id]), run_id
 
 
-def _children(pid: int) -> list[int]:
-    """Live child pids of ``pid`` (Linux ``/proc``)."""
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # the process ended while we looked
-        if int(fields[1]) == pid and fields[0] != "Z":
-            kids.append(int(stat.parent.name))
-    return kids
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's parent-death signal is Linux's")
 def test_a_runner_sigkilled_while_its_workers_start_leaves_no_worker(tmp_path: Path) -> None:
     """SIGKILL to a ``--jobs 2`` runner while its spawned workers are still starting (importing
@@ -182,8 +171,8 @@ def test_a_runner_sigkilled_while_its_workers_start_leaves_no_worker(tmp_path: P
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     workers: list[int] = []
     try:
-        _wait_for(lambda: len(_children(grid.pid)) >= 2, 300, "two spawned workers")
-        workers = _children(grid.pid)
+        _wait_for(lambda: len(children(grid.pid)) >= 2, 300, "two spawned workers")
+        workers = children(grid.pid)
         assert not _holders(out), "a worker began its run already: not the start-up this test is about"
         grid.send_signal(signal.SIGKILL)
         grid.wait()
