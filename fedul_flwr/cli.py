@@ -12,10 +12,10 @@ Subcommands:
     Speed and memory of the training loop, the ClientApp, Flower's simulation and scale
     (:mod:`fedul_flwr.experiments.benchmark`).
 ``fedul node-data``
-    Write and validate the data folders of deployed nodes (:mod:`fedul_flwr.node_data`).
+    Write and validate the data folders of deployed nodes (:mod:`fedul_flwr.node_data_cli`).
 ``fedul check``
     Resolve and check run settings as the ServerApp will before round 1, e.g. before
-    ``flwr run`` (:mod:`fedul_flwr.checks`).
+    ``flwr run`` (:mod:`fedul_flwr.preflight`).
 
 The grid commands share one runner (:mod:`fedul_flwr.experiments.runner`) and its flags:
 ``--seeds 0,1`` (comma list), ``--data-dir``, ``--out``, ``--set [COLUMN:]KEY=VALUE``,
@@ -48,8 +48,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "reproduce": ("fedul_flwr.experiments.reproduce", "reproduce the papers' tables (resumable grids)"),
     "compare": ("fedul_flwr.experiments.compare", "compare server strategies on the same runs"),
     "benchmark": ("fedul_flwr.experiments.benchmark", "measure the loop, the ClientApp, Flower and scale"),
-    "node-data": ("fedul_flwr.node_data", "write and validate deployed nodes' data folders"),
-    "check": ("fedul_flwr.checks", "check run settings before `flwr run` (names a mistyped key)"),
+    "node-data": ("fedul_flwr.node_data_cli", "write and validate deployed nodes' data folders"),
+    "check": ("fedul_flwr.preflight", "check run settings before `flwr run` (names a mistyped key)"),
 }
 """Subcommand -> (module with ``add_arguments(parser)`` and ``run(args) -> int``, summary)."""
 

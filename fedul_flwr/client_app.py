@@ -3,7 +3,7 @@
 Train: read the run's settings and dataset facts from the message (resolved once by the
 server), build the client's data (once per process; a deployed node reads only its own folder) and the method's models with this round's weights (the
 received exchanged models; the models the method keeps on the node from ``context.state``),
-let the strategy set up its client-side work (:mod:`fedul_flwr.client_update`), run the
+let the strategy set up its client-side work (:mod:`fedul_flwr.strategy_hooks`), run the
 method's local update, and reply with the models the method sends, the metrics and uploads,
 the node's stable key (the server's aggregation order) and the strategy's extra records.
 Nothing here depends on which method runs: the method object says what to do.
@@ -28,7 +28,7 @@ from flwr.common.logger import log
 from torch import nn
 
 from fedul_flwr import wire
-from fedul_flwr.client_update import prepare_client_update
+from fedul_flwr.strategy_hooks import prepare_client_update
 from fedul_flwr.config import RunConfig, config_from_json
 from fedul_flwr.console import set_verbose
 from fedul_flwr.data.client_data import ClientData
@@ -40,7 +40,7 @@ from fedul_flwr.optimizer_state import OptimizerStates
 from fedul_flwr.privacy import local_dp_mod
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.augment import build_augmentation
-from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
+from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.training import LocalLoop, evaluate
 
 

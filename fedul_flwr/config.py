@@ -24,8 +24,8 @@ values in :attr:`RunConfig.extra`.
 This module checks what the settings alone can tell (types, ranges, rules between keys, the
 run folder's name) and knows none of the registries: the modules that implement methods,
 strategies and client settings import it. The checks that need them (choice lists, a method's
-options, a method against the client setting, ...) are in :mod:`fedul_flwr.checks`, above
-both; :func:`fedul_flwr.checks.resolve_config` composes and checks a configuration fully.
+options, a method against the client setting, ...) are in :mod:`fedul_flwr.preflight`, above
+both; :func:`fedul_flwr.preflight.resolve_config` composes and checks a configuration fully.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import json
 import math
 import os
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "participation": ("fixed-size", "poisson"),
 }
 """Fixed choice lists of core keys that have no registry of their own (the keys chosen from a
-registry are checked by :mod:`fedul_flwr.checks`, which knows the registries)."""
+registry are checked by :mod:`fedul_flwr.preflight`, which knows the registries)."""
 
 
 class ConfigError(ValueError):
@@ -416,14 +416,69 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
     except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{key}={value!r} is not a valid {kind.__name__}") from exc
 
+def parse_test_prior(spec: str | float | Sequence[float] | np.ndarray, num_classes: int) -> np.ndarray:
+    """Parse the test class prior pi.
+
+    Parameters
+    ----------
+    spec : str, float, or sequence of float
+        ``"uniform"`` (case-insensitive) or a comma-separated list ``"0.1,0.2,..."`` of K
+        values; a bare number or a sequence is treated like the list of its values.
+    num_classes : int
+        K.
+
+    Returns
+    -------
+    np.ndarray
+        float64 [K], strictly positive, sums to 1 within 1e-6 (renormalised exactly).
+
+    Raises
+    ------
+    ValueError
+        Naming the value: not a number, wrong length, non-positive or non-finite entry,
+        or a sum that differs from 1 by more than 1e-6.
+    """
+    if num_classes < 1:
+        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+    if isinstance(spec, str):
+        text = spec.strip()
+        if text.lower() == "uniform":
+            return np.full(num_classes, 1.0 / num_classes)
+        tokens = [t.strip() for t in text.split(",")]
+        values: list[float] = []
+        for tok in tokens:
+            try:
+                values.append(float(tok))
+            except ValueError:
+                raise ValueError(
+                    f"test-prior {spec!r}: {tok!r} is not a number; "
+                    f"use 'uniform' or {num_classes} comma-separated probabilities"
+                ) from None
+    elif isinstance(spec, (int, float, np.floating, np.integer)):
+        values = [float(spec)]
+    else:
+        values = [float(v) for v in spec]
+    arr = np.asarray(values, dtype=np.float64)
+    if arr.size != num_classes:
+        raise ValueError(
+            f"test-prior {spec!r}: expected {num_classes} values (one per class), got {arr.size}"
+        )
+    if not np.all(np.isfinite(arr)):
+        raise ValueError(f"test-prior {spec!r}: entries must be finite")
+    if np.any(arr <= 0):
+        k = int(np.flatnonzero(arr <= 0)[0])
+        raise ValueError(f"test-prior {spec!r}: entry {k} = {arr[k]:g} must be > 0")
+    if abs(arr.sum() - 1.0) > 1e-6:
+        raise ValueError(f"test-prior {spec!r}: entries sum to {arr.sum():.8g}, not 1")
+    return arr / arr.sum()
+
+
 
 def _parse_test_prior(value: Any) -> tuple[float, ...]:
     """The test prior: ``()`` for ``"uniform"`` (1/K each, K known where it is used), else the
     given numbers, checked on their own; their count is checked against the dataset's K with
-    the registries (:func:`fedul_flwr.checks.validate_config`). Needs no dataset, so a
+    the registries (:func:`fedul_flwr.preflight.validate_config`). Needs no dataset, so a
     deployed node never opens one to read its settings."""
-    from fedul_flwr.transition import parse_test_prior
-
     if isinstance(value, str) and value.strip().lower() == "uniform":
         return ()
     count = len(value.split(",")) if isinstance(value, str) else len(np.atleast_1d(value))
@@ -439,7 +494,7 @@ _FIELD_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 def config_from_values(values: Mapping[str, Any]) -> RunConfig:
     """Parse a complete dashed-key dict (no preset is applied here) and check what the settings
     alone can tell (:func:`check_values`); the checks that need the registries are
-    :func:`fedul_flwr.checks.validate_config`.
+    :func:`fedul_flwr.preflight.validate_config`.
 
     The clients build their configuration with it from the server's resolved (and fully
     checked) settings.

@@ -7,9 +7,9 @@ ClientApp directly, each node with its own persistent :class:`~flwr.app.Context`
 becomes an error reply, as in Flower's runtimes.
 
 The cohort path (``path``, from the run setting ``cohort`` by
-:func:`fedul_flwr.runtime.cohort_path`): ``sequential`` runs the nodes of a message batch one
+:func:`fedul_flwr.execution.cohort_path`): ``sequential`` runs the nodes of a message batch one
 after another on the process's torch threads; ``parallel`` runs W = ``workers`` at once in a
-pool of threads, each on one torch thread (:func:`fedul_flwr.runtime.pinned_threads`): torch
+pool of threads, each on one torch thread (:func:`fedul_flwr.execution.pinned_threads`): torch
 releases Python's lock inside its kernels, so the clients' forward and backward passes run on
 W cores at once; ``batched`` runs every node of the batch in a thread of its own, their
 training loops joined into one batched model (:class:`fedul_flwr.cohort.Cohort`, coordinated
@@ -43,7 +43,7 @@ from flwr.server.superlink.linkstate.utils import create_message_error_unavailab
 from flwr.supercore.task_identity import TaskIdentity
 
 from fedul_flwr.cohort import Cohort
-from fedul_flwr.runtime import COHORT_PATHS, pinned_threads
+from fedul_flwr.execution import COHORT_PATHS, pinned_threads
 
 CLIENT_EXCEPTION = 1  # error code of a reply whose ClientApp raised
 

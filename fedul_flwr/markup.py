@@ -1,5 +1,5 @@
 """The Sphinx cross-reference roles of the package's docstrings (``:class:`RunConfig```,
-``:func:`~fedul_flwr.runtime.model_seed```, ...) turned into what each reader understands:
+``:func:`~fedul_flwr.execution.model_seed```, ...) turned into what each reader understands:
 plain text for the terminal (``fedul --help``), and mkdocstrings cross-references (links) for
 the documentation site, applied when the site's API pages load the docstrings
 (``docs/griffe_roles.py``, a Griffe extension named in ``mkdocs.yml``). The source keeps the

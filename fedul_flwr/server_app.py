@@ -21,7 +21,7 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
-from fedul_flwr.checks import check_before_round_one, check_resume, check_resumed_federation, is_simulation
+from fedul_flwr.preflight import check_before_round_one, check_resume, check_resumed_federation, is_simulation
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
@@ -33,7 +33,7 @@ from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunFolderInUse, RunOutputs, run_folder
 from fedul_flwr.store import FolderLock
 from fedul_flwr.privacy import privacy_spent
-from fedul_flwr.runtime import configure_threads, loop_acceleration, model_seed, pick_device
+from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
 from fedul_flwr.training import EvaluationCache, evaluate_predictors
 
@@ -42,7 +42,7 @@ app = ServerApp()
 
 def global_models(cfg: RunConfig, method: Method, channels: int, classes: int, size: int) -> nn.ModuleDict:
     """The method's exchanged models with their initial weights (model i seeded by
-    :func:`~fedul_flwr.runtime.model_seed` of (seed, i): the same seed, the same weights; a
+    :func:`~fedul_flwr.execution.model_seed` of (seed, i): the same seed, the same weights; a
     model with ``ModelSpec.initial`` starts as a copy of that model).
 
     Raises
@@ -209,8 +209,8 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     writes its last round's replies and a ``status=failed`` summary with the reason, then
     raises.
 
-    Every check runs before anything is written (:func:`fedul_flwr.checks.check_before_round_one`,
-    with ``resume=true`` :func:`fedul_flwr.checks.check_resume`, and the run folder's own
+    Every check runs before anything is written (:func:`fedul_flwr.preflight.check_before_round_one`,
+    with ``resume=true`` :func:`fedul_flwr.preflight.check_resume`, and the run folder's own
     checks in :meth:`RunOutputs.create`): a refused run changes nothing.
 
     Raises

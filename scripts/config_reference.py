@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
-from fedul_flwr.checks import RESUME_FREE_KEYS
+from fedul_flwr.preflight import RESUME_FREE_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -358,7 +358,7 @@ def _type_name(value: Any) -> str:
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
-    from fedul_flwr.checks import registry_choices
+    from fedul_flwr.preflight import registry_choices
     from fedul_flwr.config import CHOICES
 
     return {**CHOICES, **registry_choices()}

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from fedul_flwr import wire
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.privacy import neighbours, privacy_spent
 from fedul_flwr.store import write_atomic

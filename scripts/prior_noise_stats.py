@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data.simulated import client_usets, prior_noise_rng
 from fedul_flwr.data.prior_noise import noisy_priors
 

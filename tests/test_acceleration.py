@@ -12,11 +12,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedul_flwr.acceleration import Acceleration, native_bf16
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import ConfigError
 from fedul_flwr.methods.base import Batch, LocalTask, Stream
 from fedul_flwr.models import build_model
-from fedul_flwr.runtime import loop_acceleration
+from fedul_flwr.execution import loop_acceleration
 from fedul_flwr.training import evaluate, train_local
 
 CPU = torch.device("cpu")

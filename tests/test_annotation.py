@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data import simulated
 from fedul_flwr.data.annotation import label_fractions, labeled_rows, parse_layout
 
@@ -56,7 +56,7 @@ def test_simulated_clients_hold_the_parts_their_kind_has() -> None:
 def test_node_folders_hold_only_the_parts_a_client_has(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from fedul_flwr.data.node_dir import validate_node_dir
     from fedul_flwr.data.datasets import run_dataset_info
-    from fedul_flwr.node_data import write_nodes
+    from fedul_flwr.node_data_cli import write_nodes
 
     cfg = resolve_config({"client-setting": "annotation-heterogeneity", "label-layout": "L,P,U", "labeled-share": 0.5})
     info = run_dataset_info(cfg)

@@ -70,7 +70,7 @@ def test_horizontal_flip_is_a_fact_of_the_dataset_that_the_run_key_sets(tmp_path
         assert DatasetInfo.from_json(info.to_json()) == info
     with pytest.raises(DatasetError, match=r"horizontal-flip='sometimes' is not one of \('auto', 'true', 'false'\)"):
         run_dataset_info({"dataset": "mnist-sample", "horizontal-flip": "sometimes"})
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.data.simulated import load_client
 
     for value in (True, False):  # a simulated client carries the run's fact to its augmentation

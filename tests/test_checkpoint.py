@@ -12,7 +12,7 @@ import torch
 
 from fedul_flwr.checkpoint import CheckpointError, load_checkpoint
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import read_metrics

@@ -70,7 +70,7 @@ def test_help_texts_are_plain(command: list[str], capsys: pytest.CaptureFixture[
 def test_roles_become_plain_text_or_optional_crossrefs() -> None:
     from fedul_flwr.markup import ROLE, crossrefs, plain
 
-    text = "see :class:`RunConfig`, :func:`~fedul_flwr.runtime.model_seed` and ``flwr run``"
+    text = "see :class:`RunConfig`, :func:`~fedul_flwr.execution.model_seed` and ``flwr run``"
     assert plain(text) == "see RunConfig, model_seed() and flwr run"
     names = {"RunConfig": "fedul_flwr.config.RunConfig"}
     linked = crossrefs(text, lambda name: names.get(name, name))

@@ -1,5 +1,5 @@
 """The cohort paths of the in-process engine give the replies of one-after-another training
-(:mod:`fedul_flwr.inprocess`, :mod:`fedul_flwr.cohort`, :func:`fedul_flwr.runtime.cohort_path`).
+(:mod:`fedul_flwr.inprocess`, :mod:`fedul_flwr.cohort`, :func:`fedul_flwr.execution.cohort_path`).
 
 Each case sends the same round-1 train messages (the run's initial global models, its resolved
 settings) to the 4 nodes of a federation of the embedded MNIST sample through the real ClientApp,
@@ -31,14 +31,14 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedul_flwr import wire
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.simulated import load_run_dataset
 from fedul_flwr.experiments import runner
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import get_method
-from fedul_flwr.runtime import cohort_path
+from fedul_flwr.execution import cohort_path
 from fedul_flwr.server_app import global_models
 
 NODES = 4

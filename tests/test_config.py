@@ -7,7 +7,7 @@ import tomllib
 
 import pytest
 
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import CONF_DIR, CORE_KEYS, PYPROJECT, ConfigError, compose_config, default_config, load_preset
 from fedul_flwr.methods import METHODS
 
@@ -96,7 +96,7 @@ def test_the_projects_messages_reach_flowers_logger() -> None:
     logger, whose handlers feed the console, ``flwr run --stream`` and ``flwr log``."""
     import logging
 
-    from fedul_flwr.runtime import configure_threads
+    from fedul_flwr.execution import configure_threads
 
     seen: list[str] = []
     handler = logging.Handler(logging.INFO)

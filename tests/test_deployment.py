@@ -161,8 +161,8 @@ def test_supernode_crash_mid_run_then_rejoin(tmp_path: Path) -> None:
     registers under a new id)."""
     import time
 
-    from fedul_flwr.checks import resolve_config
-    from fedul_flwr.node_data import write_nodes
+    from fedul_flwr.preflight import resolve_config
+    from fedul_flwr.node_data_cli import write_nodes
 
     node_dirs = write_nodes(resolve_config({"num-sets": 10, "seed": 7}), tmp_path / "nodes", 3, max_set_size=12)
     fed = _Federation(tmp_path, node_dirs)
@@ -241,8 +241,8 @@ def _two_rounds_on_simulated_nodes(
     that every aggregation got ``per_aggregation`` replies and no failure (all three nodes,
     unless a method aggregates each model over the nodes that sent it); returns the log, the
     folders and metrics.json."""
-    from fedul_flwr.checks import resolve_config
-    from fedul_flwr.node_data import write_nodes
+    from fedul_flwr.preflight import resolve_config
+    from fedul_flwr.node_data_cli import write_nodes
 
     node_dirs = write_nodes(resolve_config(setting), tmp_path / "nodes", 3, max_set_size=max_set_size)
     fed = _Federation(tmp_path, node_dirs)
@@ -312,8 +312,8 @@ def test_failing_nodes_go_on_record_and_a_failing_majority_stops_the_run(tmp_pat
     (0.5) the run stops in round 1 as failed, with both nodes' NodeDataError; with 1.0 it goes
     on with the good node, and metrics.csv counts 2 failed replies in each of the 2 rounds
     while the summary names both failed nodes and their error type."""
-    from fedul_flwr.checks import resolve_config
-    from fedul_flwr.node_data import write_nodes
+    from fedul_flwr.preflight import resolve_config
+    from fedul_flwr.node_data_cli import write_nodes
 
     node_dirs = write_nodes(resolve_config({"num-sets": 10, "seed": 3}), tmp_path / "nodes", 3, max_set_size=12)
     for bad in node_dirs[1:]:
@@ -488,8 +488,8 @@ def test_tls_blocks_as_documented(tmp_path: Path) -> None:
     three registrations and organisation 0's SuperNode, which then is ``online``."""
     if not shutil.which("openssl") or not shutil.which("ssh-keygen"):
         pytest.skip("needs openssl and ssh-keygen")
-    from fedul_flwr.checks import resolve_config
-    from fedul_flwr.node_data import write_nodes
+    from fedul_flwr.preflight import resolve_config
+    from fedul_flwr.node_data_cli import write_nodes
     from tests.flower_harness import flower_env, free_port
 
     (node_dir,) = write_nodes(resolve_config({"num-sets": 10}), tmp_path / "nodes", 1, max_set_size=4)

@@ -182,7 +182,7 @@ def test_compose_stack_runs_two_rounds(tmp_path: Path) -> None:
     reason = _why_no_compose_stack()
     if reason:
         pytest.skip(reason)
-    from fedul_flwr.node_data import main as node_data
+    from fedul_flwr.node_data_cli import main as node_data
     from tests.flower_harness import SuperLink, flower_env
 
     compose = [*(_compose_command() or []), "-f", str(DOCKER / "compose.yaml")]

@@ -489,7 +489,7 @@ def docs_superlink(docs_world: World) -> Iterator[SuperLink]:
 
 
 def _write_nodes(out: Path, run_config: str, nodes: int = 1, max_set_size: int = 5) -> Path:
-    from fedul_flwr.node_data import main
+    from fedul_flwr.node_data_cli import main
 
     assert main(["write", "--out", str(out), "--num-nodes", str(nodes), "--max-set-size", str(max_set_size),
                  "--run-config", run_config]) == 0  # fmt: skip

@@ -16,7 +16,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from fedul_flwr import wire
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.inprocess import InProcessGrid

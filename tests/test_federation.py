@@ -10,7 +10,7 @@ import torch
 from flwr.app import Context, RecordDict
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import default_config
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.server_app import run_federation

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedul_flwr.checks import check_before_round_one, check_federation_size, laid_out_clients, resolve_config
+from fedul_flwr.preflight import check_before_round_one, check_federation_size, laid_out_clients, resolve_config
 from fedul_flwr.cli import main as fedul
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, compose_config, config_from_values

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.data import simulated
 from fedul_flwr.methods.fedpu.broadcast import BROADCAST

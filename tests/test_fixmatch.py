@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data import simulated
 from fedul_flwr.data.labels_at_clients import draw_labeled_pool, split_to_clients
 from fedul_flwr.data.partition import dirichlet_partition, iid_partition
 from fedul_flwr.inprocess import InProcessGrid
-from fedul_flwr.methods.fixmatch.dpl import debias, debiased_pseudo_labels
+from fedul_flwr.methods.feddb.dpl import debias, debiased_pseudo_labels
 from fedul_flwr.methods.fixmatch.fixmatch import unlabeled_loss
 from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies.dma import dma_weights
@@ -287,7 +287,7 @@ def test_app_u_average_takes_each_epochs_prediction_before_its_update() -> None:
     of the three passes are drawn in turn from the round's generator, replayed here."""
     from fedul_flwr.augment import Augmentation
     from fedul_flwr.methods.base import RoundContext
-    from fedul_flwr.methods.fixmatch.dpl import predict_weak
+    from fedul_flwr.methods.feddb.dpl import predict_weak
 
     over = {"method": "fixmatch-dpl", "dpl-ema": 0.5, "dpl-app-u-update": "epoch"}
     method, client, w0, w2, _ = _local_round(over, epochs=2)

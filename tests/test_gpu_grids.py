@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedul_flwr.checks import check_simulation, resolve_config
+from fedul_flwr.preflight import check_simulation, resolve_config
 from fedul_flwr.config import load_preset
 from fedul_flwr.experiments import reproduce
 

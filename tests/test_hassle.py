@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
@@ -400,7 +400,7 @@ def test_proximity_weight_is_eq12_in_its_sum_form_by_hand() -> None:
     full-batch step of the batch-mean loss with the gradient term mu (w - w') follows the
     gradient of that sum divided by n exactly when mu = 2 gamma / n; the mean form keeps
     FedProx's mu = gamma."""
-    from fedul_flwr.client_update import ProximalTerm
+    from fedul_flwr.strategy_hooks import ProximalTerm
     from fedul_flwr.methods.hassle import proximity_weight
 
     assert proximity_weight(10.0, "sum", 100) == pytest.approx(0.2)

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data import simulated
 from fedul_flwr.methods.base import RoundContext, method_class
 from fedul_flwr.models import SmallCNN, build_model
@@ -52,7 +52,7 @@ def test_teachers_run_once_per_round_in_float32_and_the_loops_layout() -> None:
     assert n_l > 32 and n_u > 32
     models = nn.ModuleDict({s.name: build_model("small-cnn", 1, 10, 28, seed=i, width=s.width)
                             for i, s in enumerate(hassle.model_specs())})  # fmt: skip
-    from fedul_flwr.runtime import loop_acceleration
+    from fedul_flwr.execution import loop_acceleration
 
     acc = loop_acceleration(cfg, torch.device("cpu"))
     loop = LocalLoop(epochs=1, lr=0.01, l1_weight=0.0, optimizer="sgd", seed=0, device=torch.device("cpu"),

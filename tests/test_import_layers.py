@@ -1,7 +1,7 @@
 """The package's modules import each other without a circle: the run configuration
 (:mod:`fedul_flwr.config`) sits below the registries of methods, strategies and client
 settings, which import it, and the checks that need both live above them
-(:mod:`fedul_flwr.checks`). Imports under ``if TYPE_CHECKING:`` (type hints only, never run)
+(:mod:`fedul_flwr.preflight`). Imports under ``if TYPE_CHECKING:`` (type hints only, never run)
 do not count."""
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ def test_config_knows_no_registry_and_the_checks_sit_above_both() -> None:
     graph = _import_graph()
     registries = {"fedul_flwr.methods", "fedul_flwr.methods.base", "fedul_flwr.strategies", "fedul_flwr.data.simulated"}
     assert not graph["fedul_flwr.config"] & registries, graph["fedul_flwr.config"]
-    assert {"fedul_flwr.config", "fedul_flwr.methods", "fedul_flwr.strategies"} <= graph["fedul_flwr.checks"]
-    assert "fedul_flwr.checks" in graph["fedul_flwr.server_app"]
+    assert {"fedul_flwr.config", "fedul_flwr.methods", "fedul_flwr.strategies"} <= graph["fedul_flwr.preflight"]
+    assert "fedul_flwr.preflight" in graph["fedul_flwr.server_app"]
 
 
 def test_the_cycle_finder_finds_a_cycle() -> None:

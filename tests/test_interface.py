@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedul_flwr import server_app, wire
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data.client_data import MissingPartError
 from fedul_flwr.data.simulated import load_run_dataset
 from fedul_flwr.data.sources import client_from_node_config

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from flwr.common.config import parse_config_args
 
-from fedul_flwr.checks import check_simulation, resolve_config
+from fedul_flwr.preflight import check_simulation, resolve_config
 from fedul_flwr.config import CONF_DIR
 
 REPO = Path(__file__).resolve().parent.parent

@@ -24,7 +24,7 @@ from torch import nn
 
 from fedul_flwr import server_app
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import ConfigError
 from fedul_flwr.data import simulated
 from fedul_flwr.data.client_data import MissingPartError

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data.node_dir import (
     LAYOUTS,
     NodeDataError,
@@ -26,8 +26,8 @@ from fedul_flwr.data.node_dir import (
 from fedul_flwr.data.simulated import client_usets, load_run_dataset
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.sources import client_from_node_config
-from fedul_flwr.node_data import main as node_data_main
-from fedul_flwr.node_data import write_nodes
+from fedul_flwr.node_data_cli import main as node_data_main
+from fedul_flwr.node_data_cli import write_nodes
 
 CLASSES = ("cat", "dog", "bird")
 SIZE, CHANNELS = 8, 1

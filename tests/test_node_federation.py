@@ -13,13 +13,13 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data.simulated import client_usets
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.sources import node_key
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.models import build_model
-from fedul_flwr.node_data import write_nodes
+from fedul_flwr.node_data_cli import write_nodes
 from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies import NoSuccessfulReplyError
 

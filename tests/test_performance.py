@@ -16,7 +16,7 @@ from torch import nn
 
 import fedul_flwr.client_app as client_module
 from fedul_flwr import wire
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import RunConfig, config_from_json
 from fedul_flwr.data.partition import _label_dataset, iid_partition
 from fedul_flwr.inprocess import InProcessGrid

@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 
 from fedul_flwr import wire
 from fedul_flwr.client_app import app as client_app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import SERVER_DP, ConfigError, RunConfig, compose_config, describe_sources
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import get_method

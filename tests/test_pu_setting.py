@@ -122,7 +122,7 @@ def test_class_prior_kinds_and_errors() -> None:
 
 # --------------------------------------------------------------------------- simulated source
 def test_simulated_pu_clients_of_the_embedded_sample() -> None:
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.data.client_data import MissingPartError
     from fedul_flwr.data.simulated import load_client, load_run_dataset
 
@@ -165,10 +165,10 @@ def test_shards_partition_deals_whole_class_sorted_shards() -> None:
 
 # --------------------------------------------------------------------------- node folders
 def test_pu_node_folder_round_trip_and_its_errors(tmp_path) -> None:
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.data.node_dir import NodeDataError, load_node_dir
     from fedul_flwr.data.datasets import run_dataset_info
-    from fedul_flwr.node_data import write_nodes
+    from fedul_flwr.node_data_cli import write_nodes
 
     cfg = resolve_config({"client-setting": "pu", "positive-classes": "10"})  # one node labels every class
     info = run_dataset_info(cfg)

@@ -23,7 +23,7 @@ from fedul_flwr import server_app
 from fedul_flwr.acceleration import PLAIN
 from fedul_flwr.augment import Augmentation, Cutout, RandAugment
 from fedul_flwr.checkpoint import CheckpointError, load_checkpoint
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, load_preset
 from fedul_flwr.ema import WeightEMA

@@ -14,7 +14,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedul_flwr import wire
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.strategies import STRATEGIES, build_strategy, inner_strategy

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from flwr.app import Message
 
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid

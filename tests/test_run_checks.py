@@ -1,4 +1,4 @@
-"""The checks before round 1 (:mod:`fedul_flwr.checks`): a resume that cannot damage a run,
+"""The checks before round 1 (:mod:`fedul_flwr.preflight`): a resume that cannot damage a run,
 run folders inside ``output-dir``, settings that cannot work refused before any run folder
 exists, failed replies on record, and ``fedul check`` naming a mistyped key.
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedul_flwr.checkpoint import CheckpointError
-from fedul_flwr.checks import RESUME_FREE_KEYS, resolve_config, resume_conflicts
+from fedul_flwr.preflight import RESUME_FREE_KEYS, resolve_config, resume_conflicts
 from fedul_flwr.cli import main as fedul
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, compose_config, config_from_values
@@ -150,7 +150,7 @@ def test_settings_that_cannot_work_stop_before_round_1_and_leave_no_folder(
 def test_deployment_nodes_bring_their_own_data_so_the_setting_is_not_checked(tmp_path: Path) -> None:
     """The method-against-setting and num-sets checks concern simulated clients: with node
     folders (a deployment) the run is not refused for them."""
-    from fedul_flwr.checks import check_before_round_one
+    from fedul_flwr.preflight import check_before_round_one
 
     cfg = resolve_config({"method": "hassle", "num-sets": 5})
     deployed = InProcessGrid(client_app, 1, {}, node_configs=[{"data-dir": str(tmp_path)}])

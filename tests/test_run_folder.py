@@ -27,7 +27,7 @@ from flwr.simulation.ray_transport.ray_actor import VirtualClientEngineActor
 from fedul_flwr import outputs as outputs_module
 from fedul_flwr import server_app, wire
 from fedul_flwr.checkpoint import CheckpointError
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import RunFolderInUse, RunOutputs

@@ -1,6 +1,6 @@
 """Swappable server strategies: FedProx, SCAFFOLD, FedNova, Flower's server
 optimisers and robust aggregators, with their client-side work in
-:mod:`fedul_flwr.client_update`.
+:mod:`fedul_flwr.strategy_hooks`.
 
 Most tests run a tiny linear-regression federation (4 clients with different least-squares
 optima and different Hessians, full-batch local SGD) through the real strategies, the real
@@ -30,13 +30,13 @@ from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
 from fedul_flwr import wire
-from fedul_flwr.client_update import (
+from fedul_flwr.strategy_hooks import (
     ProximalTerm,
     full_gradient,
     prepare_client_update,
     shared_parameters,
 )
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.base import Batch, LocalTask, Stream

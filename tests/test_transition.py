@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedul_flwr.transition import LOSSES, TransitionLayer, parse_test_prior, surrogate_loss
+from fedul_flwr.config import parse_test_prior
+from fedul_flwr.methods.fedul.transition import LOSSES, TransitionLayer, surrogate_loss
 
 
 def _normal_pdf(x: np.ndarray, mean: float, sd: float) -> np.ndarray:

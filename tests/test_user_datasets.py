@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data.datasets import DatasetError, DatasetOptions, clear_caches, load_dataset
 from fedul_flwr.data.node_dir import NodeDataError, load_node_dir, validate_node_dir
 
@@ -342,7 +342,7 @@ def test_node_image_folder_bad_inputs_name_the_file(sources, tmp_path: Path) -> 
 
 def test_node_data_write_takes_a_user_dataset(sources, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """``fedul node-data write`` splits a user dataset into node folders that validate against it."""
-    from fedul_flwr.node_data import main
+    from fedul_flwr.node_data_cli import main
 
     name, extra, classes, _ = sources["parquet"]
     settings = " ".join(f'{k}="{v}"' for k, v in extra.items())
@@ -365,8 +365,8 @@ def test_the_datasets_page_commands_run_as_printed(tmp_path: Path) -> None:
     writes and validates the node folders."""
     import shlex
 
-    from fedul_flwr.checks import check_setting
-    from fedul_flwr.node_data import main, parse_run_config
+    from fedul_flwr.preflight import check_setting
+    from fedul_flwr.node_data_cli import main, parse_run_config
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "datasets.md").read_text()
     section = page.split("## Your own images", 1)[1]

@@ -20,7 +20,7 @@ ROUND = """
 import json, sys
 import fedul_flwr
 from fedul_flwr.client_app import app
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import PROJECT_DIR
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.server_app import run_federation

@@ -43,7 +43,7 @@ import torch
 
 from fedul_flwr.augment import Augmentation
 from fedul_flwr.experiments.tables import markdown_table
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.models import build_model
 from fedul_flwr.store import write_atomic
 

@@ -22,7 +22,7 @@ from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import Method, RoundContext
 from fedul_flwr.methods.base import Predictor
-from fedul_flwr.runtime import loop_acceleration
+from fedul_flwr.execution import loop_acceleration
 from fedul_flwr.server_app import global_models
 from fedul_flwr.training import LocalLoop, evaluate
 

@@ -123,12 +123,12 @@ from fedul_flwr.experiments.augment_bench import augment_markdown, section_augme
 from fedul_flwr.experiments.bare_loop import bare_round, build_federation, central_eval
 from fedul_flwr.experiments.hassle_bench import BASELINE_REVISION, hassle_markdown, section_hassle
 from fedul_flwr.experiments.peers import check_peers_arguments, peers_markdown, section_peers
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.simulated import load_run_dataset
 from fedul_flwr.methods import RoundContext, get_method
 from fedul_flwr.experiments.tables import markdown_table
-from fedul_flwr.runtime import loop_acceleration
+from fedul_flwr.execution import loop_acceleration
 from fedul_flwr.server_app import global_models
 from fedul_flwr.store import write_atomic
 

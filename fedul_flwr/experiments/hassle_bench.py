@@ -251,7 +251,7 @@ def section_hassle(args: argparse.Namespace) -> dict[str, Any]:
         run_config["dataset"] = args.hassle_dataset
     if args.data_dir:
         run_config["data-dir"] = args.data_dir
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
 
     cfg = resolve_config(run_config)  # refuses a bad setting before any worker starts
     if cfg.dataset != "mnist-sample" and not cfg.data_dir:
@@ -306,7 +306,7 @@ def _worker(run_config: dict[str, Any], num_nodes: int, threads: int, gate: bool
     import torch
     from flwr.app import MessageType
 
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.client_app import app
     from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.server_app import run_federation

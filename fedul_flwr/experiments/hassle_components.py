@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from fedul_flwr.checkpoint import load_checkpoint
-from fedul_flwr.checks import resolve_config
+from fedul_flwr.preflight import resolve_config
 from fedul_flwr.experiments.tables import markdown_table, table_rows
 from fedul_flwr.data.datasets import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset

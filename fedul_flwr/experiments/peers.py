@@ -22,7 +22,7 @@ The systems:
 - **engine**: this project's ServerApp and ClientApp through the in-process grid
   (:class:`~fedul_flwr.inprocess.InProcessGrid`; ``method = "supervised"``,
   ``aggregation-weights = "uniform"``, ``evaluate-every`` past the timed rounds), on the
-  cohort path ``cohort = "auto"`` picks (:func:`fedul_flwr.runtime.cohort_path`: with T >= 2
+  cohort path ``cohort = "auto"`` picks (:func:`fedul_flwr.execution.cohort_path`: with T >= 2
   threads on a CPU, T clients at once, one thread each; on a GPU the batched cohort). Also
   with ``precision = "auto"`` (bf16 autocast where the CPU has it), with ``method = "fedul"``
   (the same images as 10 U sets of 5 per user), at T >= 2 one client after another on all T
@@ -205,7 +205,7 @@ def pfl_spec(cfg_values: Mapping[str, Any], workdir: Path, threads: int, users: 
     RuntimeError
         If a user of the partition does not hold 50 images.
     """
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.data.simulated import client_rows, load_run_dataset
     from fedul_flwr.methods import get_method
     from fedul_flwr.server_app import global_models
@@ -238,9 +238,9 @@ def pfl_spec(cfg_values: Mapping[str, Any], workdir: Path, threads: int, users: 
 def engine_phase(values: Mapping[str, Any], users: int, threads: int, rounds: int, pacer: Callable[[], None],
                  workdir: Path, name: str) -> dict[str, Any]:  # fmt: skip
     """One engine run of ``rounds`` rounds on the paced grid; its times, path and accuracy."""
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.client_app import app
-    from fedul_flwr.runtime import cohort_path
+    from fedul_flwr.execution import cohort_path
     from fedul_flwr.server_app import run_federation
 
     run = {**values, "num-rounds": rounds, "evaluate-every": rounds, "output-dir": str(workdir / "runs"),

@@ -26,11 +26,11 @@ configuration's ``output-dir``. Then:
   tables are rendered from the records that exist, and the command ends with one line per
   failed cell and exit status 1 (:class:`GridResult`); the next invocation runs the cell
   again;
-- settings that change only output (:data:`fedul_flwr.checks.OUTPUT_KEYS`: ``verbose``,
+- settings that change only output (:data:`fedul_flwr.preflight.OUTPUT_KEYS`: ``verbose``,
   ``tensorboard``, the run's name and folder, ...) never make a run another one, and in
   float32 (``precision=fp32``) neither does ``device``: a record made on ``cuda`` counts
   for the ``cpu`` cell and a run stopped on one device continues on the other
-  (:func:`fedul_flwr.checks.run_settings`, the rule a resumed checkpoint follows too);
+  (:func:`fedul_flwr.preflight.run_settings`, the rule a resumed checkpoint follows too);
 - ``stop_after`` (``--stop-after MINUTES``) ends the grid before the limit: runs stop
   between rounds when the next would not end in time (:class:`StoppableGrid`), runs still
   going near the limit are terminated, none gets a record, each continues on the next
@@ -62,7 +62,7 @@ configuration's ``output-dir``. Then:
 a worker the OS kills is its run's failure record, never a grid that hangs), each with ``threads`` torch threads
 (0: the machine's cores divided by ``jobs``); every run seeds itself, so the results do not
 depend on ``jobs``. A run trains its round's clients on the cohort path of its ``cohort``
-setting (:func:`fedul_flwr.runtime.cohort_path`: on a CPU with 2+ threads, as many clients at
+setting (:func:`fedul_flwr.execution.cohort_path`: on a CPU with 2+ threads, as many clients at
 once as threads, each on one; on a GPU one batched model); its record names the path
 (``cohort``). On one CUDA card each worker takes ``1 / jobs`` of its memory
 (:func:`share_gpu`).
@@ -87,7 +87,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import Message, MessageType
 
-from fedul_flwr.checks import run_settings
+from fedul_flwr.preflight import run_settings
 from fedul_flwr.experiments import worker_start
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import RunStopped
@@ -226,10 +226,10 @@ def execute(
     import torch
 
     from fedul_flwr.client_app import app
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.config import ConfigError
     from fedul_flwr.data import simulated
-    from fedul_flwr.runtime import cohort_path, pick_device
+    from fedul_flwr.execution import cohort_path, pick_device
     from fedul_flwr.server_app import run_federation
 
     if threads:
@@ -301,7 +301,7 @@ def record_from_folder(spec: RunSpec, run_config: dict[str, Any], run_dir: Path)
     wall time is the run's (its last metric row); ``rebuilt-from-run-folder`` is true.
     Used when a cell's record was damaged (:func:`read_record`): nothing is trained again.
     Reads only."""
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.outputs import read_metrics, running_time
 
     try:
@@ -423,7 +423,7 @@ def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
     """(:func:`resumable_round`, why the stopped run in the run folder cannot go on: ``""``
     where it can or where the folder holds no checkpoint)."""
     from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, CheckpointMissing, load_checkpoint
-    from fedul_flwr.checks import resolve_config, resume_conflicts, run_finished
+    from fedul_flwr.preflight import resolve_config, resume_conflicts, run_finished
 
     ckpt_dir = Path(run_config["output-dir"]) / run_config["run-name"]
     try:
@@ -450,8 +450,8 @@ def resumable_round(run_config: Mapping[str, Any]) -> int:
 
     A run folder without a record holds a stopped run. It is continued (``resume=true``)
     where its ``checkpoint.pt`` was written with the same resolved settings (``num-rounds``
-    and what :func:`~fedul_flwr.checks.run_settings` leaves out aside: the output-only
-    :data:`~fedul_flwr.checks.OUTPUT_KEYS`, ``device`` in float32) and the strategy keeps
+    and what :func:`~fedul_flwr.preflight.run_settings` leaves out aside: the output-only
+    :data:`~fedul_flwr.preflight.OUTPUT_KEYS`, ``device`` in float32) and the strategy keeps
     all its state on the server (:data:`~fedul_flwr.checkpoint.RESUMABLE_STRATEGIES`); such
     a run ends with the weights of an uninterrupted one. The checkpoint's tensors are loaded
     onto the CPU (``map_location``), so a run stopped on a GPU goes on on a CPU and back.
@@ -848,7 +848,7 @@ def summary_line(record: Mapping[str, Any]) -> str:
 
 def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]], datasets: bool = False) -> None:
     """Resolve every run's configuration and, with ``datasets``, check its dataset
-    (:func:`fedul_flwr.checks.check_dataset`: every image read once per dataset; for the
+    (:func:`fedul_flwr.preflight.check_dataset`: every image read once per dataset; for the
     runs still to train, so a finished grid renders without its data).
 
     Raises
@@ -857,7 +857,7 @@ def check_run_configs(runs: Sequence[tuple[RunSpec, dict[str, Any]]], datasets: 
         For the first invalid one, naming the run, the key and the value (and the flags that
         set them: ``--data-dir``, ``--set KEY=VALUE``).
     """
-    from fedul_flwr.checks import check_dataset, resolve_config
+    from fedul_flwr.preflight import check_dataset, resolve_config
     from fedul_flwr.config import ConfigError
 
     for spec, run_config in runs:
@@ -881,7 +881,7 @@ def check_records_match(runs: Sequence[tuple[RunSpec, dict[str, Any]]], records_
     fedul_flwr.config.ConfigError
         Naming the run, its record, and up to three settings that differ.
     """
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.config import ConfigError
 
     for spec, run_config in runs:
@@ -1137,9 +1137,9 @@ def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
 
 
 def same_settings(recorded: Mapping[str, Any], requested: Mapping[str, Any]) -> bool:
-    """Whether two runs' settings (:func:`~fedul_flwr.checks.run_settings`) are one run's. A key one of them lacks
+    """Whether two runs' settings (:func:`~fedul_flwr.preflight.run_settings`) are one run's. A key one of them lacks
     (added to the project after its record was written) counts as its default, the rule a
-    resumed checkpoint follows (:func:`fedul_flwr.checks.resume_conflicts`): a new key's
+    resumed checkpoint follows (:func:`fedul_flwr.preflight.resume_conflicts`): a new key's
     default keeps the behaviour the older record was trained with."""
     return not setting_differences(recorded, requested)
 
@@ -1172,7 +1172,7 @@ def _share_record(spec: RunSpec, run_config: dict[str, Any], path: Path, recorde
     same resolved settings (:func:`same_settings`; name and folder aside) is copied under this
     run's id with ``same-run-as`` naming the original; nothing is trained. Returns whether it was.
     """
-    from fedul_flwr.checks import resolve_config
+    from fedul_flwr.preflight import resolve_config
     from fedul_flwr.store import write_json
 
     requested = run_settings(resolve_config(dict(run_config)).as_dict())

@@ -265,7 +265,7 @@ class Method(ABC):
     (named in the error when a client lacks them)."""
     settings: ClassVar[tuple[str, ...]] = ()
     """The simulated ``client-setting`` values the method is defined for, checked before round 1
-    (:func:`fedul_flwr.checks.method_settings`); empty: every setting whose clients hold the
+    (:func:`fedul_flwr.preflight.method_settings`); empty: every setting whose clients hold the
     parts in ``requires``. A method that requires no part (it adapts to what each client
     holds) names them."""
     batched_cohort: ClassVar[bool] = True

@@ -22,7 +22,7 @@ et al., ICLR 2021), the robust FedMedian and FedTrimmedAvg (Yin et al., ICML 201
 MultiKrum (Blanchard et al., NeurIPS 2017) and Bulyan (El Mhamdi et al., ICML 2018), or
 ours, :class:`~fedul_flwr.strategies.scaffold.Scaffold` (Karimireddy et al., ICML 2020)
 and :class:`~fedul_flwr.strategies.fednova.FedNova` (Wang et al., NeurIPS 2020). Their
-client-side work (prox term, control variates) is in :mod:`fedul_flwr.client_update`.
+client-side work (prox term, control variates) is in :mod:`fedul_flwr.strategy_hooks`.
 
 Every strategy aggregates every exchanged model of the method: the models travel in one
 ArrayRecord (keys ``"<model>.<parameter>"``). A method that needs its own aggregation

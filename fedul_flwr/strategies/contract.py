@@ -15,7 +15,7 @@ on its node, so any server combination is post-processing of noised replies.
 Each strategy declares one :class:`Contract` in :data:`STRATEGY_CONTRACTS`; a method declares
 its own in the ``contract`` attribute of its aggregation mixin (``Method.aggregation()``;
 ``None``: it aggregates as the run's strategy does). :func:`dp_refusal` derives from the two
-what a run may combine; :func:`fedul_flwr.checks.validate_config` refuses the rest before
+what a run may combine; :func:`fedul_flwr.preflight.validate_config` refuses the rest before
 round 1 with its one line.
 """
 

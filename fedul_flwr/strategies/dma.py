@@ -2,7 +2,7 @@
 
 Zhu et al., "Debiasing Federated Semi-Supervised Learning", IJCAI 2024, Sec. 4.2, Alg. 2,
 Eqs. 15-17. Each sampled client m uploads its average prediction on unlabeled data (APP-U,
-pbar_m, a K-vector; :mod:`fedul_flwr.methods.fixmatch.dpl`); the server looks for aggregation
+pbar_m, a K-vector; :mod:`fedul_flwr.methods.feddb.dpl`); the server looks for aggregation
 weights beta whose mixture of the APP-Us is closest to the uniform class distribution and
 averages the models with them, instead of FedAvg's data-size weights.
 

@@ -19,7 +19,7 @@ The weights w_i are the strategy's weighted average (``weighted_by_key``): unifo
 give the paper's ``1/|S|`` exactly; sample-count weights keep c the sample-weighted average
 of the c_i under full participation, matching x's sample-weighted objective. With
 ``eta_g = 1`` the model update is exactly FedAvg's average. The client side (gradient
-correction, c_i in ``context.state``) lives in :mod:`fedul_flwr.client_update`.
+correction, c_i in ``context.state``) lives in :mod:`fedul_flwr.strategy_hooks`.
 
 Wire format: the train message carries ``"arrays"`` (x), ``"server-cv"`` (c, an
 ArrayRecord keyed by parameter name; empty = zeros before the first aggregation) and

@@ -395,8 +395,8 @@ class Hassle(Method):
             hooks = loop.hooks
             mu = proximity_weight(float(self.option("hassle-gamma")), self.option("hassle-gamma-form"), int(mask.sum()))
             if mu > 0:
-                # imported here: fedul_flwr.client_update imports the methods package
-                from fedul_flwr.client_update import ProximalTerm, shared_parameters
+                # imported here: fedul_flwr.strategy_hooks imports the methods package
+                from fedul_flwr.strategy_hooks import ProximalTerm, shared_parameters
 
                 params = shared_parameters(models, [dual])  # keyed "<dual>.<parameter>"
                 anchor = {f"{dual}.{k}": v for k, v in frozen[other].named_parameters()}

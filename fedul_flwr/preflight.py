@@ -1,5 +1,5 @@
 """Every check of a run's settings that needs no node's data, run before round 1 and before any
-run folder exists (``fedul check``; ``python -m fedul_flwr.checks``).
+run folder exists (``fedul check``; ``python -m fedul_flwr.preflight``).
 
 :mod:`fedul_flwr.config` checks what the settings alone can tell and knows no registry (the
 modules that implement methods, strategies and client settings import it). This module sits
@@ -756,7 +756,7 @@ def _num_supernodes(federation_config: str) -> int | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m fedul_flwr.checks``; returns the exit code."""
+    """Entry point of ``python -m fedul_flwr.preflight``; returns the exit code."""
     parser = argparse.ArgumentParser(prog="fedul check", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from fedul_flwr.registry import Registry
 
-__all__ = ["LOSSES", "TransitionLayer", "parse_test_prior", "surrogate_loss"]
+__all__ = ["LOSSES", "TransitionLayer", "surrogate_loss"]
 
 LOSSES: Registry[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = Registry("loss")
 """Surrogate losses ``(log_q [B, M], ybar [B]) -> scalar`` by name (FedUL's ``loss`` option)."""
@@ -186,59 +186,3 @@ def surrogate_loss(log_q: torch.Tensor, ybar: torch.Tensor, kind: str = "nll") -
         )
     return loss(log_q, ybar)
 
-
-def parse_test_prior(spec: str | float | Sequence[float] | np.ndarray, num_classes: int) -> np.ndarray:
-    """Parse the test class prior pi.
-
-    Parameters
-    ----------
-    spec : str, float, or sequence of float
-        ``"uniform"`` (case-insensitive) or a comma-separated list ``"0.1,0.2,..."`` of K
-        values; a bare number or a sequence is treated like the list of its values.
-    num_classes : int
-        K.
-
-    Returns
-    -------
-    np.ndarray
-        float64 [K], strictly positive, sums to 1 within 1e-6 (renormalised exactly).
-
-    Raises
-    ------
-    ValueError
-        Naming the value: not a number, wrong length, non-positive or non-finite entry,
-        or a sum that differs from 1 by more than 1e-6.
-    """
-    if num_classes < 1:
-        raise ValueError(f"num_classes must be >= 1, got {num_classes}")
-    if isinstance(spec, str):
-        text = spec.strip()
-        if text.lower() == "uniform":
-            return np.full(num_classes, 1.0 / num_classes)
-        tokens = [t.strip() for t in text.split(",")]
-        values: list[float] = []
-        for tok in tokens:
-            try:
-                values.append(float(tok))
-            except ValueError:
-                raise ValueError(
-                    f"test-prior {spec!r}: {tok!r} is not a number; "
-                    f"use 'uniform' or {num_classes} comma-separated probabilities"
-                ) from None
-    elif isinstance(spec, (int, float, np.floating, np.integer)):
-        values = [float(spec)]
-    else:
-        values = [float(v) for v in spec]
-    arr = np.asarray(values, dtype=np.float64)
-    if arr.size != num_classes:
-        raise ValueError(
-            f"test-prior {spec!r}: expected {num_classes} values (one per class), got {arr.size}"
-        )
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"test-prior {spec!r}: entries must be finite")
-    if np.any(arr <= 0):
-        k = int(np.flatnonzero(arr <= 0)[0])
-        raise ValueError(f"test-prior {spec!r}: entry {k} = {arr[k]:g} must be > 0")
-    if abs(arr.sum() - 1.0) > 1e-6:
-        raise ValueError(f"test-prior {spec!r}: entries sum to {arr.sum():.8g}, not 1")
-    return arr / arr.sum()

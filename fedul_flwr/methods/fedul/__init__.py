@@ -11,7 +11,7 @@ cross-entropy of the surrogate posterior (App. C.4):
 
 Only f is trained and exchanged; any supervised aggregation works on top (FedAvg by
 default). Prediction is argmax f(x). Options: ``loss`` (a name of
-:data:`fedul_flwr.transition.LOSSES`): ``nll`` (the paper) or ``ce-prob`` (the authors'
+:data:`fedul_flwr.methods.fedul.transition.LOSSES`): ``nll`` (the paper) or ``ce-prob`` (the authors'
 code: cross-entropy applied to the probabilities Q_c); ``test-prior`` (pi of Q_c) is a run
 setting parsed with the configuration.
 """
@@ -25,7 +25,7 @@ from torch import nn
 from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
-from fedul_flwr.transition import LOSSES, TransitionLayer, surrogate_loss
+from fedul_flwr.methods.fedul.transition import LOSSES, TransitionLayer, surrogate_loss
 
 
 @register_method

@@ -1,7 +1,10 @@
 """FedDB: debiased pseudo-labels on the clients, debiased model aggregation on the server.
 
+Two methods live here: ``fixmatch-dpl`` (:mod:`.dpl`, FixMatch with the debiased pseudo-labels
+alone, Eqs. 8, 14) and ``feddb`` (this module: DPL plus DMA, Eqs. 15-17).
+
 Zhu et al., "Debiasing Federated Semi-Supervised Learning", IJCAI 2024, Alg. 1-3: the clients
-run FixMatch with DPL (:mod:`fedul_flwr.methods.fixmatch.dpl`) and upload their APP-U; the
+run FixMatch with DPL (:mod:`fedul_flwr.methods.feddb.dpl`) and upload their APP-U; the
 server aggregates with DMA's weights (:mod:`fedul_flwr.strategies.dma`), composed with the
 run's strategy (FedAvg: Eq. 17 as written; ``strategy = "fedavgm"`` with
 ``server-momentum = 0.5`` and ``server-lr = 1.0``: the authors' code's server update).
@@ -14,10 +17,10 @@ from __future__ import annotations
 
 from fedul_flwr.config import Option
 from fedul_flwr.methods.base import register_method
-from fedul_flwr.methods.fixmatch.dpl import APP_U, FixMatchDPL
+from fedul_flwr.methods.feddb.dpl import APP_U, FixMatchDPL
 from fedul_flwr.strategies.dma import DMA_LOSSES, DebiasedModelAggregation
 
-__all__ = ["FedDB"]
+__all__ = ["FedDB", "FixMatchDPL"]
 
 
 @register_method

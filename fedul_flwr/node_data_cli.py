@@ -1,4 +1,4 @@
-"""Command line for deployed nodes' data folders (``fedul node-data``; ``python -m fedul_flwr.node_data``).
+"""Command line for deployed nodes' data folders (``fedul node-data``; ``python -m fedul_flwr.node_data_cli``).
 
 ``write``
     Simulate N organisations: split the run's dataset exactly as a simulation would
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedul_flwr.checks import check_setting, resolve_config
+from fedul_flwr.preflight import check_setting, resolve_config
 from fedul_flwr.config import ConfigError, RunConfig, check_keys, default_config
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
