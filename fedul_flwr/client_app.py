@@ -32,7 +32,7 @@ from fedul_flwr.strategy_hooks import prepare_client_update
 from fedul_flwr.config import RunConfig, config_from_json
 from fedul_flwr.console import set_verbose
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.data.datasets import DatasetInfo
+from fedul_flwr.data.image_dataset import DatasetInfo
 from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, NothingToTrain, RoundContext, get_method
 from fedul_flwr.models import build_model

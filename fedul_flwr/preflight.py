@@ -168,7 +168,8 @@ def validate_config(cfg: RunConfig) -> RunConfig:
         Naming the key and the offending value (and the closest valid name).
     """
     d = cfg.as_dict()
-    from fedul_flwr.data.datasets import DATASETS, DatasetError
+    from fedul_flwr.data.datasets import DATASETS
+    from fedul_flwr.data.image_dataset import DatasetError
 
     try:
         DATASETS.get(cfg.dataset)  # a name, or a registered prefix (hf:...)
@@ -478,7 +479,8 @@ def check_clients(cfg: RunConfig, num_nodes: int) -> None:
 
 def _dataset_facts(cfg: RunConfig) -> Any:
     """The run's :class:`~fedul_flwr.data.datasets.DatasetInfo` (a refusal as a ConfigError)."""
-    from fedul_flwr.data.datasets import DatasetError, run_dataset_info
+    from fedul_flwr.data.datasets import run_dataset_info
+    from fedul_flwr.data.image_dataset import DatasetError
 
     try:
         return run_dataset_info(cfg.as_dict())
@@ -502,7 +504,8 @@ def check_dataset(cfg: RunConfig) -> int:
     ConfigError
         In one line naming the file, row or key and the cause.
     """
-    from fedul_flwr.data.datasets import DatasetError, run_dataset
+    from fedul_flwr.data.datasets import run_dataset
+    from fedul_flwr.data.image_dataset import DatasetError
     from fedul_flwr.methods import get_method
     from fedul_flwr.models import check_input_size
 

@@ -25,7 +25,8 @@ from fedul_flwr.preflight import check_before_round_one, check_resume, check_res
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
-from fedul_flwr.data.datasets import ImageDataset, normalize, run_dataset_info
+from fedul_flwr.data.datasets import run_dataset_info
+from fedul_flwr.data.image_dataset import ImageDataset, normalize
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.ema import WeightEMA
 from fedul_flwr.methods import Method, get_method

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fedul_flwr.data.datasets import DatasetError, dataset_info, run_dataset_info
+from fedul_flwr.data.datasets import dataset_info, run_dataset_info
+from fedul_flwr.data.image_dataset import DatasetError
 from fedul_flwr.augment import AUGMENTATIONS, RANDAUGMENT_OPS, Augmentation, RandAugment, build_augmentation
 from fedul_flwr.methods.base import LocalTask, Stream
 from fedul_flwr.training import augment_generator, iterate_batches
@@ -55,7 +56,7 @@ def test_horizontal_flip_is_a_fact_of_the_dataset_that_the_run_key_sets(tmp_path
     dataset; an ``hf:`` dataset flips only when the run says so; the fact travels to the nodes."""
     from PIL import Image
 
-    from fedul_flwr.data.datasets import DatasetInfo
+    from fedul_flwr.data.image_dataset import DatasetInfo
 
     for k, name in enumerate(("left", "right")):
         (tmp_path / name).mkdir()

@@ -26,14 +26,11 @@ import pytest
 import torch
 
 from fedul_flwr.data import datasets as D
-from fedul_flwr.data.datasets import (
-    DATASETS,
-    DatasetError,
-    ImageDataset,
-    embedded_sample_path,
-    load_dataset,
-    normalize,
-)
+from fedul_flwr.data import mnist_sample
+from fedul_flwr.data.torchvision_datasets import cache_for
+from fedul_flwr.data.datasets import DATASETS, load_dataset
+from fedul_flwr.data.image_dataset import DatasetError, ImageDataset, normalize
+from fedul_flwr.data.mnist_sample import embedded_sample_path
 
 MNIST_FILES = (
     "train-images-idx3-ubyte",
@@ -175,7 +172,7 @@ def test_embedded_sample_path_finds_file():
 def test_embedded_sample_path_editable_install_fallback(monkeypatch, tmp_path):
     """From a FAB copy (no assets next to the module) the editable install is used."""
     repo = Path(embedded_sample_path()).parent.parent.parent
-    monkeypatch.setattr(D, "__file__", str(tmp_path / "fab" / "fedul_flwr" / "data" / "datasets.py"))
+    monkeypatch.setattr(mnist_sample, "__file__", str(tmp_path / "fab" / "fedul_flwr" / "data" / "mnist_sample.py"))
 
     class FakeDist:
         files = None
@@ -184,17 +181,17 @@ def test_embedded_sample_path_editable_install_fallback(monkeypatch, tmp_path):
             assert name == "direct_url.json"
             return json.dumps({"url": repo.as_uri(), "dir_info": {"editable": True}})
 
-    monkeypatch.setattr(D.metadata, "distribution", lambda name: FakeDist())
+    monkeypatch.setattr(mnist_sample.metadata, "distribution", lambda name: FakeDist())
     assert embedded_sample_path() == repo / "fedul_flwr" / "assets" / "mnist_sample.npz"
 
 
 def test_embedded_sample_missing_says_how_to_rebuild(monkeypatch, tmp_path):
-    monkeypatch.setattr(D, "__file__", str(tmp_path / "fab" / "fedul_flwr" / "data" / "datasets.py"))
+    monkeypatch.setattr(mnist_sample, "__file__", str(tmp_path / "fab" / "fedul_flwr" / "data" / "mnist_sample.py"))
 
     def not_installed(name):
-        raise D.metadata.PackageNotFoundError(name)
+        raise mnist_sample.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(D.metadata, "distribution", not_installed)
+    monkeypatch.setattr(mnist_sample.metadata, "distribution", not_installed)
     with pytest.raises(DatasetError, match="build_mnist_sample.py") as e:
         load_dataset("mnist-sample")
     assert "mnist-sample" in str(e.value)
@@ -312,7 +309,7 @@ def test_gz_extracted_in_place_when_writable(monkeypatch, tmp_path):
     assert torch.equal(ds.train_y, torch.from_numpy(arrays["train-labels-idx1-ubyte"]).long())
     for f in MNIST_FILES:
         assert (tmp_path / "MNIST" / "raw" / f).is_file()
-    assert not D.cache_for(tmp_path).exists()  # extracted in place, not in the cache
+    assert not cache_for(tmp_path).exists()  # extracted in place, not in the cache
     assert not [p for p in (tmp_path / "MNIST" / "raw").iterdir() if p.name.startswith(".")]
 
 
@@ -328,7 +325,7 @@ def test_gz_from_read_only_root_goes_to_cache(monkeypatch, tmp_path):
         ds = load_dataset("mnist", data_dir=str(root))
         assert sorted(p.name for p in raw.iterdir()) == before  # root untouched
         for f in MNIST_FILES:
-            assert (D.cache_for(root) / "MNIST" / "raw" / f).is_file()
+            assert (cache_for(root) / "MNIST" / "raw" / f).is_file()
         assert torch.equal(ds.train_x[:, 0], torch.from_numpy(arrays["train-images-idx3-ubyte"]))
         # a second process-level load reuses the cache
         D._load_cached.cache_clear()
@@ -447,8 +444,8 @@ def test_cifar100_read_only_root_goes_to_cache(monkeypatch, tmp_path):
     try:
         ds = load_dataset("cifar100", data_dir=str(root))
         assert sorted(p.name for p in root.iterdir()) == before
-        assert (D.cache_for(root) / "cifar-100-python" / "train").is_file()
-        assert D.cache_for(root).parent.parent == tmp_path / "fedul-cache"
+        assert (cache_for(root) / "cifar-100-python" / "train").is_file()
+        assert cache_for(root).parent.parent == tmp_path / "fedul-cache"
         assert torch.equal(ds.test_x, torch.from_numpy(written["test"][0]))
     finally:
         root.chmod(0o755)

@@ -133,7 +133,7 @@ def test_components_of_a_checkpoint_match_the_runs_metrics_and_pseudo_labels_by_
     """hassle_components: SM / UM / EM from the checkpoint equal the run's last metrics; the
     pseudo-label accuracy of w_S alone equals the saved final w_S (model.pt) on every client's
     unlabeled images, counted here."""
-    from fedul_flwr.data.datasets import normalize
+    from fedul_flwr.data.image_dataset import normalize
     from fedul_flwr.data.simulated import load_client, load_run_dataset
     from fedul_flwr.experiments.hassle_components import (
         AGREE, PSEUDO_TEACHER, PSEUDO_W_S, components, main, read_components, render_components,

@@ -20,7 +20,8 @@ import torch
 
 from fedul_flwr.preflight import check_before_round_one, resolve_config
 from fedul_flwr.config import ConfigError
-from fedul_flwr.data.datasets import DatasetError, DatasetOptions, clear_caches, load_dataset
+from fedul_flwr.data.datasets import DatasetOptions, clear_caches, load_dataset
+from fedul_flwr.data.image_dataset import DatasetError
 
 CLASSES = ("cat", "dog", "emu")
 

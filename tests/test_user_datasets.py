@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from fedul_flwr.preflight import resolve_config
-from fedul_flwr.data.datasets import DatasetError, DatasetOptions, clear_caches, load_dataset
+from fedul_flwr.data.datasets import DatasetOptions, clear_caches, load_dataset
+from fedul_flwr.data.image_dataset import DatasetError
 from fedul_flwr.data.node_dir import NodeDataError, load_node_dir, validate_node_dir
 
 SIDE = 16

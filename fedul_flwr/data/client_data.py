@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from fedul_flwr.data.datasets import normalize
+from fedul_flwr.data.image_dataset import normalize
 
 __all__ = ["PARTS", "SEMI_SUPERVISED_PARTS", "ClientData", "LabeledImages", "MissingPartError", "USetIndex"]
 

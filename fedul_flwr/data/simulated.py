@@ -39,7 +39,8 @@ from fedul_flwr import get_logger
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.annotation import label_fractions, labeled_rows, parse_layout
 from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
-from fedul_flwr.data.datasets import ImageDataset, run_dataset, run_dataset_info
+from fedul_flwr.data.datasets import run_dataset, run_dataset_info
+from fedul_flwr.data.image_dataset import ImageDataset
 from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
 from fedul_flwr.data.partition import holdout_split, partition_pool
 from fedul_flwr.data.prior_noise import noisy_priors

@@ -23,7 +23,7 @@ from typing import Any
 from fedul_flwr import get_logger
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.client_data import ClientData, MissingPartError
-from fedul_flwr.data.datasets import DatasetInfo
+from fedul_flwr.data.image_dataset import DatasetInfo
 from fedul_flwr.data.node_dir import load_node_dir
 from fedul_flwr.data.simulated import SETTING_PARTS, load_client
 

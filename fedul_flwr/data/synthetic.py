@@ -24,7 +24,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from fedul_flwr.data.datasets import DATASETS, DatasetInfo, ImageDataset, _builtin
+from fedul_flwr.data.datasets import DATASETS, _builtin
+from fedul_flwr.data.image_dataset import DatasetInfo, ImageDataset
 
 __all__ = ["INFO", "synthetic_cifar"]
 

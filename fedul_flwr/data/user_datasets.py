@@ -56,7 +56,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedul_flwr.data.datasets import DATASETS, DatasetError, DatasetInfo, DatasetOptions, DatasetSource, ImageDataset
+from fedul_flwr.data.datasets import DATASETS, DatasetOptions, DatasetSource
+from fedul_flwr.data.image_dataset import DatasetError, DatasetInfo, ImageDataset
 from fedul_flwr.data.images import (
     ImageError,
     ImageSpec,

@@ -159,7 +159,8 @@ def fedul_rounds(args: argparse.Namespace, device: torch.device) -> dict[str, An
 def feddb_round(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Median seconds of one FedDB round of the paper protocol on synthetic CIFAR-shaped data."""
     from fedul_flwr.data.client_data import ClientData, LabeledImages
-    from fedul_flwr.data.datasets import dataset_info, normalize
+    from fedul_flwr.data.datasets import dataset_info
+    from fedul_flwr.data.image_dataset import normalize
     from fedul_flwr.experiments.bare_loop import Federation, bare_round
     from fedul_flwr.methods import get_method
     from fedul_flwr.server_app import global_models

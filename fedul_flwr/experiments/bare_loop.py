@@ -18,7 +18,7 @@ from fedul_flwr.augment import build_augmentation
 from fedul_flwr.checkpoint import save_checkpoint
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.data.datasets import normalize
+from fedul_flwr.data.image_dataset import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import Method, RoundContext
 from fedul_flwr.methods.base import Predictor

@@ -35,7 +35,7 @@ import torch
 from fedul_flwr.checkpoint import load_checkpoint
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.experiments.tables import markdown_table, table_rows
-from fedul_flwr.data.datasets import normalize
+from fedul_flwr.data.image_dataset import normalize
 from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import get_method
 from fedul_flwr.methods.base import Predictor
