@@ -15,10 +15,10 @@ Options: ``dma-loss`` (``l2``, the paper's Eq. 16; ``mse``, the authors' code), 
 
 from __future__ import annotations
 
-from fedul_flwr.config import Option
 from fedul_flwr.methods.base import register_method
 from fedul_flwr.methods.feddb.dpl import APP_U, FixMatchDPL
-from fedul_flwr.strategies.dma import DMA_LOSSES, DebiasedModelAggregation
+from fedul_flwr.methods.feddb.settings import DMA_OPTIONS
+from fedul_flwr.strategies.dma import DebiasedModelAggregation
 
 __all__ = ["FedDB", "FixMatchDPL"]
 
@@ -29,11 +29,7 @@ class FedDB(FixMatchDPL):
 
     name = "feddb"
     recorded_metrics = FixMatchDPL.recorded_metrics + ("dma-beta", "dma-loss-uniform", "dma-loss")
-    options = FixMatchDPL.options + (
-        Option("dma-loss", lambda v: v in DMA_LOSSES, f"one of {DMA_LOSSES}"),
-        Option("dma-steps", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
-        Option("dma-lr", lambda v: v > 0, "> 0"),
-    )
+    options = FixMatchDPL.options + DMA_OPTIONS
 
     def aggregation(self) -> type | None:
         """:class:`~fedul_flwr.strategies.dma.DebiasedModelAggregation` with this run's options."""

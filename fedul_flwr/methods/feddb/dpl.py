@@ -47,9 +47,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedul_flwr.augment import Augmentation
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import LocalTask, RoundContext, Stream, register_method
+from fedul_flwr.methods.feddb.settings import DPL_OPTIONS
 from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
 
 __all__ = ["APP_U", "FixMatchDPL", "debias", "debiased_pseudo_labels"]
@@ -144,10 +144,7 @@ class FixMatchDPL(FixMatch):
     name = "fixmatch-dpl"
     requires = ("labeled", "unlabeled")  # APP-U is over the unlabeled part; the labels anchor it
     recorded_metrics = (APP_U, *FixMatch.recorded_metrics)
-    options = FixMatch.options + (
-        Option("dpl-ema", lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-        Option("dpl-app-u-update", lambda v: v in ("epoch", "step"), "'epoch' (paper) or 'step' (authors' code)"),
-    )
+    options = FixMatch.options + DPL_OPTIONS
 
     def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
         """The unlabeled images with this round's debiased pseudo-labels (``pseudo``) and mask

@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
+from fedul_flwr.methods.fedllp.settings import LLP_BATCHES, OPTIONS
 
 __all__ = ["FedLLP", "proportion_loss", "set_stratified_batches"]
 
@@ -86,9 +86,6 @@ def proportion_loss(logits: torch.Tensor, set_index: torch.Tensor, priors: torch
     # 0 * log(0) terms (zero prior, vanishing prediction) are 0, not NaN
     per_set = -(torch.where(target > 0, target * log_mean, torch.zeros_like(log_mean))).sum(dim=1)
     return per_set.mean()
-
-
-LLP_BATCHES = ("stratified", "single-set", "whole-set")
 
 
 def set_stratified_batches(
@@ -152,7 +149,7 @@ class FedLLP(Method):
 
     name = "fedllp"
     requires = ("unlabeled", "usets")
-    options: tuple[Option, ...] = (Option("llp-batches", lambda v: v in LLP_BATCHES, f"one of {LLP_BATCHES}"),)
+    options = OPTIONS
 
     def regulariser(
         self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor, ctx: RoundContext

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedul_flwr.config import Option
 from fedul_flwr.methods.base import RoundContext, register_method
 from fedul_flwr.methods.fedllp import FedLLP
+from fedul_flwr.methods.fedllp_vat.settings import OPTIONS
 
 __all__ = ["FedLLPVAT", "vat_loss"]
 
@@ -101,11 +101,7 @@ class FedLLPVAT(FedLLP):
 
     name = "fedllp-vat"
     batched_cohort = False  # the VAT direction is a gradient of the client's own forward: its graph cannot be the cohort's
-    options = FedLLP.options + (
-        Option("vat-weight", lambda v: v >= 0, ">= 0"),
-        Option("vat-epsilon", lambda v: v >= 0, ">= 0"),
-        Option("vat-xi", lambda v: v > 0, "> 0"),
-    )
+    options = FedLLP.options + OPTIONS
 
     def regulariser(
         self, model: nn.Module, x: torch.Tensor, logits: torch.Tensor, ctx: RoundContext

@@ -38,9 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
+from fedul_flwr.methods.fedpl.settings import OPTIONS
 
 __all__ = ["FedPL", "mixup_loss", "set_pseudo_labels"]
 
@@ -104,11 +104,7 @@ class FedPL(Method):
 
     name = "fedpl"
     requires = ("unlabeled", "usets")
-    options = (
-        Option("fedpl-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-        Option("fedpl-mixup-alpha", lambda v: v > 0, "> 0"),
-        Option("fedpl-mix-weight", lambda v: v >= 0, ">= 0"),
-    )
+    options = OPTIONS
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Rows x with their set's pseudo label as target; loss of Eq. (14)."""

@@ -42,11 +42,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
 from fedul_flwr.methods.fedpu.broadcast import ANNOUNCED, BROADCAST, PositiveClassBroadcast, parse_sets
-from fedul_flwr.methods.fedpu.risk import PU_LOSSES, cross_client_term, cross_client_weights, pu_loss
+from fedul_flwr.methods.fedpu.risk import cross_client_term, cross_client_weights, pu_loss
+from fedul_flwr.methods.fedpu.settings import OPTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
@@ -67,10 +67,7 @@ class FedPU(Method):
     name = "fedpu"
     requires = ("labeled", "unlabeled", "positive-classes", "class-prior")
     setting = "pu"
-    options = (
-        Option("fedpu-loss", lambda v: v in PU_LOSSES, f"one of {PU_LOSSES.names()}"),
-        Option("fedpu-cross-client", lambda v: isinstance(v, bool), "true or false"),
-    )
+    options = OPTIONS
 
     def announce(self, client: ClientData) -> dict[str, float | list[float]]:
         """The client's positive classes as a K-vector indicator (asked for only under

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
-from fedul_flwr.methods.fedul.transition import LOSSES, TransitionLayer, surrogate_loss
+from fedul_flwr.methods.fedul.settings import OPTIONS
+from fedul_flwr.methods.fedul.transition import TransitionLayer, surrogate_loss
 
 
 @register_method
@@ -34,7 +34,7 @@ class FedUL(Method):
 
     name = "fedul"
     requires = ("unlabeled", "usets")
-    options = (Option("loss", lambda v: v in LOSSES, f"one of {LOSSES.names()}"),)
+    options = OPTIONS
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Surrogate dataset (x, ybar) and the loss -log Q_c(softmax f(x))[ybar].

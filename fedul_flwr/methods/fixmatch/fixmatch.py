@@ -64,22 +64,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedul_flwr.augment import Augmentation
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
+from fedul_flwr.methods.fixmatch.settings import OPTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
 
-__all__ = ["FIXMATCH_WEIGHTS", "STRONG_VIEWS", "FixMatch", "unlabeled_loss"]
-
-FIXMATCH_WEIGHTS = ("epoch", "all", "used")
-"""Values of ``fixmatch-weight``, the reply's aggregation weight (module docstring)."""
-STRONG_VIEWS = ("strong", "strong-random")
-"""Values of ``fixmatch-strong-augment``, the strong view (:mod:`fedul_flwr.augment`): RandAugment
-at a fixed magnitude (the default), or at a magnitude drawn per image and operation over the
-full range with FixMatch's Cutout (the ``fixmatch`` and ``feddb-authors`` presets)."""
-
+__all__ = ["FixMatch", "unlabeled_loss"]
 
 def unlabeled_loss(strong_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """L_u: mean over the batch of mask * CE(strong logits, pseudo-label).
@@ -113,13 +105,7 @@ class FixMatch(Method):
     setting = "labels-at-clients"
     settings = ("labels-at-clients", "annotation-heterogeneity")
     recorded_metrics = ("pseudo-label-share", "pseudo-label-correct-share")
-    options = (
-        Option("fixmatch-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-        Option("fixmatch-lambda", lambda v: v >= 0, ">= 0"),
-        Option("fixmatch-mu", lambda v: isinstance(v, int) and v >= 1, "an integer >= 1"),
-        Option("fixmatch-weight", lambda v: v in FIXMATCH_WEIGHTS, f"one of {FIXMATCH_WEIGHTS}"),
-        Option("fixmatch-strong-augment", lambda v: v in STRONG_VIEWS, f"one of {STRONG_VIEWS}"),
-    )
+    options = OPTIONS
 
     def sits_out(self, client: ClientData) -> bool:
         """A client with neither labeled nor unlabeled images (or without a required part)."""

@@ -105,10 +105,10 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.acceleration import PLAIN
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, NothingToTrain, Predictor, RoundContext, Stream, register_method
 from fedul_flwr.methods.hassle.losses import pseudo_labels, residual_loss
+from fedul_flwr.methods.hassle.settings import GAMMA_FORMS, OPTIONS
 from fedul_flwr.strategies.contract import Combining, Contract
 from fedul_flwr.strategies.per_model import PerModelAggregation
 from fedul_flwr.training import LocalLoop, TrainResult
@@ -116,9 +116,6 @@ from fedul_flwr.training import LocalLoop, TrainResult
 __all__ = ["TEACHER_LOGITS", "Hassle", "HassleAggregation", "TeacherLogitCache", "proximity_weight", "teacher_forwards"]
 
 NUM_LABELED, NUM_UNLABELED = "num-labeled", "num-unlabeled"
-PAIRING = ("previous", "current")
-PHASE_ORDERS = ("residual-first", "dual-first")
-GAMMA_FORMS = ("mean", "sum")
 TEACHER_BATCH_CPU = 512
 """Images per forward pass of the teachers on a CPU (at most ``eval-batch-size``): a small
 CNN's float32 forward costs ~0.09 ms per image at 256-512 images and ~0.16 ms at 2048 (its
@@ -300,18 +297,7 @@ class Hassle(Method):
     uses = ("labeled", "unlabeled")
     setting = "annotation-heterogeneity"
     settings = ("annotation-heterogeneity", "labels-at-clients")
-    options = (
-        Option("hassle-residual-width", lambda v: 0.0 <= v <= 1.0, "in [0, 1] (0: no residual models)"),
-        Option("hassle-lambda", lambda v: v >= 0, ">= 0"),
-        Option("hassle-gamma", lambda v: v >= 0, ">= 0"),
-        Option("hassle-temperature", lambda v: v > 0, "> 0"),
-        Option("hassle-threshold", lambda v: 0.0 <= v <= 1.0, "in [0, 1]"),
-        Option("hassle-pairing", lambda v: v in PAIRING, f"one of {PAIRING}"),
-        Option("hassle-phase-order", lambda v: v in PHASE_ORDERS, f"one of {PHASE_ORDERS}"),
-        Option("hassle-gamma-form", lambda v: v in GAMMA_FORMS, f"one of {GAMMA_FORMS}"),
-        Option("hassle-shared-init", lambda v: isinstance(v, bool), "true or false"),
-        Option("hassle-warmup-rounds", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0"),
-    )
+    options = OPTIONS
     recorded_metrics = ("pseudo-label-share", "pseudo-label-classes", "pseudo-label-correct-share")
 
     @property

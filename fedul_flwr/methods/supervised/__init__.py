@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedul_flwr.config import Option
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
+from fedul_flwr.methods.supervised.settings import OPTIONS
 
 __all__ = ["Supervised", "labeled_subset"]
 
@@ -53,7 +53,7 @@ class Supervised(Method):
 
     name = "supervised"
     requires = ("labeled",)
-    options = (Option("label-fraction", lambda v: 0.0 < v <= 1.0, "in (0, 1]"),)
+    options = OPTIONS
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """(x, y) on the labeled subset; loss = cross-entropy of f."""
