@@ -4,7 +4,7 @@
     Simulate N organisations: split the run's dataset exactly as a simulation would
     (``dataset``, ``partition``, ``num-sets``, ``prior-scheme``, ``seed``,
     ``client-test-fraction`` ... of ``--run-config``) and write one node folder per
-    partition, ``<out>/node-<i>`` (layout: :mod:`fedul_flwr.data.node_dir`). Start
+    partition, ``<out>/node-<i>`` (layout: :mod:`fedul_flwr.data.node_folder.layout`). Start
     SuperNode i with ``--node-config "data-dir=<out>/node-<i>"``. With ``--labeled`` each
     node also gets a labeled part ``labeled/``: the node's whole U-set pool with its true
     labels (not cut by ``--max-set-size``), so a deployment can run the supervised reference.
@@ -32,24 +32,31 @@ Examples::
 
 ``--dataset`` takes any dataset of the run, the user's own ``hf:<Hub name or /path>`` included
 (:mod:`fedul_flwr.data.user_datasets`); a node folder may be an image folder of its own
-(:mod:`fedul_flwr.data.node_dir`).
+(:mod:`fedul_flwr.data.node_folder.layout`).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 import numpy as np
 import torch
+from flwr.common.config import parse_config_args
 
-from fedul_flwr.preflight import check_setting, resolve_config
 from fedul_flwr.config import ConfigError, RunConfig, check_keys, default_config
 from fedul_flwr.data.datasets import run_dataset_info
-from fedul_flwr.data.node_dir import NodeDataError, validate_node_dir, write_node_dir
+from fedul_flwr.data.node_folder.layout import NodeDataError
+from fedul_flwr.data.node_folder.reader import validate_node_dir
+from fedul_flwr.data.node_folder.writer import write_node_dir
+from fedul_flwr.data.simulated import SETTING_PARTS, client_usets, load_client, load_run_dataset
+from fedul_flwr.preflight import check_setting, resolve_config
+from fedul_flwr.rng import numpy_generator
 
 __all__ = ["main", "write_nodes"]
 
@@ -79,7 +86,7 @@ def write_nodes(
     num_nodes : int
         Number of nodes (= ``num-partitions`` of the simulation).
     image_format : str
-        ``"npy"`` or ``"png"`` (see :func:`~fedul_flwr.data.node_dir.write_node_dir`).
+        ``"npy"`` or ``"png"`` (see :func:`~fedul_flwr.data.node_folder.writer.write_node_dir`).
     max_set_size : int or None
         Keep at most this many random images per set.
     labeled : bool
@@ -99,8 +106,6 @@ def write_nodes(
     ValueError
         From partitioning / U-set construction.
     """
-    from fedul_flwr.data.simulated import client_usets, load_run_dataset
-
     if cfg.client_setting != "usets":
         return _write_labeled_unlabeled_nodes(cfg, Path(out), num_nodes, max_set_size, image_format)
     data = load_run_dataset(cfg)
@@ -124,7 +129,7 @@ def write_nodes(
                 labeled=pair,
                 test=test,
                 meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
-                rng=np.random.default_rng([cfg.seed, i]),
+                rng=numpy_generator("client-data", cfg.seed, i),
             )
         )
     return paths
@@ -136,14 +141,12 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
     or an unlabeled client of the annotation-heterogeneity setting): node i holds what
     simulated client i of the run's ``client-setting`` holds (positive-unlabeled: plus
     ``class_prior.csv``), each part cut to ``max_size`` random images when given."""
-    from fedul_flwr.data.simulated import SETTING_PARTS, load_client
-
     info = run_dataset_info(cfg.as_dict())
     parts = frozenset(SETTING_PARTS[cfg.client_setting])
     nodes = []
     for i in range(num_nodes):  # every node is built and checked before the first is written
         client = load_client(cfg, i, num_nodes, parts)
-        rng = np.random.default_rng([cfg.seed, i])
+        rng = numpy_generator("client-data", cfg.seed, i)
 
         def cut(n: int) -> torch.Tensor:
             keep = np.arange(n) if max_size is None or n <= max_size else np.sort(rng.choice(n, max_size, replace=False))
@@ -187,11 +190,6 @@ def parse_run_config(texts: list[str] | None) -> dict[str, Any]:
         Naming the first ``key=value`` pair Flower's parser refuses (a string value needs
         quotes: ``partition="noniid"``).
     """
-    import shlex
-
-    import click
-    from flwr.common.config import parse_config_args
-
     try:
         return parse_config_args(texts) if texts else {}
     except click.ClickException:

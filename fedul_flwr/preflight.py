@@ -21,7 +21,7 @@ above both and adds what needs the registries:
 The ServerApp runs :func:`check_before_round_one` first thing, so a refused run ends
 ``failed`` with one line naming the key and value, and leaves no run folder behind (a rerun
 under the same name is not blocked). A deployment's nodes check their own folders
-(:mod:`fedul_flwr.data.node_dir`). ``fedul check --run-config "..."`` runs the same checks
+(:mod:`fedul_flwr.data.node_folder.layout`). ``fedul check --run-config "..."`` runs the same checks
 on the command line, before ``flwr run``: Flower's own error for an unknown key does not name
 it, this one names it and the closest valid key; given ``--federation-config
 "num-supernodes=N"`` (as ``flwr run`` takes it) it also checks the layouts against N.

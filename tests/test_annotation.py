@@ -54,7 +54,7 @@ def test_simulated_clients_hold_the_parts_their_kind_has() -> None:
 
 
 def test_node_folders_hold_only_the_parts_a_client_has(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from fedul_flwr.data.node_dir import validate_node_dir
+    from fedul_flwr.data.node_folder.reader import validate_node_dir
     from fedul_flwr.data.datasets import run_dataset_info
     from fedul_flwr.node_data_cli import write_nodes
 

@@ -173,7 +173,7 @@ def test_missing_part_names_method_part_and_node(tmp_path: Path) -> None:
         client_from_node_config(cfg, {"partition-id": 0, "num-partitions": 2}, method="needs-prior", parts=["class-prior"])
     # a deployed node without labels, asked for by the supervised reference
     from fedul_flwr.data.simulated import client_usets
-    from fedul_flwr.data.node_dir import write_node_dir
+    from fedul_flwr.data.node_folder.writer import write_node_dir
 
     data = load_run_dataset(cfg)
     usets, _ = client_usets(resolve_config({"samples-per-client": 100}), 0, 2)

@@ -15,14 +15,9 @@ import torch
 from PIL import Image
 
 from fedul_flwr.preflight import resolve_config
-from fedul_flwr.data.node_dir import (
-    LAYOUTS,
-    NodeDataError,
-    read_node_dir,
-    load_node_dir,
-    validate_node_dir,
-    write_node_dir,
-)
+from fedul_flwr.data.node_folder.layout import LAYOUTS, NodeDataError
+from fedul_flwr.data.node_folder.reader import load_node_dir, read_node_dir, validate_node_dir
+from fedul_flwr.data.node_folder.writer import write_node_dir
 from fedul_flwr.data.simulated import client_usets, load_run_dataset
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.sources import client_from_node_config

@@ -166,7 +166,8 @@ def test_shards_partition_deals_whole_class_sorted_shards() -> None:
 # --------------------------------------------------------------------------- node folders
 def test_pu_node_folder_round_trip_and_its_errors(tmp_path) -> None:
     from fedul_flwr.preflight import resolve_config
-    from fedul_flwr.data.node_dir import NodeDataError, load_node_dir
+    from fedul_flwr.data.node_folder.layout import NodeDataError
+    from fedul_flwr.data.node_folder.reader import load_node_dir
     from fedul_flwr.data.datasets import run_dataset_info
     from fedul_flwr.node_data_cli import write_nodes
 

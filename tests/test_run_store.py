@@ -269,7 +269,7 @@ WRITES = re.compile(r"""open\([^)]*["'][wax]b?\+?["']|\.open\(\s*["'][wax]|\.wri
                     r"""savefig\(|np\.save\(|json\.dump\(|\.to_csv\(|shutil\.copy""")
 WRITERS_OUTSIDE_THE_STORE = {
     # the user's node data folder, written once into a fresh folder (fedul node-data write): not a run's file
-    "fedul_flwr/data/node_dir.py",
+    "fedul_flwr/data/node_folder/writer.py",
     # a worker's stderr stream (an append-only log)
     "fedul_flwr/experiments/hassle_bench.py",
 }

@@ -17,7 +17,8 @@ import torch
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.data.datasets import DatasetOptions, clear_caches, load_dataset
 from fedul_flwr.data.image_dataset import DatasetError
-from fedul_flwr.data.node_dir import NodeDataError, load_node_dir, validate_node_dir
+from fedul_flwr.data.node_folder.layout import NodeDataError
+from fedul_flwr.data.node_folder.reader import load_node_dir, validate_node_dir
 
 SIDE = 16
 PETS = ("cat", "dog", "emu")  # the image folder's class folders

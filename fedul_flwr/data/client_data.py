@@ -21,7 +21,7 @@ clear error naming the method, the part and the node:
 Images stay ``uint8 [n, C, H, W]`` here; they become model inputs only per batch, on the
 training device (:meth:`ClientData.to_input`: scaling and per-channel normalisation; data
 augmentation runs at the same place). The simulated source
-(:mod:`fedul_flwr.data.simulated`) and the deployed source (:mod:`fedul_flwr.data.node_dir`)
+(:mod:`fedul_flwr.data.simulated`) and the deployed source (:mod:`fedul_flwr.data.node_folder.layout`)
 both build this container.
 """
 

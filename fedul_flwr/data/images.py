@@ -3,7 +3,7 @@
 Every image file that enters a run -- a user dataset ``hf:<source>`` (an image folder, a
 Parquet or Arrow file, a ``save_to_disk`` folder, a Hub dataset;
 :mod:`fedul_flwr.data.user_datasets`) and a deployed node's own folder
-(:mod:`fedul_flwr.data.node_dir`) -- is opened and decoded here, by the same rules, so a node
+(:mod:`fedul_flwr.data.node_folder.layout`) -- is opened and decoded here, by the same rules, so a node
 folder holding the run's images as files is accepted exactly when the run's dataset is, and
 the model sees what a photo viewer shows:
 

@@ -3,7 +3,7 @@
 The one place that decides it, from ``context.node_config``:
 
 - ``data-dir`` set (deployment: ``flower-supernode --node-config "data-dir=/path"``): the node
-  folder of :mod:`fedul_flwr.data.node_dir`, checked against the run's dataset facts, which
+  folder of :mod:`fedul_flwr.data.node_folder.layout`, checked against the run's dataset facts, which
   the ServerApp sends with every message (:data:`fedul_flwr.wire.DATASET_FACTS`): a node
   never opens the server's dataset, only its own folder;
 - else ``partition-id`` / ``num-partitions`` (simulation): :mod:`fedul_flwr.data.simulated`.
@@ -24,7 +24,7 @@ from fedul_flwr import get_logger
 from fedul_flwr.config import RunConfig
 from fedul_flwr.data.client_data import ClientData, MissingPartError
 from fedul_flwr.data.image_dataset import DatasetInfo
-from fedul_flwr.data.node_dir import load_node_dir
+from fedul_flwr.data.node_folder.reader import load_node_dir
 from fedul_flwr.data.simulated import SETTING_PARTS, load_client
 
 __all__ = ["client_from_node_config", "node_key"]

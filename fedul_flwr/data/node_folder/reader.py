@@ -1,80 +1,9 @@
-"""One deployed node's data, as a folder on its own disk.
-
-In a real federation each organisation runs a SuperNode next to its data and starts it with
-``flower-supernode --node-config "data-dir=/path/to/node"``. The folder holds one or more of
-three *parts* (the parts of :class:`~fedul_flwr.data.client_data.ClientData` it provides),
-plus optional metadata and a local test split::
-
-    U sets ("unlabeled" + "usets" parts; both files or neither):
-    <dir>/priors.csv              header ``set,<class name 1>,...,<class name K>``; one row
-                                  per U set: the set's name, then its K class priors
-                                  Pi_c[m, :] (non-negative, summing to 1 within 1e-3)
-    <dir>/sets/<set name>/        one folder per row of priors.csv, holding EITHER image
-                                  files (:data:`IMAGE_SUFFIXES`; any file names)
-                                  OR one ``images.npy``: uint8 ``[n, H, W]`` or ``[n, H, W, C]``
-
-    labeled images ("labeled" part; optional):
-    <dir>/labeled/images.npy      uint8 ``[n_l, H, W]`` or ``[n_l, H, W, C]``
-    <dir>/labeled/labels.npy      int labels ``[n_l]`` in ``0..K-1`` (both files)
-
-    <dir>/labeled/<class name>/   or, instead of the two files: one folder per class (named
-                                  as the run's classes; a node may hold some of them) of
-                                  image files (:data:`IMAGE_SUFFIXES`)
-
-    plain unlabeled images ("unlabeled" part without set structure; optional):
-    <dir>/unlabeled/images.npy    uint8 ``[n_u, H, W]`` or ``[n_u, H, W, C]``, or image files;
-                                  only allowed when the node has no U sets (else the
-                                  "unlabeled" part would be ambiguous)
-
-    an image folder (the "labeled" part, alone):
-    <dir>/<class name>/<image>    ``data-dir`` may point straight at the user's own image
-                                  folder, one sub-folder per class as above, when it holds
-                                  none of ``priors.csv``, ``sets/``, ``labeled/``, ``unlabeled/``
-
-    class prior ("class-prior" part; optional, FedPU):
-    <dir>/class_prior.csv         header ``<class name 1>,...,<class name K>``, one row of K
-                                  finite values in [0, 1], not all zero: the class prior pi
-                                  the node is told
-
-    <dir>/meta.json               optional: ``{"dataset": ..., "image_size": H,
-                                  "channels": C, "class_names": [...]}``; checked against
-                                  the run when present
-    <dir>/test/images.npy         optional labeled local test split (client-side evaluation
-    <dir>/test/labels.npy         only): uint8 images and int labels ``[n_t]`` as in labeled/
-
-Accepted combinations: U sets, labeled, or plain unlabeled images alone; U sets + labeled;
-labeled + plain unlabeled (+ ``class_prior.csv``: a positive-unlabeled node of FedPU, whose
-``labeled/`` holds the labeled images of its positive classes). A node with U sets provides the parts ``unlabeled`` (the set
-images concatenated in ``priors.csv`` row order) and ``usets`` (the set index of every one of
-those images and the prior matrix); ``labeled/`` provides ``labeled`` (e.g. the same pool
-with its true labels, for the supervised reference) and ``positive-classes`` (the classes that
-occur in its labels); ``unlabeled/`` provides ``unlabeled``; ``class_prior.csv`` provides
-``class-prior``.
-
-The row order of ``priors.csv`` gives the set index m, i.e. the surrogate label ybar = m of
-every image in ``sets/<name of row m>/`` (Lu et al., ICLR 2022, Eq. 6). Image files of a
-set are read in sorted file-name order. Every image (a file or a row of ``images.npy``) is
-decoded by the project's one decoder, :mod:`fedul_flwr.data.images`, with the rules of the
-run's own dataset: converted to the run's channels, resized to its image size when the run
-sets ``image-size`` (``resize``), else of exactly that size.
-Hidden files (``.*``) are ignored; any other file in ``sets/<name>/``, ``labeled/`` or
-``unlabeled/`` is an error, so no image is silently skipped. Images stay uint8 (the model
-input is computed per batch, :meth:`ClientData.to_input`).
-
-:func:`validate_node_dir` reads everything and checks it; it never writes, moves or deletes
-anything. Every problem raises :class:`NodeDataError`, whose message names the file, the row
-(CSV line) or the value; in particular:
-
-- ``priors.csv`` without ``sets/`` or ``sets/`` without ``priors.csv`` (names the missing one);
-- ``unlabeled/`` together with U sets (names both paths);
-- none of U sets, ``labeled/``, ``unlabeled/`` (names the folder, lists the three layouts);
-- a malformed CSV row, a set folder without row or row without folder, an unreadable or
-  wrongly shaped image, a label outside ``0..K-1`` (file and position), a ``meta.json``
-  that contradicts the run.
-
-:func:`load_node_dir` validates and returns a :class:`~fedul_flwr.data.client_data.ClientData`.
-:func:`write_node_dir` writes such a folder from a labeled dataset and simulated U sets
-(demos, tests), optionally with a labeled part, refusing to overwrite.
+"""Reading and checking a deployed node's data folder (layout:
+:mod:`fedul_flwr.data.node_folder.layout`), read-only: :func:`read_node_dir`,
+:func:`validate_node_dir` (the report only) and :func:`load_node_dir` (a
+:class:`~fedul_flwr.data.client_data.ClientData`). Every problem raises
+:class:`~fedul_flwr.data.node_folder.layout.NodeDataError` naming the file, the CSV line or
+the value.
 """
 
 from __future__ import annotations
@@ -83,7 +12,7 @@ import csv
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +21,6 @@ import torch
 
 from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, LabeledImages, USetIndex
 from fedul_flwr.data.images import (
-    IMAGE_SUFFIXES,
     ImageError,
     ImageSpec,
     Problems,
@@ -101,159 +29,24 @@ from fedul_flwr.data.images import (
     image_files,
     read_image_folder,
 )
-from fedul_flwr.data.usets import PriorMatrixError, USets, condition_number, validate_prior_matrix
-
-__all__ = [
-    "IMAGE_SUFFIXES",
-    "LAYOUTS",
-    "NodeDataError",
-    "NodeDataReport",
-    "NodeImages",
-    "PRIOR_ROW_TOLERANCE",
-    "load_node_dir",
-    "read_node_dir",
-    "validate_node_dir",
-    "write_node_dir",
-]
-
-PRIORS_FILE = "priors.csv"
-SETS_DIR = "sets"
-META_FILE = "meta.json"
-TEST_DIR = "test"
-LABELED_DIR = "labeled"
-UNLABELED_DIR = "unlabeled"
-ARRAY_FILE = "images.npy"
-LABELS_FILE = "labels.npy"
-CLASS_PRIOR_FILE = "class_prior.csv"
-PRIOR_ROW_TOLERANCE = 1e-3
-"""Largest accepted |sum of a priors.csv row - 1|; accepted rows are renormalised exactly."""
-LAYOUTS: tuple[str, ...] = (
-    f"U sets: {PRIORS_FILE} + {SETS_DIR}/<set name>/",
-    f"labeled images: {LABELED_DIR}/{ARRAY_FILE} + {LABELED_DIR}/{LABELS_FILE}",
-    f"plain unlabeled images: {UNLABELED_DIR}/{ARRAY_FILE}",
-    "an image folder: <class name>/<image files>",
+from fedul_flwr.data.node_folder.layout import (
+    ARRAY_FILE,
+    CLASS_PRIOR_FILE,
+    LABELED_DIR,
+    LABELS_FILE,
+    LAYOUTS,
+    META_FILE,
+    PRIOR_ROW_TOLERANCE,
+    PRIORS_FILE,
+    SETS_DIR,
+    TEST_DIR,
+    UNLABELED_DIR,
+    NodeDataError,
+    NodeDataReport,
 )
-"""The three accepted data layouts of a node folder (at least one must be present)."""
-_PART_ORDER: tuple[str, ...] = ("labeled", "unlabeled", "usets", "positive-classes", "class-prior")
+from fedul_flwr.data.usets import PriorMatrixError, condition_number, validate_prior_matrix
 
-
-class NodeDataError(ValueError):
-    """A node's data folder is missing, malformed or does not match the run; the message
-    names the file, the CSV line / set or the offending value."""
-
-
-@dataclass(frozen=True)
-class NodeDataReport:
-    """What :func:`validate_node_dir` found (no image data, only a description).
-
-    Attributes
-    ----------
-    path : pathlib.Path
-        The node's folder (resolved).
-    set_names : tuple[str, ...]
-        The M_c set names, in ``priors.csv`` row order (= surrogate label order); empty for
-        a node without U sets.
-    set_sizes : tuple[int, ...]
-        Number of images of each set.
-    set_formats : tuple[str, ...]
-        ``"npy"`` or ``"files"`` per set.
-    priors : np.ndarray
-        float64 ``[M_c, K]`` prior matrix, rows renormalised to sum to 1 (``[0, K]`` without
-        U sets).
-    class_names : tuple[str, ...]
-        The K class names (the run's, equal to the CSV header).
-    channels, image_size : int
-        Image shape ``[C, H, H]``.
-    condition_number : float
-        2-norm condition number of the prior matrix over the classes present (``nan``
-        without U sets).
-    absent_classes : tuple[str, ...]
-        Classes whose priors column is all zero (the node's sets hold none of them); empty
-        without U sets.
-    num_test : int
-        Size of the labeled local test split (0 when absent).
-    num_labeled : int
-        Size of the labeled part ``labeled/`` (0 when absent).
-    num_unlabeled : int
-        Number of plain unlabeled images ``unlabeled/`` (0 when absent); the images of the
-        U sets are counted by ``set_sizes``.
-    positive_classes : tuple[str, ...]
-        Names of the classes that occur in ``labeled/`` (empty without it).
-    class_prior : np.ndarray or None
-        float64 ``[K]`` from ``class_prior.csv`` (``None`` when absent).
-    """
-
-    path: Path
-    set_names: tuple[str, ...]
-    set_sizes: tuple[int, ...]
-    set_formats: tuple[str, ...]
-    priors: np.ndarray = field(repr=False)
-    class_names: tuple[str, ...]
-    channels: int
-    image_size: int
-    condition_number: float
-    absent_classes: tuple[str, ...]
-    num_test: int
-    num_labeled: int = 0
-    num_unlabeled: int = 0
-    positive_classes: tuple[str, ...] = ()
-    class_prior: np.ndarray | None = field(default=None, repr=False)
-
-    @property
-    def num_sets(self) -> int:
-        """M_c (0 without U sets)."""
-        return len(self.set_names)
-
-    @property
-    def num_images(self) -> int:
-        """n_c, images over all sets."""
-        return int(sum(self.set_sizes))
-
-    @property
-    def parts(self) -> tuple[str, ...]:
-        """The :class:`~fedul_flwr.data.client_data.ClientData` parts this node provides, in
-        the order ``("labeled", "unlabeled", "usets", "positive-classes", "class-prior")``."""
-        held = {
-            "labeled": self.num_labeled > 0,
-            "unlabeled": self.num_unlabeled + self.num_images > 0,
-            "usets": self.num_sets > 0,
-            "positive-classes": self.num_labeled > 0,
-            "class-prior": self.class_prior is not None,
-        }
-        return tuple(p for p in _PART_ORDER if held[p])
-
-    def summary(self) -> str:
-        """A human-readable multi-line summary (for the ``validate`` command)."""
-        shape = f"{self.channels}x{self.image_size}x{self.image_size}"
-        lines = [
-            f"{self.path}: OK",
-            f"  parts {list(self.parts)}, images of {shape}, K={len(self.class_names)} classes",
-        ]
-        if self.num_labeled:
-            lines.append(f"  labeled: {self.num_labeled} images with labels of classes {list(self.positive_classes)}")
-        if self.class_prior is not None:
-            lines.append(f"  class prior: {', '.join(f'{v:.3g}' for v in self.class_prior)}")
-        if self.num_unlabeled:
-            lines.append(f"  unlabeled: {self.num_unlabeled} images without set structure")
-        if self.num_sets:
-            lines.append(
-                f"  U sets: {self.num_sets} sets, {self.num_images} images of {shape}, "
-                f"cond(Pi)={self.condition_number:.2f}"
-            )
-        if self.absent_classes:
-            lines.append(f"  classes absent from this node's sets (zero priors column): {list(self.absent_classes)}")
-        lines.append(f"  labeled local test split: {self.num_test} images" if self.num_test else "  no local test split")
-        if self.num_sets:
-            width = max(len(n) for n in self.set_names)
-            for name, size, fmt, row in zip(self.set_names, self.set_sizes, self.set_formats, self.priors):
-                top = int(np.argmax(row))
-                lines.append(
-                    f"  {name:<{width}}  {size:>7} images ({fmt})  max prior {row[top]:.3f} ({self.class_names[top]})"
-                )
-        return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- reading
+__all__ = ["NodeImages", "load_node_dir", "read_node_dir", "validate_node_dir"]
 
 
 def _read_priors(path: Path, class_names: Sequence[str]) -> tuple[list[str], np.ndarray]:
@@ -756,161 +549,3 @@ def load_node_dir(
         optional_parts=SEMI_SUPERVISED_PARTS if node.set_index is None and node.report.class_prior is None else frozenset(),
         flip=flip,
     )
-
-
-# --------------------------------------------------------------------------- writing
-
-
-def _to_nhwc(images: torch.Tensor | np.ndarray) -> np.ndarray:
-    arr = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
-    if arr.dtype != np.uint8 or arr.ndim != 4:
-        raise ValueError(f"images must be uint8 [n, C, H, W], got {arr.dtype} {arr.shape}")
-    arr = np.moveaxis(arr, 1, 3)  # [n, H, W, C]
-    return arr[..., 0] if arr.shape[3] == 1 else arr
-
-
-def _write_png(folder: Path, images: torch.Tensor | np.ndarray) -> None:
-    """One PNG file per image (``000000.png``, ...) in ``folder`` (created)."""
-    from PIL import Image
-
-    folder.mkdir(parents=True)
-    for i, img in enumerate(_to_nhwc(torch.as_tensor(images))):
-        Image.fromarray(img).save(folder / f"{i:06d}.png")
-
-
-def _write_labeled(folder: Path, pair: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray],
-                   class_names: Sequence[str] = (), image_format: str = "npy") -> None:  # fmt: skip
-    """``folder/images.npy`` (uint8 ``[n, H, W(, C)]``) and ``folder/labels.npy`` (int64 ``[n]``),
-    or with ``image_format="png"`` one class folder of PNG files per class that occurs."""
-    x, y = pair
-    labels = np.asarray(torch.as_tensor(y), dtype=np.int64)
-    images = _to_nhwc(torch.as_tensor(x))
-    if labels.shape != images.shape[:1]:
-        raise ValueError(f"{folder}: {labels.shape} labels for {len(images)} images")
-    if image_format == "png":
-        for k in np.unique(labels):
-            _write_png(folder / class_names[int(k)], torch.as_tensor(x)[torch.from_numpy(np.flatnonzero(labels == k))])
-        return
-    folder.mkdir()
-    np.save(folder / ARRAY_FILE, images)
-    np.save(folder / LABELS_FILE, labels)
-
-
-def write_node_dir(
-    out: str | Path,
-    images: torch.Tensor | np.ndarray,
-    usets: USets | None,
-    class_names: Sequence[str],
-    *,
-    unlabeled: torch.Tensor | np.ndarray | None = None,
-    class_prior: np.ndarray | None = None,
-    image_format: str = "npy",
-    max_set_size: int | None = None,
-    labeled: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray] | None = None,
-    test: tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray] | None = None,
-    meta: dict[str, Any] | None = None,
-    rng: np.random.Generator | None = None,
-) -> Path:
-    """Write one simulated node's folder: U sets, or a positive-unlabeled node (labeled
-    positives, plain unlabeled images, class prior).
-
-    Parameters
-    ----------
-    out : str or Path
-        Folder to create; must not exist or be empty (nothing is overwritten).
-    images : torch.Tensor or np.ndarray
-        uint8 ``[N, C, H, W]``: the images ``usets.indices`` point into.
-    usets : USets or None
-        The node's sets; set m becomes ``sets/set-<m>`` with row m of ``usets.priors``.
-        ``None``: no U sets (then ``unlabeled`` and/or ``labeled`` give the data).
-    class_names : sequence of str
-        The K class names (CSV header).
-    unlabeled : torch.Tensor or np.ndarray or None
-        Plain unlabeled images ``unlabeled/`` (uint8 ``[n_u, C, H, W]``); only without U sets.
-    class_prior : np.ndarray or None
-        ``[K]`` class prior written to ``class_prior.csv``.
-    image_format : str
-        ``"npy"`` (one ``images.npy`` per set or part) or ``"png"`` (one PNG file per image:
-        in each set folder, in ``unlabeled/`` and in one ``labeled/<class name>/`` folder per
-        class; the local test split stays ``images.npy`` + ``labels.npy``).
-    max_set_size : int or None
-        Keep at most this many images per set, drawn uniformly at random with ``rng``
-        (a random subset of a set still follows the set's class priors): tiny demo nodes.
-        Does not apply to ``labeled`` or ``test``.
-    labeled : (images, labels) or None
-        Optional labeled part ``labeled/``: uint8 ``[n_l, C, H, W]`` and int ``[n_l]``.
-    test : (images, labels) or None
-        Optional labeled local test split: uint8 ``[n_t, C, H, W]`` and int ``[n_t]``.
-    meta : dict or None
-        Extra entries for ``meta.json`` (e.g. ``{"dataset": "mnist-sample"}``).
-    rng : np.random.Generator or None
-        Randomness of ``max_set_size`` (default: seed 0).
-
-    Returns
-    -------
-    Path
-        The written folder.
-
-    Raises
-    ------
-    NodeDataError
-        If ``out`` exists and is not an empty folder.
-    ValueError
-        On a bad ``image_format``, ``max_set_size`` or image / label array.
-    """
-    if image_format not in ("npy", "png"):
-        raise ValueError(f"image_format must be 'npy' or 'png', got {image_format!r}")
-    if max_set_size is not None and max_set_size < 1:
-        raise ValueError(f"max_set_size must be >= 1, got {max_set_size}")
-    root = Path(out).expanduser()
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise NodeDataError(f"{root}: exists and is not an empty folder; refusing to overwrite it")
-    if usets is not None and unlabeled is not None:
-        raise ValueError("a node holds either U sets or plain unlabeled images, not both")
-    rng = rng or np.random.default_rng(0)
-    all_images = images if isinstance(images, torch.Tensor) else torch.from_numpy(np.asarray(images))
-    _, channels, height, _ = all_images.shape
-    root.mkdir(parents=True, exist_ok=True)
-    if usets is not None:
-        _write_usets(root, all_images, usets, class_names, image_format, max_set_size, rng)
-    if unlabeled is not None and image_format == "png":
-        _write_png(root / UNLABELED_DIR, unlabeled)
-    elif unlabeled is not None:
-        (root / UNLABELED_DIR).mkdir()
-        np.save(root / UNLABELED_DIR / ARRAY_FILE, _to_nhwc(torch.as_tensor(unlabeled)))
-    if class_prior is not None:
-        with (root / CLASS_PRIOR_FILE).open("w", newline="", encoding="utf-8") as fh:
-            csv.writer(fh).writerows([list(class_names), [repr(float(v)) for v in class_prior]])
-    if labeled is not None:
-        _write_labeled(root / LABELED_DIR, labeled, class_names, image_format)
-    if test is not None:
-        _write_labeled(root / TEST_DIR, test)
-    info = {"class_names": list(class_names), "image_size": int(height), "channels": int(channels), **(meta or {})}
-    (root / META_FILE).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    return root
-
-
-def _write_usets(
-    root: Path, all_images: torch.Tensor, usets: USets, class_names: Sequence[str], image_format: str,
-    max_set_size: int | None, rng: np.random.Generator,
-) -> None:  # fmt: skip
-    """``sets/set-<m>/`` and ``priors.csv`` of ``usets`` under ``root``."""
-    width = max(2, len(str(usets.num_sets - 1)))
-    set_names = [f"set-{m:0{width}d}" for m in range(usets.num_sets)]
-    (root / SETS_DIR).mkdir(parents=True, exist_ok=True)
-    for name, idx in zip(set_names, usets.indices):
-        idx = np.array(idx, dtype=np.int64)  # a copy: the caller's may be read-only
-        if max_set_size is not None and len(idx) > max_set_size:
-            idx = np.sort(rng.choice(idx, size=max_set_size, replace=False))
-        folder = root / SETS_DIR / name
-        chosen = all_images[torch.from_numpy(idx)]
-        if image_format == "npy":
-            folder.mkdir()
-            np.save(folder / ARRAY_FILE, _to_nhwc(chosen))
-        else:
-            _write_png(folder, chosen)
-    with (root / PRIORS_FILE).open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["set", *class_names])
-        for name, row in zip(set_names, usets.priors):
-            writer.writerow([name, *(repr(float(v)) for v in row)])
