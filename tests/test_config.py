@@ -8,7 +8,7 @@ import tomllib
 import pytest
 
 from fedul_flwr.preflight import resolve_config
-from fedul_flwr.config import CONF_DIR, CORE_KEYS, PYPROJECT, ConfigError, compose_config, default_config, load_preset
+from fedul_flwr.config import CONF_DIR, CORE_KEYS, CORE_OPTIONS, METHODS_DIR, PYPROJECT, ConfigError, compose_config, default_config, load_preset, preset_files
 from fedul_flwr.methods import METHODS
 
 
@@ -19,7 +19,7 @@ def test_defaults_come_from_pyproject_only() -> None:
     assert cfg.as_dict() == {**table, "num-sets": str(table["num-sets"])}  # every default survives parsing
     # presets must not repeat a default: every value they set differs from pyproject's, or from
     # that of the preset they extend (Hydra's defaults list, e.g. feddb-svhn's 1000 labels over feddb's 4000)
-    for preset in sorted(CONF_DIR.glob("experiment/*.yaml")):
+    for preset in sorted(preset_files().values()):
         text = preset.read_text()
         parents = [name for name in re.findall(r"^  - ([a-z0-9-]+)$", text, flags=re.M) if name != "_self_"]
         inherited = {k: v for parent in parents for k, v in load_preset(parent).items()}
@@ -61,8 +61,52 @@ def test_method_options_belong_to_methods_and_pyproject_lists_them() -> None:
     owned = {o.key for cls in METHODS.items() for o in cls[1].options}
     assert owned and not owned & set(CORE_KEYS)
     assert set(default_config()) == set(CORE_KEYS) | owned  # no key that nobody reads
+    declared = {o.key: o.default for options in CORE_OPTIONS.values() for o in options}
+    assert set(declared) == set(CORE_KEYS)  # every general key declared, with the default pyproject holds
+    assert all(default_config()[k] == v and type(default_config()[k]) is type(v) for k, v in declared.items())
+    for name, cls in METHODS.items():
+        assert all(default_config()[o.key] == o.default for o in cls.options), name
     with pytest.raises(ConfigError, match=r"fedpl-threshold=2.0 must be in \[0, 1\] \(an option of method 'fedpl'\)"):
         resolve_config({"method": "fedpl", "fedpl-threshold": 2.0})
+
+
+def test_presets_live_in_their_method_folder_and_compose_across_folders() -> None:
+    files = preset_files()
+    assert files["feddb-authors"].parent == files["feddb"].parent == METHODS_DIR / "feddb" / "presets"
+    assert files["fedpu"].parent.parent.name == "fedpu" and files["table1"].parent.parent.name == "fedul"
+    assert files["mnist-iid-small"].parent == CONF_DIR / "experiment"  # a preset of no one method
+    # feddb-authors starts from feddb (its defaults list): feddb's values under its own
+    authors, base = load_preset("feddb-authors"), load_preset("feddb")
+    assert authors["num-rounds"] == base["num-rounds"] == 800 and authors["strategy"] == "fedavgm"
+
+
+def _preset_tree(tmp_path, monkeypatch, files: dict[str, str]) -> None:
+    """Point the preset search at ``tmp_path`` (conf/experiment and method folders there)."""
+    import fedul_flwr.config.presets as presets
+
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    monkeypatch.setattr(presets, "CONF_DIR", tmp_path / "conf")
+    monkeypatch.setattr(presets, "METHODS_DIR", tmp_path / "methods")
+
+
+def test_a_preset_may_start_from_a_preset_of_another_folder(tmp_path, monkeypatch) -> None:
+    _preset_tree(tmp_path, monkeypatch, {
+        "conf/experiment/base.yaml": "# @package _global_\nnum-rounds: 3\nlr: 0.5\n",
+        "methods/m/presets/child.yaml": "# @package _global_\ndefaults:\n  - base\n  - _self_\nlr: 0.25\n",
+    })  # fmt: skip
+    assert load_preset("child") == {"num-rounds": 3, "lr": 0.25}
+
+
+def test_a_preset_name_defined_twice_is_refused_naming_both_files(tmp_path, monkeypatch) -> None:
+    _preset_tree(tmp_path, monkeypatch, {
+        "conf/experiment/twin.yaml": "lr: 0.5\n", "methods/m/presets/twin.yaml": "lr: 0.25\n",
+    })  # fmt: skip
+    with pytest.raises(ConfigError, match="'twin' is defined twice") as info:
+        load_preset("twin")
+    assert str(tmp_path / "conf/experiment/twin.yaml") in str(info.value)
+    assert str(tmp_path / "methods/m/presets/twin.yaml") in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ import pytest
 from flwr.common.config import parse_config_args
 
 from fedul_flwr.preflight import check_simulation, resolve_config
-from fedul_flwr.config import CONF_DIR
+from fedul_flwr.config import preset_files
 
 REPO = Path(__file__).resolve().parent.parent
 METHOD_PAGES = ("fedul.md", "fedpu.md", "feddb.md", "hassle.md")
@@ -47,7 +47,7 @@ def settings(argv: list[str], data_dir: Path) -> tuple[int, dict[str, object]]:
 
 def preset_supernodes(preset: str) -> int | None:
     """The SuperNodes a preset's own comment asks for (``num-supernodes=N``), if any."""
-    found = re.findall(r"num-supernodes=(\d+)", (CONF_DIR / "experiment" / f"{preset}.yaml").read_text())
+    found = re.findall(r"num-supernodes=(\d+)", preset_files()[preset].read_text())
     return int(found[0]) if found else None
 
 

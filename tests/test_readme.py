@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from fedul_flwr.config import default_config
@@ -45,6 +47,25 @@ def test_configuration_reference_is_current() -> None:
         "docs/configuration.md is stale (defaults, registries or method options changed): "
         "run python scripts/config_reference.py"
     )
+
+
+def test_generated_config_table_and_reference_are_current() -> None:
+    """``scripts/config_reference.py --check``: pyproject's [tool.flwr.app.config] and
+    docs/configuration.md are what the keys' declarations generate."""
+    checked = subprocess.run([sys.executable, str(REPO / "scripts" / "config_reference.py"), "--check"],
+                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_check_finds_a_stale_table_or_page(tmp_path: Path, monkeypatch) -> None:
+    text = (REPO / "pyproject.toml").read_text()
+    edited = text.replace("\nnum-rounds = 20\n", "\nnum-rounds = 21\n")
+    assert edited != text and config_reference.render_pyproject(edited) == text
+    stale_page = tmp_path / "configuration.md"
+    stale_page.write_text(REFERENCE.read_text().replace("federated rounds", "rounds"))
+    monkeypatch.setattr(config_reference, "OUTPUT", stale_page)
+    assert config_reference.stale() == [str(stale_page)]
+    assert config_reference.main(["--check"]) == 1
 
 
 def test_every_config_key_is_documented() -> None:
