@@ -37,7 +37,7 @@ from fedul_flwr.data.sources import client_from_node_config, node_key
 from fedul_flwr.methods import Method, NothingToTrain, RoundContext, get_method
 from fedul_flwr.models import build_model
 from fedul_flwr.optimizer_state import OptimizerStates
-from fedul_flwr.privacy import local_dp_mod
+from fedul_flwr.privacy.client import local_dp_mod
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.augment import build_augmentation
 from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device

@@ -363,11 +363,11 @@ class RunOutputs:
     def _privacy(self, row: Mapping[str, Any]) -> str:
         """``epsilon=... delta=... epsilon-round=... neighbours=... `` of a DP run's row ("" without
         them): the composed bound, its delta, the exact epsilon of one round and the guarantee
-        they are for (:func:`fedul_flwr.privacy.neighbours` of the federation's ``num_nodes``); ``unnoised-train-metrics=published``
+        they are for (:func:`fedul_flwr.privacy.accounting.neighbours` of the federation's ``num_nodes``); ``unnoised-train-metrics=published``
         when a server-DP run records its clients' train metrics, which the epsilon does not cover."""
         if wire.PRIVACY_EPSILON not in row:
             return ""
-        from fedul_flwr.privacy import neighbours
+        from fedul_flwr.privacy.accounting import neighbours
 
         published = self.cfg.dp_publish_unnoised_train_metrics and self.cfg.differential_privacy.startswith("server")
         return (f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "

@@ -196,7 +196,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
             f"dataset={cfg.dataset!r}), got {len(cfg.test_prior)}",
         )
     check_aggregation_contract(cfg)
-    from fedul_flwr.privacy import check_numbers
+    from fedul_flwr.privacy.accounting import check_numbers
 
     try:
         check_numbers(cfg)

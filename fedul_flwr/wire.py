@@ -48,7 +48,7 @@ UNIFORM_WEIGHT = "uniform-weight"
 NUM_STEPS = "num-steps"
 CV_ROUNDS = "scaffold-cv-rounds"  # rounds this node's SCAFFOLD c_i was updated in
 
-# server metrics of a DP run: the privacy spent after a round and in one round (fedul_flwr.privacy.privacy_spent)
+# server metrics of a DP run: the privacy spent after a round and in one round (fedul_flwr.privacy.accounting.privacy_spent)
 PRIVACY_EPSILON = "privacy-epsilon"
 PRIVACY_EPSILON_ROUND = "privacy-epsilon-round"  # the exact epsilon of one round's release
 PRIVACY_DELTA = "privacy-delta"

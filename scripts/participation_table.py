@@ -2,7 +2,7 @@
 its "Participation and the privacy spent" section.
 
 For the quickstart's federation (5 nodes, 5 rounds, delta = 1e-5) and the table's noise
-multipliers, the epsilon a ``server-fixed`` run records (``fedul_flwr.privacy.privacy_spent``,
+multipliers, the epsilon a ``server-fixed`` run records (``fedul_flwr.privacy.accounting.privacy_spent``,
 the same call the server makes after each round) under: every node every round
 (``fraction-train=1``), a fixed-size cohort of 3 of the 5 (``fraction-train=0.6``), and Poisson
 sampling with q = 0.6 (``participation=poisson``), with the neighbouring relation each names. No
@@ -21,7 +21,7 @@ from pathlib import Path
 from fedul_flwr import wire
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.experiments.tables import markdown_table
-from fedul_flwr.privacy import neighbours, privacy_spent
+from fedul_flwr.privacy.accounting import neighbours, privacy_spent
 from fedul_flwr.store import write_atomic
 
 REPO = Path(__file__).resolve().parent.parent

@@ -5,7 +5,7 @@ Flower's central DP (``server-fixed``, several noise multipliers z at clipping n
 with local DP (``client-local``, several per-round epsilons), each through the grid runner
 (the real ServerApp logic and ClientApp in an in-process Flower grid: the same numbers as
 ``flwr run .`` with the same settings), and renders the last round's test accuracy beside the
-(epsilon, delta) the run recorded (``fedul_flwr.privacy.privacy_spent``): the exact epsilon of
+(epsilon, delta) the run recorded (``fedul_flwr.privacy.accounting.privacy_spent``): the exact epsilon of
 one round's release (``privacy-epsilon-round``, the analytic Gaussian mechanism) and the
 composed upper bound after the last round (``privacy-epsilon``, Rényi DP; every node trains
 every round, so ``server-fixed`` is accounted add-or-remove without sampling; what the other

@@ -28,7 +28,7 @@ from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
-from fedul_flwr.privacy import neighbours, privacy_spent
+from fedul_flwr.privacy.accounting import neighbours, privacy_spent
 from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies import build_strategy
 from fedul_flwr.strategies.participation import poisson_draw

@@ -21,7 +21,8 @@ from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import METHODS, get_method
-from fedul_flwr.privacy import DP_MODES, add_noise, privacy_spent, release_generator
+from fedul_flwr.privacy.accounting import privacy_spent
+from fedul_flwr.privacy.mechanism import DP_MODES, add_noise, release_generator
 from fedul_flwr.server_app import global_models, run_federation
 from fedul_flwr.strategies import STRATEGIES, build_strategy
 from fedul_flwr.strategies.contract import STRATEGY_CONTRACTS, contract_table
@@ -204,7 +205,7 @@ def test_a_zero_update_stays_zero_and_a_nan_update_is_a_named_failed_reply(mode:
 
 
 def test_client_local_dp_survives_a_zero_update_and_names_a_nan_one() -> None:
-    from fedul_flwr.privacy import NonFiniteUpdateError, clip_update
+    from fedul_flwr.privacy.mechanism import NonFiniteUpdateError, clip_update
 
     zero = [np.zeros((3, 2), np.float32), np.zeros(4, np.float32)]
     clipped, was = clip_update(zero, 1.0)

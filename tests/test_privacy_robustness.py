@@ -21,7 +21,7 @@ from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import SERVER_DP, ConfigError, RunConfig, compose_config, describe_sources
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import get_method
-from fedul_flwr.privacy import privacy_spent
+from fedul_flwr.privacy.accounting import privacy_spent
 from fedul_flwr.server_app import global_models, run_federation
 from fedul_flwr.strategies import build_strategy, inner_strategy
 

@@ -16,7 +16,7 @@ from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import METHODS
-from fedul_flwr.privacy import DP_MODES
+from fedul_flwr.privacy.mechanism import DP_MODES
 from fedul_flwr.server_app import run_federation
 from fedul_flwr.strategies import UNNOISED_PREFIX, build_strategy, inner_strategy
 from fedul_flwr.strategies.contract import Exposure, fields_table, recorded_field, reply_fields, train_metric_keys

@@ -149,7 +149,7 @@ class RequireReplies:
     the door's reference for each reply's metric keys."""
     whole_replies: bool = False
     """Whether every reply must carry every exchanged model (server-side DP clips whole-model
-    updates; :func:`fedul_flwr.privacy.with_server_dp` sets it)."""
+    updates; :func:`fedul_flwr.privacy.server.with_server_dp` sets it)."""
 
     def configure_train(self, server_round: int, *args: Any, **kwargs: Any) -> Iterable[Message]:
         messages = list(super().configure_train(server_round, *args, **kwargs))  # type: ignore[misc]
@@ -188,7 +188,7 @@ class RequireReplies:
         ``min_train_nodes`` and ``max_failure_fraction``; returns the replies to aggregate
         (the trained ones and the errors, in their order). A DP wrapper in front of the
         strategy calls it first, then hands on only what it can clip
-        (:class:`~fedul_flwr.privacy.ClippableReplies`).
+        (:class:`~fedul_flwr.privacy.server.ClippableReplies`).
 
         Raises
         ------
@@ -305,7 +305,7 @@ def strict(strategy_class: type[FedAvg], method_mixin: type | None = None, kept_
     :class:`~fedul_flwr.strategies.kept_state.KeptOptimizerStates` (the clients' kept
     optimiser states, ``local-optimizer-state = "kept"``) and the method's aggregation mixin
     (if any) mixed in, and
-    :class:`~fedul_flwr.privacy.NoisedMean` right above FedAvg (server-side DP's noise on the
+    :class:`~fedul_flwr.privacy.server.NoisedMean` right above FedAvg (server-side DP's noise on the
     mean, before any server step).
 
     Parameters
@@ -326,7 +326,7 @@ def strict(strategy_class: type[FedAvg], method_mixin: type | None = None, kept_
 
 @functools.cache
 def _noised_fedavg() -> type[FedAvg]:
-    from fedul_flwr.privacy import NoisedMean
+    from fedul_flwr.privacy.server import NoisedMean
     from fedul_flwr.strategies.participation import Participation
 
     return type("NoisedMeanFedAvg", (Participation, NoisedMean, FedAvg), {"__module__": __name__})
@@ -410,7 +410,7 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         The method's aggregation mixin (``Method.aggregation()``).
     num_nodes : int | None
         The nodes the rounds sample from (``server-adaptive`` sizes its noise for the cohort;
-        :func:`fedul_flwr.privacy.with_server_dp`).
+        :func:`fedul_flwr.privacy.server.with_server_dp`).
 
     Returns
     -------
@@ -418,7 +418,7 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         An instance of ``strict(<strategy class>, method_mixin)``, or Flower's DP wrapper
         around one (:func:`inner_strategy` unwraps it).
     """
-    from fedul_flwr.privacy import with_server_dp
+    from fedul_flwr.privacy.server import with_server_dp
 
     evaluate = 1.0 if client_evaluation(cfg) else 0.0
     if cfg.strategy == "scaffold" and cfg.local_optimizer != "sgd":

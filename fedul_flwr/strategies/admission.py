@@ -41,7 +41,7 @@ strategy not built by :func:`fedul_flwr.strategies.build_strategy`) only the dro
 
 A reply with no model (an empty ``"arrays"`` record: the client had nothing to train) needs
 only its metrics. Under server-side DP the weights are not read at all: every kept reply
-weighs 1 (:class:`fedul_flwr.privacy.ClippableReplies`).
+weighs 1 (:class:`fedul_flwr.privacy.server.ClippableReplies`).
 """
 
 from __future__ import annotations

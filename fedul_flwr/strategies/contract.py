@@ -5,7 +5,7 @@ Server-side DP (McMahan et al., ICLR 2018) clips each client's update to L2 norm
 the n clipped updates with equal weights and adds Gaussian noise N(0, (z C / n)^2) per
 coordinate: one client moves that mean by at most C / n, so the release is the Gaussian
 mechanism with noise multiplier z, the figure the accountant composes
-(:func:`fedul_flwr.privacy.privacy_spent`). That holds only where the server's release is a
+(:func:`fedul_flwr.privacy.accounting.privacy_spent`). That holds only where the server's release is a
 plain uniform mean of the clipped updates, or a function of the *noised* mean alone
 (post-processing: a server optimizer step taken after the noise, McMahan et al. 2018, Sec. 2;
 Reddi et al., ICLR 2021). Every other way of combining replies gives one client more than

@@ -6,9 +6,9 @@
   a round trains a random number of nodes (qN on average, possibly none). This is the sampling
   of DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent Language Models",
   ICLR 2018, Alg. 1), under which server-side DP divides the noised sum of the clipped updates
-  by the fixed expected cohort qN (:class:`fedul_flwr.privacy.ClippableReplies`) and the
+  by the fixed expected cohort qN (:class:`fedul_flwr.privacy.server.ClippableReplies`) and the
   privacy spent is that of the Poisson-subsampled Gaussian mechanism
-  (:func:`fedul_flwr.privacy.composed_epsilon`).
+  (:func:`fedul_flwr.privacy.accounting.composed_epsilon`).
 
 Where the draw comes from: under server-side DP (``differential-privacy=server-fixed`` or
 ``server-adaptive``) the sampling is part of the mechanism, and its amplification holds only if
