@@ -49,10 +49,13 @@ Python, and its ``warp_affine`` samples through ``grid_sample`` in float (times 
 
 Randomness: one draw from the client's generator (run seed, round, node) seeds the batch. The
 crop, rotation and RandAugment draw from a CPU generator seeded from it; Kornia's flip and
-erasing sample from torch's global CPU generator, so for them that generator is forked and
-seeded from the batch seed (:func:`fedul_flwr.rng.seeded_global_rng`, one thread at a time). The views therefore depend only on
-the client's generator: the same seed gives the same parameters on every device (the same
-pixels on the same device), and the global random state is neither used nor changed.
+erasing get their parameters drawn here (:class:`_KorniaStage`, Kornia's own sampling
+written with an explicit generator: the same draws, bit for bit, as Kornia's from torch's
+global generator seeded alike) from a second CPU generator seeded from the batch seed, and
+are given them (``module(images, params=...)``). The views therefore depend only on the
+client's generator: the same seed gives the same parameters on every device (the same pixels
+on the same device), no process-wide generator is used or changed, and clients training in
+parallel threads augment at the same time.
 
 Where the ranges differ from torchvision's ops (this module used ``torchvision.transforms.v2``
 per image before; measured against it in ``tests/test_augment.py``):
@@ -80,14 +83,14 @@ from collections.abc import Callable, Sequence
 import torch
 
 from fedul_flwr.registry import Registry
-from fedul_flwr.rng import seeded_global_rng
+from fedul_flwr.rng import torch_from_seed
 
 __all__ = ["AUGMENTATIONS", "RANDAUGMENT_OPS", "Augmentation", "Cutout", "RandAugment", "ReflectCrop", "build_augmentation"]
 
 Stage = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 """``stage(images [B, C, H, W], generator) -> same shape``: float in [0, 1], or uint8 where the
-stage says ``float_input = False``; ``global_rng = True`` marks a stage drawing from torch's
-global CPU generator."""
+stage says ``float_input = False``; ``kornia = True`` marks a stage whose draws come from the
+batch's second generator (Kornia's parameters)."""
 
 StageBuilder = Callable[[int, bool], "list[Stage]"]
 AUGMENTATIONS: Registry[StageBuilder] = Registry("augmentation")
@@ -103,16 +106,45 @@ _SIGNED = frozenset({"shear-x", "shear-y", "translate-x", "translate-y", "rotate
 
 
 class _KorniaStage:
-    """A Kornia augmentation as a stage. It draws its parameters from torch's global CPU
-    generator, which :meth:`Augmentation.__call__` forks and seeds from the batch seed."""
+    """A Kornia augmentation (``RandomHorizontalFlip`` or ``RandomErasing`` with p = 1 and
+    ratio 1) as a stage, its parameters drawn from ``generator`` and handed to it.
 
-    global_rng = True
+    The draws are Kornia's (0.9) own, in its order, with ``generator`` in place of torch's
+    global generator: the flip's per-image gate ``rand(B) < p``; the erasing's
+    ``RectangleEraseGenerator``: areas, aspect ratios (1), x and y positions, each ``rand(B)``
+    in float32 (``tests/test_augment.py`` checks them against Kornia's own sampling).
+    """
+
+    kornia = True
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.module = module
 
+    def params(self, shape: torch.Size, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """Kornia's parameters of this stage for a batch of ``shape`` ``[B, C, H, W]``."""
+        import kornia.augmentation as ka
+
+        b, h, w = shape[0], shape[-2], shape[-1]
+        if isinstance(self.module, ka.RandomHorizontalFlip):
+            return {"batch_prob": (torch.rand(b, generator=generator) < self.module.p).float(),
+                    "forward_input_shape": torch.tensor(shape, dtype=torch.long)}  # fmt: skip
+        sampler = self.module._param_generator
+        scale = torch.as_tensor(sampler.scale, dtype=torch.float32)
+        ratio = torch.as_tensor(sampler.ratio, dtype=torch.float32)
+        if self.module.p != 1.0 or not ratio[0] >= 1.0:
+            raise ValueError("_KorniaStage: erasing is drawn here with p = 1 and aspect ratios >= 1 only")
+        areas = (scale[0] + torch.rand(b, generator=generator) * (scale[1] - scale[0])) * (h * w)
+        ratios = ratio[0] + torch.rand(b, generator=generator) * (ratio[1] - ratio[0])
+        heights = torch.round((areas * ratios) ** (1 / 2)).clamp(1.0, h)
+        widths = torch.round((areas / ratios) ** (1 / 2)).clamp(1.0, w)
+        xs = torch.rand(b, generator=generator) * (w - widths + 1)
+        ys = torch.rand(b, generator=generator) * (h - heights + 1)
+        return {"widths": widths.floor(), "heights": heights.floor(), "xs": xs.floor(), "ys": ys.floor(),
+                "values": torch.full((b,), float(sampler.value)), "batch_prob": torch.ones(b),
+                "forward_input_shape": torch.tensor(shape, dtype=torch.long)}  # fmt: skip
+
     def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        return self.module(images)
+        return self.module(images, params=self.params(images.shape, generator))
 
 
 class RandAugment:
@@ -458,7 +490,6 @@ class Augmentation:
     def __init__(self, name: str, image_side: int, flip: bool) -> None:
         self.name = name
         self.stages = AUGMENTATIONS.get(name)(image_side, bool(flip))
-        self._global_rng = any(getattr(stage, "global_rng", False) for stage in self.stages)
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Augment each image of a batch with its own random parameters, the batch at once.
@@ -478,18 +509,15 @@ class Augmentation:
         if not self.stages or len(images) == 0:
             return images
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-        own = torch.Generator().manual_seed(seed)
-        if not self._global_rng:
-            return self._apply(images, own)
-        with seeded_global_rng(seed):  # Kornia samples on the CPU, whatever the device
-            return self._apply(images, own)
-
-    def _apply(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        # two CPU generators of the batch seed: the crop, rotation and RandAugment draw from
+        # the first, Kornia's flip and erasing from the second (as the global generator,
+        # seeded alike, gave them before)
+        own, kornia = torch_from_seed(seed), torch_from_seed(seed)
         out = images
         for stage in self.stages:
             if out.dtype == torch.uint8 and getattr(stage, "float_input", True):
                 out = out.float().div_(255.0)
-            out = stage(out, generator)
+            out = stage(out, kornia if getattr(stage, "kornia", False) else own)
         return out if out.dtype == torch.uint8 else out.mul_(255.0).round_().clamp_(0.0, 255.0).to(torch.uint8)
 
     def __repr__(self) -> str:

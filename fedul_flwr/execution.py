@@ -9,11 +9,11 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
 from fedul_flwr import get_logger
 from fedul_flwr.acceleration import Acceleration
+from fedul_flwr.rng import model_seed as _rng_model_seed
 
 if TYPE_CHECKING:
     from fedul_flwr.config import RunConfig
@@ -151,12 +151,5 @@ def cohort_path(cohort: str, device: torch.device, threads: int, client_threads:
 
 
 def model_seed(seed: int, index: int, node_key: int | None = None) -> int:
-    """Seed of the initial weights of a method's model number ``index``.
-
-    The server's exchanged models: ``(seed, index)``, with the first model seeded by the run
-    seed itself. A model kept on a node (never exchanged): ``(seed, index, node_key)``.
-    """
-    if node_key is None and index == 0:
-        return int(seed)
-    words = [seed, index] if node_key is None else [seed, index, node_key]
-    return int(np.random.SeedSequence(words).generate_state(1)[0])
+    """Seed of the initial weights of a method's model number ``index``: :func:`fedul_flwr.rng.model_seed`."""
+    return _rng_model_seed(seed, index, node_key)

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from fedul_flwr.registry import Registry
-from fedul_flwr.rng import seeded_global_rng
+from fedul_flwr.rng import init_parameters, torch_from_seed
 
 ModelFactory = Callable[..., nn.Module]
 MODELS: Registry[ModelFactory] = Registry("model")
@@ -164,10 +164,15 @@ def simple_cnn(in_channels: int, num_classes: int, image_size: int) -> nn.Sequen
         nn.MaxPool2d(2), Dropout(0.25), nn.Flatten(), nn.Linear(side * side * 64, 128), nn.ReLU(),
         Dropout(0.5), nn.Linear(128, num_classes),
     )  # fmt: skip
+    _glorot_uniform(model)
+    return model
+
+
+def _glorot_uniform(model: nn.Module, generator: torch.Generator | None = None) -> None:
+    """pfl's Glorot-uniform weights of every Conv2d and Linear of ``model`` (after their defaults)."""
     for module in model.modules():
         if isinstance(module, (nn.Conv2d, nn.Linear)):
-            nn.init.xavier_uniform_(module.weight)
-    return model
+            nn.init.xavier_uniform_(module.weight, generator=generator)
 
 
 @MODELS.register("paper-cnn")
@@ -303,17 +308,42 @@ class WideResNet(nn.Module):
                    nn.AdaptiveAvgPool2d(1), nn.Flatten()]  # fmt: skip
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Linear(widths[3], num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="leaky_relu")
-            elif isinstance(m, nn.Linear):
-                nn.init.xavier_normal_(m.weight)
-                nn.init.zeros_(m.bias)
+        _wrn_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[B, C, H, W]`` -> logits ``[B, K]``."""
         return self.classifier(self.features(x))
 
+
+def _wrn_init(model: nn.Module, generator: torch.Generator | None = None) -> None:
+    """FixMatch's WRN initialisation (after the layers' defaults): Kaiming-normal convolutions
+    (fan-out, leaky ReLU), Glorot-normal linear weights, zero biases."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="leaky_relu", generator=generator)
+        elif isinstance(m, nn.Linear):
+            nn.init.xavier_normal_(m.weight, generator=generator)
+            nn.init.zeros_(m.bias)
+
+
+def _resnet18_init(model: nn.Module, generator: torch.Generator) -> None:
+    """Replay of building :func:`cifar_resnet18` with torch's global generator, from
+    ``generator``: torchvision's ResNet-18 first gets every layer's default values, its 7x7 stem
+    included (then replaced, its draws spent), then torchvision's Kaiming-normal convolutions
+    (fan-out, ReLU; the old stem first), then the new 3x3 stem its default values."""
+    stem = model.conv1
+    with torch.device("meta"):  # torchvision's own stem, its values drawn below
+        model.conv1 = nn.Conv2d(3, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    model.conv1.to_empty(device="cpu")
+    init_parameters(model, generator)
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu", generator=generator)
+    model.conv1 = init_parameters(stem, generator)
+
+
+_REINIT: dict[str, Callable[[nn.Module, torch.Generator], None]] = {"simple-cnn": _glorot_uniform, "wrn-28-2": _wrn_init}
+"""The models that re-initialise layers after the defaults (in their constructor), from a generator."""
 
 MIN_IMAGE_SIZE: dict[str, int] = {"small-cnn": 16, "paper-cnn": 4, "resnet18": 4, "resnet8": 4, "wrn-28-2": 4, "simple-cnn": 6}
 """The smallest image side (pixels) each model accepts: LeNet's two 5x5 convolutions and 2x2
@@ -350,10 +380,11 @@ def build_model(
     in_channels, num_classes, image_size : int
         C, K and H (= W) of the dataset.
     seed : int | None
-        Seed of the initial weights: they are drawn inside
-        :func:`~fedul_flwr.rng.seeded_global_rng` (torch's global generator forked and seeded,
-        one thread at a time), so the same seed gives the same weights and torch's global RNG
-        is left as it was. ``None``: torch's global RNG.
+        Seed of the initial weights: the model is built on the meta device and its layers
+        then get their default values (and the model's own re-initialisation) from a CPU
+        generator seeded with ``seed`` (:func:`fedul_flwr.rng.init_parameters`): the values
+        torch's global generator seeded with ``seed`` gave, bit for bit, without touching
+        it (clients build models in parallel threads). ``None``: torch's global RNG.
     width : float
         Channel width factor (> 0) for the models that take one (``small-cnn``, ``resnet8``).
 
@@ -379,5 +410,14 @@ def build_model(
     check_input_size(name, image_size)
     if seed is None:
         return factory(in_channels, num_classes, image_size, **kwargs)
-    with seeded_global_rng(seed):
-        return factory(in_channels, num_classes, image_size, **kwargs)
+    with torch.device("meta"):
+        model = factory(in_channels, num_classes, image_size, **kwargs)
+    model = model.to_empty(device="cpu")
+    generator = torch_from_seed(seed)
+    if name == "resnet18":
+        _resnet18_init(model, generator)
+        return model
+    init_parameters(model, generator)
+    if name in _REINIT:
+        _REINIT[name](model, generator)
+    return model

@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -40,17 +39,16 @@ from fedul_flwr.cohort import Cohort, Member, current_cohort, eligible
 from fedul_flwr.methods.base import Augment, Batch, LocalTask, Predictor, Stream
 from fedul_flwr.models import DROPOUT_GENERATOR
 from fedul_flwr.optimizer_state import OptimizerStates
+from fedul_flwr.rng import torch_from_seed, torch_generator
 
 __all__ = ["EvaluationCache", "LocalLoop", "StepHook", "TrainResult", "augment_generator", "dropout_masks", "evaluate", "evaluate_predictors", "iterate_batches", "train_local"]
 
 ToInput = Callable[[torch.Tensor], torch.Tensor]
-_AUGMENT_STREAM = 1  # entropy word of the augmentation generator (beside the batch seed)
-_DROPOUT_STREAM = 2  # entropy word of the dropout generator
 
 
 def augment_generator(seed: int) -> torch.Generator:
     """The generator of a round's augmentations, from its batch seed."""
-    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, _AUGMENT_STREAM]).generate_state(1)[0]))
+    return torch_generator("augment", seed)
 
 
 @contextlib.contextmanager
@@ -58,7 +56,7 @@ def dropout_masks(seed: int, device: torch.device | str) -> Iterator[None]:
     """Within the block, the models' :class:`~fedul_flwr.models.Dropout` layers draw their masks
     from a generator on ``device`` seeded from ``seed`` (a round's batch seed) and a stream
     word of their own; the block's thread only (a context variable)."""
-    generator = torch.Generator(device=device).manual_seed(int(np.random.SeedSequence([seed, _DROPOUT_STREAM]).generate_state(1)[0]))
+    generator = torch_generator("dropout", seed, device=device)
     token = DROPOUT_GENERATOR.set(generator)
     try:
         yield
@@ -97,7 +95,7 @@ def _epoch_order(stream: Stream, generator: torch.Generator | None) -> list[torc
     permutation (``generator``) or, without one, consecutive rows."""
     n = stream.num_rows
     if stream.batches is not None:
-        return list(stream.batches(generator if generator is not None else torch.Generator().manual_seed(0)))
+        return list(stream.batches(generator if generator is not None else torch_from_seed(0)))
     order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
     return [order[start : start + stream.batch_size] for start in range(0, n, stream.batch_size)]
 
@@ -322,7 +320,7 @@ def _train_member(
         with dropout_masks(seed, device):
             member.dropout = DROPOUT_GENERATOR.get()
             forwards = cohort.standins(member, name)
-            generator = torch.Generator().manual_seed(seed)
+            generator = torch_from_seed(seed)
             views = augment_generator(seed)
             total, steps = torch.zeros((), device=device), 0
             for epoch in range(epochs):
@@ -358,7 +356,7 @@ def _train_alone(
             opt = alone.build(alone.params)  # ... so the optimiser state matches them
             if alone.states is not None:
                 alone.states.load(alone.names, opt, alone.params)
-            generator = torch.Generator().manual_seed(seed)
+            generator = torch_from_seed(seed)
             views = augment_generator(seed)
             total, steps = torch.zeros((), device=device), 0
             for epoch in range(epochs):

@@ -266,3 +266,45 @@ def test_nearest_affine_rotates_uint8_images_as_torchvision_does() -> None:
     assert out.dtype == torch.uint8
     assert torch.equal(out, nearest_affine(x, _rotation(-angles, 32, 32), inverse=True))
     assert torch.equal(out, torch.stack([F.rotate(im, float(a)) for im, a in zip(x, angles, strict=True)]))
+
+
+def _augment_through_the_global_generator(augment: Augmentation, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The path before :mod:`fedul_flwr.rng` drew Kornia's parameters: Kornia sampling them
+    from torch's global generator, forked and seeded with the batch seed."""
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    own = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = images
+        for stage in augment.stages:
+            if out.dtype == torch.uint8 and getattr(stage, "float_input", True):
+                out = out.float().div_(255.0)
+            out = stage.module(out) if getattr(stage, "kornia", False) else stage(out, own)
+    return out if out.dtype == torch.uint8 else out.mul_(255.0).round_().clamp_(0.0, 255.0).to(torch.uint8)
+
+
+@pytest.mark.parametrize("name", ["weak", "strong", "strong-random"])
+@pytest.mark.parametrize(("channels", "side", "flip"), [(1, 28, False), (3, 32, True)])
+def test_kornias_flip_and_erasing_draw_from_the_batch_generator_as_kornia_did_from_the_global_one(
+    name: str, channels: int, side: int, flip: bool
+) -> None:
+    """The flip gates and erasing boxes drawn here from the batch's generator are Kornia's own
+    draws from its global generator seeded alike: the views are the same bit for bit."""
+    augment = Augmentation(name, side, flip)
+    for batch in (1, 7, 64):
+        x = _images(batch, channels, side)
+        for seed in range(4):
+            old = _augment_through_the_global_generator(augment, x, torch.Generator().manual_seed(seed))
+            assert torch.equal(augment(x, torch.Generator().manual_seed(seed)), old), (batch, seed)
+
+
+def test_parallel_threads_augment_as_one_thread_does() -> None:
+    """Two threads augmenting at once (no lock) give each its own views, those of a lone call."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    augment = Augmentation("strong", 32, True)
+    x = _images(64, 3, 32)
+    alone = [augment(x, torch.Generator().manual_seed(s)) for s in range(8)]
+    with ThreadPoolExecutor(2) as pool:
+        together = list(pool.map(lambda s: augment(x, torch.Generator().manual_seed(s)), range(8)))
+    assert all(torch.equal(a, b) for a, b in zip(alone, together, strict=True))

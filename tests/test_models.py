@@ -80,3 +80,34 @@ def test_small_cnn_pooling_with_gradient_is_the_kernel_s_backward() -> None:
     x = torch.zeros(1, 1, 2, 2, requires_grad=True)
     MaxPool2x2()(x).sum().backward()
     assert x.grad is not None and sorted(x.grad.flatten().tolist()) == [0.0, 0.0, 0.0, 1.0]
+
+
+@pytest.mark.parametrize("name", ["small-cnn", "simple-cnn", "paper-cnn", "resnet18", "resnet8", "wrn-28-2"])
+def test_seeded_weights_are_those_of_torchs_global_generator_seeded_alike(name: str) -> None:
+    """build_model(seed=s) draws from its own generator, bit for bit the weights the model got
+    when built while torch's global CPU generator was seeded with s, and leaves the global
+    generator as it was."""
+    from fedul_flwr.models import MODELS
+
+    if name == "resnet18":
+        pytest.importorskip("torchvision")
+    channels = 3 if name == "resnet18" else 1
+    for seed in (0, 12345):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            reference = MODELS.get(name)(channels, 10, 32).state_dict()
+        state = torch.get_rng_state()
+        built = build_model(name, channels, 10, 32, seed=seed).state_dict()
+        assert torch.equal(torch.get_rng_state(), state)
+        assert list(built) == list(reference)
+        assert all(torch.equal(built[k], reference[k]) for k in reference), name
+
+
+def test_a_width_factor_model_is_seeded_as_before() -> None:
+    from fedul_flwr.models import MODELS
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(3)
+        reference = MODELS.get("small-cnn")(1, 10, 28, width=0.25).state_dict()
+    built = build_model("small-cnn", 1, 10, 28, seed=3, width=0.25).state_dict()
+    assert all(torch.equal(built[k], reference[k]) for k in reference)

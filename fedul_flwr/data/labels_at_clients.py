@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedul_flwr.data.partition import named_classes
+from fedul_flwr.rng import numpy_from_seed
 
 __all__ = ["ClientSplit", "draw_labeled_pool", "split_to_clients"]
 
@@ -124,7 +125,7 @@ def split_to_clients(
     ValueError
         From :func:`draw_labeled_pool` or the partition (e.g. more clients than labels).
     """
-    labeled_pool = draw_labeled_pool(labels, num_labeled, num_classes, np.random.default_rng(seeds[0]), class_names)
+    labeled_pool = draw_labeled_pool(labels, num_labeled, num_classes, numpy_from_seed(seeds[0]), class_names)
     unlabeled_pool = np.setdiff1d(np.arange(len(labels)), labeled_pool)
     labeled_parts = partition(labels[labeled_pool], seeds[1])
     unlabeled_parts = partition(labels[unlabeled_pool], seeds[2])

@@ -37,6 +37,7 @@ import numpy as np
 
 from fedul_flwr import get_logger
 from fedul_flwr.registry import Registry
+from fedul_flwr.rng import numpy_generator
 
 Partitioner = Callable[..., list[np.ndarray]]
 PARTITIONS: Registry[Partitioner] = Registry("partition")
@@ -92,7 +93,7 @@ def iid_partition(labels: np.ndarray, num_partitions: int, seed: int) -> list[np
     # like ``Dataset.shard(contiguous=True)``: identical indices (tests/test_performance.py),
     # computed in numpy -- the Arrow round trip cost 5-50 s and ~150 MB per Ray actor at
     # 1000 clients (docs/performance.md).
-    order = np.random.default_rng(seed).permutation(len(labels)).astype(np.int64)
+    order = numpy_generator("partition", seed).permutation(len(labels)).astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(_equal_sizes(len(labels), num_partitions))])
     return [order[starts[i] : starts[i + 1]].copy() for i in range(num_partitions)]
 
@@ -254,14 +255,14 @@ def noniid_partition(
     if not 0.0 < minority_fraction < 1.0:
         raise ValueError(f"noniid-minority-fraction must be in (0, 1), got {minority_fraction}")
     labels = np.asarray(labels)
-    rng = np.random.default_rng(seed)
+    draw = numpy_generator("partition", seed)
     owners: dict[int, list[int]] = {k: [] for k in range(num_classes)}
     for c in range(num_partitions):
         for k in majority_classes_of(c, num_classes, majority):
             owners[k].append(c)
     parts: list[list[np.ndarray]] = [[] for _ in range(num_partitions)]
     for k in range(num_classes):
-        idx = rng.permutation(np.flatnonzero(labels == k))
+        idx = draw.permutation(np.flatnonzero(labels == k))
         minority_clients = [c for c in range(num_partitions) if c not in owners[k]]
         n_minor = max(1, int(round(minority_fraction * len(idx))))
         if owners[k]:
@@ -416,9 +417,9 @@ def holdout_split(labels: np.ndarray, fraction: float, seed: int) -> tuple[np.nd
     labels = np.asarray(labels)
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"val-fraction must be in [0, 1), got {fraction}")
-    rng = np.random.default_rng([seed, 0x5EED])
+    draw = numpy_generator("validation", seed)
     held = [
-        rng.permutation(np.flatnonzero(labels == k))[: int(round(fraction * np.sum(labels == k)))]
+        draw.permutation(np.flatnonzero(labels == k))[: int(round(fraction * np.sum(labels == k)))]
         for k in np.unique(labels)
     ]
     held_out = np.sort(np.concatenate(held)).astype(np.int64) if held else np.zeros(0, np.int64)

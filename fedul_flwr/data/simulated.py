@@ -47,6 +47,7 @@ from fedul_flwr.data.prior_noise import noisy_priors
 from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
 from fedul_flwr.data.usets import USets, build_usets, condition_number
 from fedul_flwr.registry import Registry
+from fedul_flwr.rng import numpy_generator, stream_seed
 
 __all__ = ["SETTINGS", "ClientCache", "client_rows", "client_usets", "load_client", "load_run_dataset", "prior_noise_rng",
            "validation_indices"]  # fmt: skip
@@ -66,9 +67,6 @@ log = get_logger(__name__)
 
 # extra entropy words that give the optional random draws their own streams, so enabling
 # them leaves the U sets of the default path (rng = [seed, partition id]) unchanged
-_SUBSAMPLE_STREAM = 1
-_PRIOR_NOISE_STREAM = 2
-_LABELED_POOL_STREAMS = (3, 4, 5)  # labels-at-clients: the labeled pool, its partition, the unlabeled one's
 
 
 def load_run_dataset(cfg: RunConfig) -> ImageDataset:
@@ -112,7 +110,7 @@ def labels_at_clients_splits(cfg: RunConfig, num_partitions: int) -> list[Client
     """
     labels = load_run_dataset(cfg).train_y.numpy()
     pool, _ = holdout_split(labels, cfg.val_fraction, cfg.seed)
-    seeds = tuple(int(np.random.SeedSequence([cfg.seed, w]).generate_state(1)[0]) for w in _LABELED_POOL_STREAMS)
+    seeds = tuple(stream_seed(s, cfg.seed) for s in ("labeled-pool", "labeled-partition", "unlabeled-partition"))
     splits = split_to_clients(
         labels[pool], cfg.num_labeled, load_run_dataset(cfg).num_classes,
         lambda part_labels, seed: _partition(cfg, part_labels, num_partitions, seed), seeds,  # type: ignore[arg-type]
@@ -145,9 +143,9 @@ def client_rows(cfg: RunConfig, partition_id: int, num_partitions: int) -> tuple
             raise ValueError(
                 f"samples-per-client={cfg.samples_per_client} but client {partition_id} holds only {len(indices)}"
             )
-        sub_rng = np.random.default_rng([cfg.seed, partition_id, _SUBSAMPLE_STREAM])
+        sub_rng = numpy_generator("subsample", cfg.seed, partition_id)
         indices = np.sort(sub_rng.choice(indices, cfg.samples_per_client, replace=False))
-    rng = np.random.default_rng([cfg.seed, partition_id])
+    rng = numpy_generator("client-data", cfg.seed, partition_id)
     local_test = np.zeros(0, dtype=np.int64)
     if cfg.client_test_fraction > 0:
         perm = rng.permutation(indices)
@@ -189,7 +187,7 @@ def prior_noise_rng(seed: int, partition_id: int) -> np.random.Generator:
     A function of (seed, partition id) only, separate from the U-set stream, so the same
     client is told the same Pi~ in every run and the U sets do not change with eps.
     """
-    return np.random.default_rng([seed, partition_id, _PRIOR_NOISE_STREAM])
+    return numpy_generator("prior-noise", seed, partition_id)
 
 
 def _nbytes(value: Any) -> int:
@@ -462,11 +460,11 @@ def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: 
     split = labels_at_clients_splits(cfg, num_partitions)[partition_id]
     pooled = np.setdiff1d(split.unlabeled, split.labeled)  # its share of the unlabeled pool
     if 0 < cfg.samples_per_client < len(pooled):  # a cap: a smaller share stays whole (Dirichlet splits)
-        sub_rng = np.random.default_rng([cfg.seed, partition_id, _SUBSAMPLE_STREAM])
+        sub_rng = numpy_generator("subsample", cfg.seed, partition_id)
         pooled = np.sort(sub_rng.choice(pooled, cfg.samples_per_client, replace=False))
     local_test = np.zeros(0, dtype=np.int64)
     if cfg.client_test_fraction > 0:
-        perm = np.random.default_rng([cfg.seed, partition_id]).permutation(pooled)
+        perm = numpy_generator("client-data", cfg.seed, partition_id).permutation(pooled)
         n_test = int(round(cfg.client_test_fraction * len(pooled)))
         local_test, pooled = np.sort(perm[:n_test]), np.sort(perm[n_test:])
     unlabeled = np.sort(np.concatenate([pooled, split.labeled]))

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from fedul_flwr.data.datasets import DATASETS, _builtin
 from fedul_flwr.data.image_dataset import DatasetInfo, ImageDataset
+from fedul_flwr.rng import torch_from_seed
 
 __all__ = ["INFO", "synthetic_cifar"]
 
@@ -64,7 +65,7 @@ def synthetic_cifar() -> ImageDataset:
         ``train_x`` uint8 ``[50000, 3, 32, 32]``, ``test_x`` uint8 ``[10000, 3, 32, 32]``,
         balanced labels in random order.
     """
-    generator = torch.Generator().manual_seed(_SEED)
+    generator = torch_from_seed(_SEED)
     templates = _smooth(10, generator)
     train_y = torch.randperm(_TRAIN, generator=generator) % 10
     test_y = torch.randperm(_TEST, generator=generator) % 10

@@ -40,6 +40,7 @@ from torch import nn
 from fedul_flwr.config import Option, RunConfig
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.registry import Registry
+from fedul_flwr.rng import numpy_generator, stream_seed, torch_generator
 from fedul_flwr.strategies.per_model import PerModelAggregation
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -57,11 +58,6 @@ Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 
 Predictor = Callable[[nn.ModuleDict, torch.Tensor], torch.Tensor]
 """``predict(models, x [B, C, H, W] float input) -> logits [B, K]``."""
-
-# entropy words of the per-round random streams of a client (see RoundContext)
-_METHOD_TORCH_STREAM = 11
-_METHOD_NUMPY_STREAM = 12
-
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -233,18 +229,17 @@ class RoundContext:
     @property
     def batch_seed(self) -> int:
         """Seed of the batch order (the training loop's own generator)."""
-        return int(np.random.SeedSequence([self.seed, self.server_round, self.node_key]).generate_state(1)[0])
+        return stream_seed("batch", self.seed, self.server_round, self.node_key)
 
     @cached_property
     def generator(self) -> torch.Generator:
         """A CPU torch generator for the method's own draws (mixup partners, noise, ...)."""
-        words = [self.seed, self.server_round, self.node_key, _METHOD_TORCH_STREAM]
-        return torch.Generator().manual_seed(int(np.random.SeedSequence(words).generate_state(1)[0]))
+        return torch_generator("method-torch", self.seed, self.server_round, self.node_key)
 
     @cached_property
     def rng(self) -> np.random.Generator:
         """A numpy generator for the method's scalar draws (e.g. a Beta mixing weight)."""
-        return np.random.default_rng([self.seed, self.server_round, self.node_key, _METHOD_NUMPY_STREAM])
+        return numpy_generator("method-numpy", self.seed, self.server_round, self.node_key)
 
 
 class Method(ABC):

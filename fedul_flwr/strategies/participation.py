@@ -25,15 +25,14 @@ import secrets
 from collections.abc import Iterable
 from logging import INFO
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.common.logger import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy.strategy_utils import sample_nodes
 
-__all__ = ["Participation", "poisson_draw"]
+from fedul_flwr.rng import numpy_generator
 
-_POISSON_STREAM = 21  # entropy word of the seeded Poisson draw (beside the run seed and the round)
+__all__ = ["Participation", "poisson_draw"]
 
 
 def poisson_draw(nodes: list[int], rate: float, seed: int | None, server_round: int) -> list[int]:
@@ -62,7 +61,7 @@ def poisson_draw(nodes: list[int], rate: float, seed: int | None, server_round: 
     if seed is None:
         draw = secrets.SystemRandom()
         return [n for n in ordered if draw.random() < rate]
-    uniforms = np.random.default_rng([int(seed), int(server_round), _POISSON_STREAM]).random(len(ordered))
+    uniforms = numpy_generator("participation", int(seed), int(server_round)).random(len(ordered))
     return [n for n, u in zip(ordered, uniforms, strict=True) if u < rate]
 
 

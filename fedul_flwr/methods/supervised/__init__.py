@@ -23,6 +23,7 @@ from torch import nn
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
 from fedul_flwr.methods.supervised.settings import OPTIONS
+from fedul_flwr.rng import torch_from_seed
 
 __all__ = ["Supervised", "labeled_subset"]
 
@@ -43,7 +44,7 @@ def labeled_subset(num_examples: int, fraction: float, seed: int) -> torch.Tenso
     keep = max(1, round(fraction * num_examples))
     if keep >= num_examples:
         return torch.arange(num_examples)
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch_from_seed(seed)
     return torch.randperm(num_examples, generator=generator)[:keep].sort().values
 
 
