@@ -15,7 +15,7 @@ Subcommands:
     Write and validate the data folders of deployed nodes (:mod:`fedul_flwr.node_data_cli`).
 ``fedul check``
     Resolve and check run settings as the ServerApp will before round 1, e.g. before
-    ``flwr run`` (:mod:`fedul_flwr.preflight`).
+    ``flwr run`` (:mod:`fedul_flwr.check_cli`).
 
 The grid commands share one runner (:mod:`fedul_flwr.experiments.runner`) and its flags:
 ``--seeds 0,1`` (comma list), ``--data-dir``, ``--out``, ``--set [COLUMN:]KEY=VALUE``,
@@ -49,7 +49,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("fedul_flwr.experiments.compare", "compare server strategies on the same runs"),
     "benchmark": ("fedul_flwr.experiments.benchmark", "measure the loop, the ClientApp, Flower and scale"),
     "node-data": ("fedul_flwr.node_data_cli", "write and validate deployed nodes' data folders"),
-    "check": ("fedul_flwr.preflight", "check run settings before `flwr run` (names a mistyped key)"),
+    "check": ("fedul_flwr.check_cli", "check run settings before `flwr run` (names a mistyped key)"),
 }
 """Subcommand -> (module with ``add_arguments(parser)`` and ``run(args) -> int``, summary)."""
 

@@ -184,7 +184,7 @@ class RunOutputs:
     ) -> RunOutputs:
         """Take the run folder (:func:`run_folder`) and write ``config.json``: the first write of
         a run, after every check. The run's settings are checked before (with ``resume=true``
-        against the checkpoint, :func:`fedul_flwr.preflight.check_resume`); here the folder's lock
+        against the checkpoint, :func:`fedul_flwr.resume.check_resume`); here the folder's lock
         is taken first (or ``lock``, the caller's, is used), then the folder is checked: a new
         run's must hold no file, a resumed run's ``metrics.json`` must be readable (its rows up
         to ``resume_round`` are kept). A refused create changes nothing in the folder.
@@ -414,7 +414,7 @@ class RunFolderExists(ConfigError, FileExistsError):
 
 def check_unused(cfg: RunConfig) -> None:
     """Refuse a new run whose run folder holds files (a no-op with ``resume=true``, which
-    :func:`fedul_flwr.preflight.check_resume` checks). Reads only.
+    :func:`fedul_flwr.resume.check_resume` checks). Reads only.
 
     Raises
     ------

@@ -1,5 +1,5 @@
 """Every check of a run's settings that needs no node's data, run before round 1 and before any
-run folder exists (``fedul check``; ``python -m fedul_flwr.preflight``).
+run folder exists (``fedul check``: :mod:`fedul_flwr.check_cli`).
 
 :mod:`fedul_flwr.config` checks what the settings alone can tell and knows no registry (the
 modules that implement methods, strategies and client settings import it). This module sits
@@ -8,9 +8,10 @@ above both and adds what needs the registries:
 - every key chosen by name is one of its registry's names (the closest one is suggested);
 - the method's own options (``Method.options``);
 - ``resume=true`` only with a strategy whose whole state a server checkpoint holds, and
-  (:func:`check_resume`) only from a checkpoint of the same settings: ``num-rounds``, the
-  :data:`OUTPUT_KEYS` and, in float32, ``device`` may differ, nothing else (:func:`run_settings`,
-  the same rule the grid runner's records follow);
+  (:func:`fedul_flwr.resume.check_resume`) only from a checkpoint of the same settings:
+  ``num-rounds``, the :data:`~fedul_flwr.resume.OUTPUT_KEYS` and, in float32, ``device`` may
+  differ, nothing else (:func:`fedul_flwr.resume.run_settings`, the same rule the grid runner's
+  records follow);
 - in simulation (:func:`check_simulation`), where ``client-setting`` builds the clients'
   data: the method is defined for that setting (:func:`method_settings`), every client gets
   ``num-sets`` >= K U sets (Lu et al., ICLR 2022, Theorem 1), a given ``class-prior`` is
@@ -21,7 +22,7 @@ above both and adds what needs the registries:
 The ServerApp runs :func:`check_before_round_one` first thing, so a refused run ends
 ``failed`` with one line naming the key and value, and leaves no run folder behind (a rerun
 under the same name is not blocked). A deployment's nodes check their own folders
-(:mod:`fedul_flwr.data.node_folder.layout`). ``fedul check --run-config "..."`` runs the same checks
+(:mod:`fedul_flwr.data.node_folder.layout`). ``fedul check --run-config "..."`` (:mod:`fedul_flwr.check_cli`) runs the same checks
 on the command line, before ``flwr run``: Flower's own error for an unknown key does not name
 it, this one names it and the closest valid key; given ``--federation-config
 "num-supernodes=N"`` (as ``flwr run`` takes it) it also checks the layouts against N.
@@ -29,30 +30,44 @@ it, this one names it and the closest valid key; given ``--federation-config
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
+from flwr.superlink.grid import InMemoryGrid
 
-from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, Checkpoint, CheckpointError, load_checkpoint
+from fedul_flwr import get_logger
+from fedul_flwr.augment import AUGMENTATIONS
+from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
 from fedul_flwr.config import (
     ConfigError,
     RunConfig,
     compose_config,
     config_from_values,
-    default_config,
     describe_sources,
 )
+from fedul_flwr.data.annotation import parse_layout
+from fedul_flwr.data.datasets import DATASETS, run_dataset, run_dataset_info
+from fedul_flwr.data.image_dataset import DatasetError
+from fedul_flwr.data.partition import PARTITIONS
+from fedul_flwr.data.pu import class_prior, parse_positive_classes
+from fedul_flwr.data.simulated import (
+    SETTINGS,
+    SETTING_PARTS,
+    client_label_fractions,
+    client_rows,
+    load_client,
+)
+from fedul_flwr.data.usets import PRIOR_SCHEMES
+from fedul_flwr.methods import METHODS, get_method
+from fedul_flwr.models import MODELS, check_input_size
+from fedul_flwr.privacy.accounting import check_numbers
 from fedul_flwr.registry import closest
+from fedul_flwr.strategies import STRATEGIES
+from fedul_flwr.strategies.contract import MISSING_CONTRACT, dp_refusal
 
 __all__ = [
-    "DEVICE_FREE_PRECISION",
-    "OUTPUT_KEYS",
-    "RESUME_FREE_KEYS",
     "aggregation_contract",
     "check_aggregation_contract",
     "check_before_round_one",
@@ -60,8 +75,6 @@ __all__ = [
     "check_dataset",
     "check_label_layout",
     "check_federation_size",
-    "check_resume",
-    "check_resumed_federation",
     "check_setting",
     "check_node_counts",
     "check_simulation",
@@ -71,76 +84,13 @@ __all__ = [
     "method_settings",
     "registry_choices",
     "resolve_config",
-    "resume_conflicts",
-    "run_finished",
-    "run_settings",
     "validate_config",
 ]
-
-OUTPUT_KEYS: tuple[str, ...] = (
-    "resume", "output-dir", "run-name", "verbose", "tensorboard", "eval-batch-size", "max-failure-fraction"
-)  # fmt: skip
-"""Settings that change only what a run writes, prints or logs, where its folder is, how the
-central evaluation is batched or when a failing run gives up -- never what it trains. Two
-runs that differ only in these are one run: for a resumed checkpoint
-(:data:`RESUME_FREE_KEYS`) and for the grid runner's records
-(:func:`fedul_flwr.experiments.runner.run_grid`) alike."""
-DEVICE_FREE_PRECISION = "fp32"
-"""With this ``precision``, ``device`` is free too (:func:`run_settings`): float32 on ``cpu``
-and on ``cuda`` computes the same model (the runs differ by floating-point rounding only),
-so a run may stop on one device and continue on the other, and its record counts for either.
-(``precision=auto`` resolves to bfloat16 autocast on one device and float32 on the other.)"""
-SCHEDULE_KEYS: tuple[str, ...] = ("cohort",)
-"""Settings that change only how a round's clients are scheduled on the machine (one after
-another, in threads, as one batched model): the replies differ by floating-point rounding
-only (``tests/test_cohort.py``), as on another device in float32, so they are free like it: a
-record or checkpoint made on one path counts for the others."""
-RESUME_FREE_KEYS: tuple[str, ...] = ("num-rounds", *OUTPUT_KEYS)
-"""Keys a resumed run may set differently from the checkpoint's run: how long it runs and
-:data:`OUTPUT_KEYS` (and ``device`` in float32, :data:`DEVICE_FREE_PRECISION`). Every other
-key (``lr``, ``seed``, which also draws the data split, ...) must be the same."""
-
-
-def run_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The resolved settings that can change what a run trains: all of ``config`` but the
-    options of methods other than its ``method`` (:attr:`Method.options`), the
-    :data:`OUTPUT_KEYS`, the :data:`SCHEDULE_KEYS`, and ``device`` where ``precision`` is
-    :data:`DEVICE_FREE_PRECISION`. So a checkpoint or a record written before another method
-    gained an option, with another ``verbose``, or on the other device in float32 still
-    matches its run.
-
-    Parameters
-    ----------
-    config : Mapping[str, Any]
-        Resolved dashed-key settings (:meth:`RunConfig.as_dict`, a checkpoint's or a
-        record's ``config``).
-
-    Returns
-    -------
-    dict[str, Any]
-        The settings that identify the run (``num-rounds`` among them).
-    """
-    from fedul_flwr.methods import METHODS
-
-    method = str(config.get("method", default_config()["method"]))
-    own = {o.key for o in METHODS.get(method).options} if method in METHODS else set()
-    foreign = {o.key for name in METHODS.names() for o in METHODS.get(name).options} - own
-    free = {*OUTPUT_KEYS, *SCHEDULE_KEYS, *foreign, *(("device",) if config.get("precision") == DEVICE_FREE_PRECISION else ())}
-    return {k: v for k, v in config.items() if k not in free}
 
 
 def registry_choices() -> dict[str, tuple[str, ...]]:
     """Valid values of the keys chosen by name, from the registries of the modules that
     implement them."""
-    from fedul_flwr.augment import AUGMENTATIONS
-    from fedul_flwr.data.datasets import DATASETS
-    from fedul_flwr.data.partition import PARTITIONS
-    from fedul_flwr.data.simulated import SETTINGS
-    from fedul_flwr.data.usets import PRIOR_SCHEMES
-    from fedul_flwr.methods import METHODS
-    from fedul_flwr.models import MODELS
-    from fedul_flwr.strategies import STRATEGIES
-
     return {
         "augment": AUGMENTATIONS.names(),
         "dataset": DATASETS.names(),
@@ -168,8 +118,6 @@ def validate_config(cfg: RunConfig) -> RunConfig:
         Naming the key and the offending value (and the closest valid name).
     """
     d = cfg.as_dict()
-    from fedul_flwr.data.datasets import DATASETS
-    from fedul_flwr.data.image_dataset import DatasetError
 
     try:
         DATASETS.get(cfg.dataset)  # a name, or a registered prefix (hf:...)
@@ -181,7 +129,6 @@ def validate_config(cfg: RunConfig) -> RunConfig:
         if key == "dataset":
             continue  # checked above, by the registry itself
         _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}{closest(d[key], allowed)}")
-    from fedul_flwr.methods import get_method
 
     try:
         method = get_method(cfg.method)
@@ -196,7 +143,6 @@ def validate_config(cfg: RunConfig) -> RunConfig:
             f"dataset={cfg.dataset!r}), got {len(cfg.test_prior)}",
         )
     check_aggregation_contract(cfg)
-    from fedul_flwr.privacy.accounting import check_numbers
 
     try:
         check_numbers(cfg)
@@ -240,8 +186,6 @@ def resolve_config(
     ConfigError
         Naming the key and the offending value.
     """
-    from fedul_flwr import get_logger
-
     values, sources = compose_config(run_config, given)
     cfg = validate_config(config_from_values(values))
     if log_sources:
@@ -254,9 +198,6 @@ def aggregation_contract(cfg: RunConfig) -> Any:
     ``contract`` of its aggregation mixin (``Method.aggregation()``), ``None`` when it has none
     (the strategy aggregates as it is), :data:`~fedul_flwr.strategies.contract.MISSING_CONTRACT`
     when the mixin declares none."""
-    from fedul_flwr.methods import get_method
-    from fedul_flwr.strategies.contract import MISSING_CONTRACT
-
     mixin = get_method(cfg.method)(cfg).aggregation()
     return None if mixin is None else getattr(mixin, "contract", MISSING_CONTRACT)
 
@@ -271,8 +212,6 @@ def check_aggregation_contract(cfg: RunConfig) -> None:
     ConfigError
         In one line naming the keys, their values and why the combination is refused.
     """
-    from fedul_flwr.strategies.contract import dp_refusal
-
     why = dp_refusal(cfg.differential_privacy, cfg.aggregation_weights, cfg.strategy, cfg.method,
                      aggregation_contract(cfg), cfg.dp_noise_multiplier, cfg.as_dict())  # fmt: skip
     _check(why is None, str(why))
@@ -285,8 +224,6 @@ def method_settings(method: type) -> tuple[str, ...]:
     """The simulated ``client-setting`` values a method class is defined for: its own
     ``settings`` when it names them, else every setting whose clients hold all the parts in
     its ``requires`` (:data:`fedul_flwr.data.simulated.SETTING_PARTS`)."""
-    from fedul_flwr.data.simulated import SETTING_PARTS
-
     declared = tuple(getattr(method, "settings", ()) or ())
     if declared:
         return declared
@@ -304,8 +241,6 @@ def check_simulation(cfg: RunConfig) -> None:
     ConfigError
         Naming the key(s) and value(s).
     """
-    from fedul_flwr.methods import get_method
-
     method = get_method(cfg.method)
     allowed = method_settings(method)
     _check(
@@ -337,8 +272,6 @@ def check_setting(cfg: RunConfig) -> None:
             f"U sets (dataset={cfg.dataset!r}; Lu et al. 2022, Theorem 1), got {short}",
         )
     if cfg.client_setting == "pu" and cfg.class_prior not in ("global", "client"):
-        from fedul_flwr.data.pu import class_prior
-
         try:
             prior = class_prior(cfg.class_prior, num_classes, np.zeros(0, np.int64), np.zeros(0, np.int64))
         except ValueError as exc:
@@ -361,7 +294,6 @@ def laid_out_clients(cfg: RunConfig) -> tuple[str, int] | None:
     """
     if cfg.client_setting != "annotation-heterogeneity":
         return None
-    from fedul_flwr.data.annotation import parse_layout
 
     try:
         return "label-layout", len(parse_layout(cfg.label_layout, None, cfg.labeled_share))
@@ -406,8 +338,6 @@ def check_federation_size(cfg: RunConfig, num_nodes: int) -> None:
             f'run it with --federation-config "num-supernodes={needed}", or give {key} for {num_nodes} clients'
         )
     if cfg.client_setting == "pu":
-        from fedul_flwr.data.pu import parse_positive_classes
-
         try:
             names = _dataset_facts(cfg).class_names
             parse_positive_classes(cfg.positive_classes, num_nodes, len(names), class_names=names)
@@ -431,9 +361,6 @@ def check_label_layout(cfg: RunConfig, num_nodes: int) -> None:
     ConfigError
         In one line naming ``label-layout`` and ``labeled-share``, the client and its counts.
     """
-    from fedul_flwr.data.annotation import parse_layout
-    from fedul_flwr.data.simulated import client_label_fractions, client_rows
-
     try:
         fractions = client_label_fractions(cfg, num_nodes)
     except ValueError as exc:
@@ -465,9 +392,6 @@ def check_clients(cfg: RunConfig, num_nodes: int) -> None:
     ConfigError
         In one line naming the client and the cause.
     """
-    from fedul_flwr.data.simulated import load_client
-    from fedul_flwr.methods import get_method
-
     method = get_method(cfg.method)
     wanted = frozenset(method.requires) | frozenset(getattr(method, "uses", ()))
     for i in range(num_nodes):
@@ -479,9 +403,6 @@ def check_clients(cfg: RunConfig, num_nodes: int) -> None:
 
 def _dataset_facts(cfg: RunConfig) -> Any:
     """The run's :class:`~fedul_flwr.data.datasets.DatasetInfo` (a refusal as a ConfigError)."""
-    from fedul_flwr.data.datasets import run_dataset_info
-    from fedul_flwr.data.image_dataset import DatasetError
-
     try:
         return run_dataset_info(cfg.as_dict())
     except DatasetError as exc:
@@ -504,11 +425,6 @@ def check_dataset(cfg: RunConfig) -> int:
     ConfigError
         In one line naming the file, row or key and the cause.
     """
-    from fedul_flwr.data.datasets import run_dataset
-    from fedul_flwr.data.image_dataset import DatasetError
-    from fedul_flwr.methods import get_method
-    from fedul_flwr.models import check_input_size
-
     try:
         data = run_dataset(cfg.as_dict())
     except DatasetError as exc:
@@ -526,8 +442,6 @@ def federation_nodes(grid: object, settle: float = 1.0, timeout: float = 60.0) -
     simulation engine registers its nodes while the ServerApp starts: the count is read
     until it has not changed for ``settle`` seconds (at most ``timeout`` seconds); any other
     grid's count is read once."""
-    from flwr.superlink.grid import InMemoryGrid
-
     count = len(list(grid.get_node_ids()))  # type: ignore[attr-defined]
     if not isinstance(grid, InMemoryGrid):
         return count
@@ -548,102 +462,10 @@ def is_simulation(grid: object) -> bool:
     engine (its in-memory grid) or an in-process federation of simulated partitions
     (:class:`fedul_flwr.inprocess.InProcessGrid` without node folders). A deployment's
     grid is neither: its nodes bring their own data."""
-    from flwr.superlink.grid import InMemoryGrid
-
     return isinstance(grid, InMemoryGrid) or bool(getattr(grid, "simulated", False))
 
 
-# --------------------------------------------------------------------------- resume
-
-
-def resume_conflicts(saved: Mapping[str, Any], cfg: RunConfig) -> list[str]:
-    """The settings of ``cfg`` that differ from those a checkpoint was written with, as
-    ``"key: <saved> in the checkpoint, <requested> now"``; empty when the run may continue.
-
-    ``num-rounds`` may differ, and so may every key :func:`run_settings` leaves out (the
-    :data:`OUTPUT_KEYS`, the :data:`SCHEDULE_KEYS`, the options of methods other than the run's, ``device`` when both
-    runs compute in float32). A key the checkpoint lacks (added to the project after it was
-    written) counts as its default.
-    """
-    before = {**default_config(), **saved}
-    now = cfg.as_dict()
-    requested = run_settings(now)
-    counted = set(requested) | (set(run_settings(before)) & set(now))  # a key either run counts
-    return [
-        f"{key}: {before.get(key)!r} in the checkpoint, {now[key]!r} now"
-        for key in sorted(counted - {"num-rounds"})
-        if before.get(key) != now[key]
-    ]
-
-
-def run_finished(run_dir: Path) -> bool:
-    """Whether the run in ``run_dir`` ended whole: its ``summary.txt`` says ``status=ok``
-    (written last, after ``model.pt`` and the plot). Reads only."""
-    try:
-        return (Path(run_dir) / "summary.txt").read_text(errors="replace").rstrip().endswith(" status=ok")
-    except OSError:
-        return False
-
-
-def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
-    """The checkpoint ``resume=true`` continues from, once it is certain the run can go on:
-    it exists, its round is below ``num-rounds`` (or at ``num-rounds`` in a run that did not
-    end whole, :func:`run_finished`: e.g. a full device after its last checkpoint; the run
-    then trains no round and writes its outputs from the checkpoint) and it was written with
-    the same settings (:func:`resume_conflicts`). Reads only; nothing is written.
-
-    Raises
-    ------
-    CheckpointError
-        If ``run_dir`` holds no readable checkpoint.
-    ConfigError
-        If the run is already at ``num-rounds`` and ended whole, or naming every differing
-        key with both values.
-    """
-    ckpt = load_checkpoint(run_dir)
-    _check(
-        ckpt.round < cfg.num_rounds or (ckpt.round == cfg.num_rounds and not run_finished(run_dir)),
-        f"resume=true: {run_dir} has finished round {ckpt.round} and num-rounds={cfg.num_rounds}; nothing to resume "
-        "(set num-rounds higher to continue it)",
-    )
-    conflicts = resume_conflicts(ckpt.config, cfg)
-    _check(
-        not conflicts,
-        f"resume=true: {run_dir} was run with other settings; only {RESUME_FREE_KEYS + SCHEDULE_KEYS} (and device, "
-        f"with precision={DEVICE_FREE_PRECISION!r}) may change on resume: "
-        + "; ".join(conflicts),
-    )
-    return ckpt
-
-
-def check_resumed_federation(cfg: RunConfig, ckpt: Checkpoint, simulated: bool, num_nodes: int) -> None:
-    """What a resume must share with the run it continues beyond the settings, once the
-    federation's nodes are known. With ``local-optimizer-state = "kept"`` in simulation the
-    clients' states are keyed by partition id, and another ``num-supernodes`` partitions the
-    data otherwise: the states would go to clients holding other images, so the resume is
-    refused (a deployment's node keys come from its nodes' folders and stay theirs). A
-    schedule over ``num-rounds`` (``lr-schedule`` other than ``exponential``) that the resume
-    stretches to more rounds is logged: rounds after the checkpoint follow the new length.
-
-    Raises
-    ------
-    CheckpointError
-        Naming both node counts.
-    """
-    if cfg.local_optimizer_state == "kept" and simulated and ckpt.num_nodes not in (None, num_nodes):
-        raise CheckpointError(
-            f"resume=true with local-optimizer-state='kept': the run had {ckpt.num_nodes} simulated nodes, this "
-            f"federation has {num_nodes}; another num-supernodes partitions the data otherwise and the clients' "
-            "optimizer states would go to clients holding other images"
-        )
-    before = int(ckpt.config.get("num-rounds", cfg.num_rounds))
-    if cfg.lr_schedule != "exponential" and before != cfg.num_rounds:
-        from fedul_flwr import get_logger
-
-        get_logger(__name__).warning(
-            "resume=true: lr-schedule=%r ran rounds 1-%d as a schedule over num-rounds=%d; rounds %d-%d follow it over "
-            "num-rounds=%d", cfg.lr_schedule, ckpt.round, before, ckpt.round + 1, cfg.num_rounds, cfg.num_rounds,
-        )  # fmt: skip
+# --------------------------------------------------------------------------- before round 1
 
 
 def check_before_round_one(cfg: RunConfig, grid: object) -> None:
@@ -670,100 +492,3 @@ def check_before_round_one(cfg: RunConfig, grid: object) -> None:
     check_dataset(cfg)
     if is_simulation(grid):
         check_clients(cfg, num_nodes)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``fedul check`` arguments."""
-    parser.add_argument(
-        "--run-config", action="append", default=[],
-        help="the settings you will give `flwr run --run-config`, e.g. 'num-sets=10 seed=1' (repeatable)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--simulation", action=argparse.BooleanOptionalAction, default=True,
-        help="also check what a simulation's client-setting builds (--no-simulation for a deployment)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--federation-config", default="", metavar="'num-supernodes=N'",
-        help="the simulation's --federation-config as `flwr run` takes it: its num-supernodes is checked "
-             "against a layout of the clients (label-layout, positive-classes per client)",
-    )  # fmt: skip
-
-
-def run(args: argparse.Namespace) -> int:
-    """Resolve and check the settings; print the resolved run in one line (exit 0) or the
-    first problem in one line (exit 1)."""
-    from flwr.common.config import parse_config_args
-
-    try:
-        values = parse_config_args(args.run_config) if args.run_config else {}
-        composed, sources = compose_config(values)
-        cfg = validate_config(config_from_values(composed))
-        note, num_nodes = "", None
-        if args.simulation:
-            check_simulation(cfg)
-            num_nodes = _num_supernodes(args.federation_config)
-            if num_nodes is not None:
-                check_node_counts(cfg, num_nodes)
-                check_federation_size(cfg, num_nodes)
-            elif (laid_out := laid_out_clients(cfg)) is not None:
-                if cfg.client_setting == "annotation-heterogeneity":
-                    check_label_layout(cfg, laid_out[1])
-                note += f" (needs a federation of {laid_out[1]} nodes: {laid_out[0]}={cfg.as_dict()[laid_out[0]]!r})"
-        started = time.monotonic()
-        images = check_dataset(cfg)
-        read = f"; read {images} images of dataset={cfg.dataset!r} in {time.monotonic() - started:.1f}s"
-        if args.simulation:
-            laid_out = laid_out_clients(cfg)
-            clients = num_nodes if num_nodes is not None else None if laid_out is None else laid_out[1]
-            if clients is not None:
-                check_clients(cfg, clients)
-                read += f", built its {clients} simulated clients"
-        note = read + note
-        from fedul_flwr.outputs import check_unused, run_folder
-
-        if cfg.resume:
-            check_resume(cfg, run_folder(cfg))
-        else:
-            check_unused(cfg)
-    except (ConfigError, CheckpointError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(f"ok: {describe_sources(composed, sources)}{note}")
-    return 0
-
-
-def _num_supernodes(federation_config: str) -> int | None:
-    """``num-supernodes`` of a ``--federation-config`` string (``None`` if not given).
-
-    Raises
-    ------
-    ConfigError
-        If it is not an integer >= 1.
-    """
-    from flwr.common.config import parse_config_args
-
-    if not federation_config.strip():
-        return None
-    try:
-        value = parse_config_args([federation_config]).get("num-supernodes")
-    except ValueError as exc:
-        raise ConfigError(f"--federation-config {federation_config!r}: {exc}") from None
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"--federation-config: num-supernodes={value!r} must be an integer >= 1")
-    return value
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m fedul_flwr.preflight``; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="fedul check", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,8 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
-from fedul_flwr.preflight import check_before_round_one, check_resume, check_resumed_federation, is_simulation
+from fedul_flwr.preflight import check_before_round_one, is_simulation
+from fedul_flwr.resume import check_resume, check_resumed_federation
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
@@ -211,7 +212,7 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     raises.
 
     Every check runs before anything is written (:func:`fedul_flwr.preflight.check_before_round_one`,
-    with ``resume=true`` :func:`fedul_flwr.preflight.check_resume`, and the run folder's own
+    with ``resume=true`` :func:`fedul_flwr.resume.check_resume`, and the run folder's own
     checks in :meth:`RunOutputs.create`): a refused run changes nothing.
 
     Raises

@@ -34,7 +34,8 @@ if str(REPO) not in sys.path:
 
 from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES  # noqa: E402  (after the path above)
 from fedul_flwr.config import CHOICES, CORE_OPTIONS, METHODS_DIR, Option  # noqa: E402
-from fedul_flwr.preflight import RESUME_FREE_KEYS, registry_choices  # noqa: E402
+from fedul_flwr.preflight import registry_choices  # noqa: E402
+from fedul_flwr.resume import RESUME_FREE_KEYS  # noqa: E402
 
 OUTPUT = REPO / "docs" / "configuration.md"
 PYPROJECT = REPO / "pyproject.toml"

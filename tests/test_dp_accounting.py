@@ -23,7 +23,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from scipy import integrate, optimize, stats
 
 from fedul_flwr import wire
-from fedul_flwr.preflight import main as fedul_check
+from fedul_flwr.check_cli import main as fedul_check
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError

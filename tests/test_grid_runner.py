@@ -21,7 +21,8 @@ import torch
 
 from fedul_flwr import cli
 from fedul_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
-from fedul_flwr.preflight import OUTPUT_KEYS, RESUME_FREE_KEYS, check_resume, resolve_config, resume_conflicts
+from fedul_flwr.preflight import resolve_config
+from fedul_flwr.resume import OUTPUT_KEYS, RESUME_FREE_KEYS, check_resume, resume_conflicts
 from fedul_flwr.config import ConfigError
 from fedul_flwr.experiments import reproduce, runner
 

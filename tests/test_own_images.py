@@ -363,7 +363,7 @@ BAD = ["truncated", "bomb", "other-size", "too-small", "one-class", "empty-class
 def test_bad_input_is_one_line_before_round_one(kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through ``fedul check`` and through the ServerApp's checks on a simulated grid: one line,
     nothing written."""
-    from fedul_flwr.preflight import main as check_main
+    from fedul_flwr.check_cli import main as check_main
     from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.client_app import app
 
@@ -382,7 +382,7 @@ def test_bad_input_is_one_line_before_round_one(kind: str, tmp_path: Path, monke
 
 
 def test_fedul_check_reads_every_image_and_says_how_many(own, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
-    from fedul_flwr.preflight import main as check_main
+    from fedul_flwr.check_cli import main as check_main
 
     name, extra = own["folder"]
     assert check_main(["--run-config", f'dataset="{name}" image-size=16 num-sets=3']) == 0
@@ -498,7 +498,7 @@ def test_deployed_nodes_with_greyscale_pngs_of_another_size_and_no_copy_of_the_d
 def test_clients_that_cannot_be_built_are_refused_before_round_one(tmp_path: Path, settings: dict, message: str) -> None:
     """What the partition and the client setting cannot make of a small dataset is one line
     before round 1 (``fedul check`` and the ServerApp), not a failure of every client in it."""
-    from fedul_flwr.preflight import main as check_main
+    from fedul_flwr.check_cli import main as check_main
     from fedul_flwr.client_app import app
     from fedul_flwr.inprocess import InProcessGrid
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from fedul_flwr.checkpoint import CheckpointError
-from fedul_flwr.preflight import RESUME_FREE_KEYS, resolve_config, resume_conflicts
+from fedul_flwr.preflight import resolve_config
+from fedul_flwr.resume import RESUME_FREE_KEYS, resume_conflicts
 from fedul_flwr.cli import main as fedul
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.config import ConfigError, compose_config, config_from_values

@@ -26,11 +26,11 @@ configuration's ``output-dir``. Then:
   tables are rendered from the records that exist, and the command ends with one line per
   failed cell and exit status 1 (:class:`GridResult`); the next invocation runs the cell
   again;
-- settings that change only output (:data:`fedul_flwr.preflight.OUTPUT_KEYS`: ``verbose``,
+- settings that change only output (:data:`fedul_flwr.resume.OUTPUT_KEYS`: ``verbose``,
   ``tensorboard``, the run's name and folder, ...) never make a run another one, and in
   float32 (``precision=fp32``) neither does ``device``: a record made on ``cuda`` counts
   for the ``cpu`` cell and a run stopped on one device continues on the other
-  (:func:`fedul_flwr.preflight.run_settings`, the rule a resumed checkpoint follows too);
+  (:func:`fedul_flwr.resume.run_settings`, the rule a resumed checkpoint follows too);
 - ``stop_after`` (``--stop-after MINUTES``) ends the grid before the limit: runs stop
   between rounds when the next would not end in time (:class:`StoppableGrid`), runs still
   going near the limit are terminated, none gets a record, each continues on the next
@@ -87,7 +87,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import Message, MessageType
 
-from fedul_flwr.preflight import run_settings
+from fedul_flwr.resume import run_settings
 from fedul_flwr.experiments import worker_start
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import RunStopped
@@ -423,7 +423,8 @@ def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
     """(:func:`resumable_round`, why the stopped run in the run folder cannot go on: ``""``
     where it can or where the folder holds no checkpoint)."""
     from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES, CheckpointError, CheckpointMissing, load_checkpoint
-    from fedul_flwr.preflight import resolve_config, resume_conflicts, run_finished
+    from fedul_flwr.preflight import resolve_config
+    from fedul_flwr.resume import resume_conflicts, run_finished
 
     ckpt_dir = Path(run_config["output-dir"]) / run_config["run-name"]
     try:
@@ -450,8 +451,8 @@ def resumable_round(run_config: Mapping[str, Any]) -> int:
 
     A run folder without a record holds a stopped run. It is continued (``resume=true``)
     where its ``checkpoint.pt`` was written with the same resolved settings (``num-rounds``
-    and what :func:`~fedul_flwr.preflight.run_settings` leaves out aside: the output-only
-    :data:`~fedul_flwr.preflight.OUTPUT_KEYS`, ``device`` in float32) and the strategy keeps
+    and what :func:`~fedul_flwr.resume.run_settings` leaves out aside: the output-only
+    :data:`~fedul_flwr.resume.OUTPUT_KEYS`, ``device`` in float32) and the strategy keeps
     all its state on the server (:data:`~fedul_flwr.checkpoint.RESUMABLE_STRATEGIES`); such
     a run ends with the weights of an uninterrupted one. The checkpoint's tensors are loaded
     onto the CPU (``map_location``), so a run stopped on a GPU goes on on a CPU and back.
@@ -1137,9 +1138,9 @@ def stop_times(minutes: float, now: float | None = None) -> tuple[float, float]:
 
 
 def same_settings(recorded: Mapping[str, Any], requested: Mapping[str, Any]) -> bool:
-    """Whether two runs' settings (:func:`~fedul_flwr.preflight.run_settings`) are one run's. A key one of them lacks
+    """Whether two runs' settings (:func:`~fedul_flwr.resume.run_settings`) are one run's. A key one of them lacks
     (added to the project after its record was written) counts as its default, the rule a
-    resumed checkpoint follows (:func:`fedul_flwr.preflight.resume_conflicts`): a new key's
+    resumed checkpoint follows (:func:`fedul_flwr.resume.resume_conflicts`): a new key's
     default keeps the behaviour the older record was trained with."""
     return not setting_differences(recorded, requested)
 
