@@ -28,14 +28,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES  # noqa: E402  (after the path above)
 from fedul_flwr.config import CHOICES, CORE_OPTIONS, METHODS_DIR, Option  # noqa: E402
+from fedul_flwr.methods import METHODS  # noqa: E402
 from fedul_flwr.preflight import registry_choices  # noqa: E402
 from fedul_flwr.resume import RESUME_FREE_KEYS  # noqa: E402
+from fedul_flwr.store import write_atomic  # noqa: E402
 
 OUTPUT = REPO / "docs" / "configuration.md"
 PYPROJECT = REPO / "pyproject.toml"
@@ -60,8 +64,6 @@ def method_folder_options() -> dict[str, tuple[Option, ...]]:
         If a key is declared twice (naming both places) or a method lists an option that no
         folder declares.
     """
-    from fedul_flwr.methods import METHODS
-
     found: dict[str, tuple[Option, ...]] = {}
     where = {o.key: "fedul_flwr/config/keys.py" for opts in CORE_OPTIONS.values() for o in opts}
     for settings in sorted(METHODS_DIR.glob("*/settings.py")):
@@ -104,8 +106,6 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
-        import numpy as np  # deferred: only floats need it
-
         return np.format_float_positional(value, trim="0")
     text = str(value).replace("\\", "\\\\").replace('"', '\\"')
     return f'"{text}"'
@@ -209,8 +209,6 @@ def _choices() -> dict[str, tuple[str, ...]]:
 
 def _method_options() -> dict[str, tuple[str, list[str]]]:
     """key -> (rule, names of the methods that own it), from the methods' ``options``."""
-    from fedul_flwr.methods import METHODS
-
     owned: dict[str, tuple[str, list[str]]] = {}
     for name in METHODS.names():
         for option in METHODS.get(name).options:
@@ -289,8 +287,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stale: {', '.join(late)}: run python scripts/config_reference.py", file=sys.stderr)
             return 1
         return 0
-    from fedul_flwr.store import write_atomic
-
     for path, text in ((PYPROJECT, render_pyproject(PYPROJECT.read_text())), (OUTPUT, render())):
         if not path.is_file() or path.read_text() != text:
             write_atomic(path, text)
