@@ -19,7 +19,7 @@ import pytest
 
 from fedul_flwr import cli
 from fedul_flwr.checkpoint import CHECKPOINT_FILE, CheckpointError, load_checkpoint
-from fedul_flwr.experiments import runner
+from fedul_flwr.experiments import cells, runner
 from fedul_flwr.store import DAMAGED, DamagedFile, FolderLock, NoSpace, RunLogHandler, read_json, set_aside_damaged, write_json
 
 SMOKE = ["reproduce", "--grid", "smoke", "--threads", "1", "--set", "num-rounds=1", "--set", "samples-per-client=150"]
@@ -71,18 +71,18 @@ def test_a_damaged_failure_record_is_set_aside_and_a_kept_one_never_overwritten(
     kept); over a whole one whose run folder is gone, keeps it beside as ``.kept-``."""
     spec = runner.RunSpec("g", "r", "c", "*", 0, 2, "", {})
     rc = {"output-dir": str(tmp_path / "runs"), "run-name": spec.run_id}
-    cell = runner._Cell.of(rc, str(tmp_path / "records" / f"{spec.run_id}.json"))
+    cell = cells.Cell.of(rc, str(tmp_path / "records" / f"{spec.run_id}.json"))
     cell.failure.parent.mkdir(parents=True)
     first = json.dumps({"run-id": spec.run_id, "error-type": "RuntimeError", "error": "first", "round-reached": 3,
                         "log": "/somewhere/flower.log"})  # fmt: skip
     cell.failure.write_text(first[: len(first) // 2])
     with FolderLock.acquire(cell.run_dir) as lock:
-        runner._fail(spec, rc, cell, lock, "RuntimeError", "second", 1.0)
+        cells.record_failure(spec, rc, cell, lock, "RuntimeError", "second", 1.0)
         [damaged] = cell.failure.parent.glob(f"*{DAMAGED}*")
         assert damaged.read_text() == first[: len(first) // 2]
         assert read_json(cell.failure)["error"] == "second"
         whole = cell.failure.read_bytes()
-        runner._fail(spec, rc, cell, lock, "RuntimeError", "third", 1.0)
+        cells.record_failure(spec, rc, cell, lock, "RuntimeError", "third", 1.0)
     [kept] = cell.failure.parent.glob("*.kept-*.json")
     assert kept.read_bytes() == whole and read_json(cell.failure)["error"] == "third"
     assert runner.load_failures([spec], tmp_path / "records")[0]["error"] == "third"

@@ -9,7 +9,7 @@ when its runner is killed (even by SIGKILL), so this module imports nothing heav
 * on Linux asks the kernel to SIGKILL the process when its parent dies
   (``prctl(PR_SET_PDEATHSIG, SIGKILL)``, through ``ctypes``): immediate, whatever the process
   is doing. The kernel sends it when the *thread* that spawned the worker ends: the runner
-  spawns its workers from its main thread (:func:`fedul_flwr.experiments.runner.run_in_workers`
+  spawns its workers from its main thread (:func:`fedul_flwr.experiments.workers.run_in_workers`
   sets a signal handler, which only the main thread may), which lives as long as the runner;
 * checks once that the runner is still its parent (it may have died before the ``prctl``);
 * starts the portable watchdog (:func:`watch_parent`, every platform): within about
@@ -77,7 +77,7 @@ def watch_parent(parent: int) -> None:
 def start(conn: Connection, payload: bytes, parent: int) -> None:
     """A ``--jobs`` worker process's target: die with the runner ``parent``
     (:func:`die_with_parent`, :func:`watch_parent`), then unpickle ``payload``, a pair
-    ``(body, item)`` (:func:`fedul_flwr.experiments.runner.run_in_worker` and its run), which
+    ``(body, item)`` (:func:`fedul_flwr.experiments.workers.run_in_worker` and its run), which
     imports torch, Flower and the app (seconds), and call ``body(conn, item)``."""
     die_with_parent(parent)
     threading.Thread(target=watch_parent, args=(parent,), name="fedul-runner-watchdog", daemon=True).start()
