@@ -23,6 +23,8 @@ What pfl runs is its image-classification benchmark set-up
 epochs, batch). The model is pfl's ``simple_cnn`` as fedul-flwr registers it
 (``simple-cnn``): the parent sends its initial weights (loaded strictly, so every layer's
 name and shape must match) and a probe batch whose logits it compares with its own model's.
+Another model of the parent's workload comes as TorchScript (``"model": "torchscript"`` in
+the spec), loaded with ``torch.jit.load`` (:func:`build_model`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,27 @@ def simple_cnn(in_channels: int, num_classes: int, image_size: int) -> nn.Sequen
         nn.MaxPool2d(2), nn.Dropout(0.25), nn.Flatten(), nn.Linear(side * side * 64, 128), nn.ReLU(),
         nn.Dropout(0.5), nn.Linear(128, num_classes),
     )  # fmt: skip
+
+
+class Scripted(nn.Module):
+    """A TorchScript model as a plain module (pfl's model gets ``loss`` and ``metrics`` methods)."""
+
+    def __init__(self, inner: torch.jit.ScriptModule) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def build_model(spec: dict, in_channels: int, num_classes: int, image_size: int) -> nn.Module:
+    """The spec's initial model: pfl's ``simple_cnn`` with the parent's weights (``"model":
+    "simple-cnn"``, the default) or the parent's TorchScript model (``"torchscript"``)."""
+    if spec.get("model", "simple-cnn") == "simple-cnn":
+        model = simple_cnn(in_channels, num_classes, image_size)
+        model.load_state_dict(torch.load(spec["initial"]), strict=True)
+        return model
+    return Scripted(torch.jit.load(spec["initial"]))
 
 
 def _say(value: dict) -> None:
@@ -74,8 +97,7 @@ def main(spec_path: str) -> None:
     train_x, train_y = as_input(data["train_x"]), data["train_y"].astype(np.int64)
     users = [np.asarray(rows) for rows in spec["users"]]
 
-    model = simple_cnn(train_x.shape[1], int(spec["num_classes"]), train_x.shape[2])
-    model.load_state_dict(torch.load(spec["initial"]), strict=True)
+    model = build_model(spec, train_x.shape[1], int(spec["num_classes"]), train_x.shape[2])
 
     def loss(self: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, eval: bool = False) -> torch.Tensor:
         self.eval() if eval else self.train()
