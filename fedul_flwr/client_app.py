@@ -41,7 +41,8 @@ from fedul_flwr.privacy.client import local_dp_mod
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.augment import build_augmentation
 from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device
-from fedul_flwr.training import LocalLoop, evaluate
+from fedul_flwr.evaluation import evaluate
+from fedul_flwr.training import LocalLoop
 
 
 def error_reply_mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

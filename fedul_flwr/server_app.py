@@ -37,7 +37,7 @@ from fedul_flwr.store import FolderLock
 from fedul_flwr.privacy.accounting import privacy_spent
 from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
-from fedul_flwr.training import EvaluationCache, evaluate_predictors
+from fedul_flwr.evaluation import EvaluationCache, evaluate_predictors
 
 app = ServerApp()
 

@@ -17,7 +17,8 @@ from fedul_flwr.config import ConfigError
 from fedul_flwr.methods.base import Batch, LocalTask, Stream
 from fedul_flwr.models import build_model
 from fedul_flwr.execution import loop_acceleration
-from fedul_flwr.training import evaluate, train_local
+from fedul_flwr.evaluation import evaluate
+from fedul_flwr.training import train_local
 
 CPU = torch.device("cpu")
 MEAN, STD = 0.5, 0.25

@@ -61,7 +61,7 @@ def test_sm_um_em_in_one_pass_equal_each_alone_and_run_each_model_once_per_batch
 
     from fedul_flwr.methods.base import method_class
     from fedul_flwr.models import build_model
-    from fedul_flwr.training import evaluate, evaluate_predictors
+    from fedul_flwr.evaluation import evaluate, evaluate_predictors
 
     cfg = resolve_config({"method": "hassle", "client-setting": "annotation-heterogeneity"})
     hassle = method_class("hassle")(cfg)

@@ -124,7 +124,7 @@ def test_the_evaluation_reuses_the_logits_of_unchanged_weights() -> None:
     """With an :class:`EvaluationCache`, a model whose weights equal those of a model run in
     the previous call (the same model, or another name: HASSLE's w_S_prev is the last round's
     w_S) runs no forward pass, and every number is the one a forward pass gives."""
-    from fedul_flwr.training import EvaluationCache, evaluate_predictors
+    from fedul_flwr.evaluation import EvaluationCache, evaluate_predictors
 
     models = nn.ModuleDict({"a": build_model("small-cnn", 1, 10, 28, seed=0), "b": build_model("small-cnn", 1, 10, 28, seed=1)})
     predictors = {"a": lambda m, x: m["a"](x), "b": lambda m, x: m["b"](x), "sum": lambda m, x: m["a"](x) + m["b"](x)}

@@ -24,7 +24,8 @@ from fedul_flwr.methods import Method, RoundContext
 from fedul_flwr.methods.base import Predictor
 from fedul_flwr.execution import loop_acceleration
 from fedul_flwr.server_app import global_models
-from fedul_flwr.training import LocalLoop, evaluate
+from fedul_flwr.evaluation import evaluate
+from fedul_flwr.training import LocalLoop
 
 __all__ = ["Federation", "State", "bare_round", "build_federation", "central_eval", "client_parts", "fedavg"]
 

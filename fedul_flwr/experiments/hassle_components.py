@@ -40,7 +40,7 @@ from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import get_method
 from fedul_flwr.methods.base import Predictor
 from fedul_flwr.methods.hassle import _logits as hassle_logits
-from fedul_flwr.training import evaluate_predictors
+from fedul_flwr.evaluation import evaluate_predictors
 from fedul_flwr.store import write_atomic
 
 __all__ = ["components", "render_components"]
