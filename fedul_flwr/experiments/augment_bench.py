@@ -32,19 +32,28 @@ views of 448 32 x 32 images at most 1x the WRN-28-2 bf16 step.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
+import subprocess
 import tempfile
 import time
-from statistics import median
 from collections.abc import Callable, Mapping
+from pathlib import Path
+from statistics import median
 from typing import Any
 
 import torch
 
 from fedul_flwr.augment import Augmentation
+from fedul_flwr.data.client_data import ClientData, LabeledImages
+from fedul_flwr.data.datasets import dataset_info
+from fedul_flwr.data.image_dataset import normalize
+from fedul_flwr.experiments.bare_loop import Federation, bare_round, build_federation
 from fedul_flwr.experiments.tables import markdown_table
-from fedul_flwr.preflight import resolve_config
+from fedul_flwr.methods import get_method
 from fedul_flwr.models import build_model
+from fedul_flwr.preflight import resolve_config
+from fedul_flwr.server_app import global_models
 from fedul_flwr.store import write_atomic
 
 AUGMENT_NAMES = ("weak", "strong", "rotate")
@@ -77,10 +86,6 @@ def baseline_module(revision: str) -> Any:
     SystemExit
         If git cannot show that file at that revision.
     """
-    import importlib.util
-    import subprocess
-    from pathlib import Path
-
     root = Path(__file__).resolve().parents[2]
     shown = subprocess.run(["git", "-C", str(root), "show", f"{revision}:fedul_flwr/augment.py"], capture_output=True, text=True)
     if shown.returncode:
@@ -111,8 +116,6 @@ def per_batch(model_name: str, batch: int, device: torch.device, repeats: int, b
         loss.backward()
         opt.step()
 
-    from fedul_flwr.data.datasets import dataset_info
-
     flip = dataset_info(dataset).flip
     augs = {name: Augmentation(name, side, flip) for name in AUGMENT_NAMES}
     if baseline is not None:  # a revision before DatasetInfo.flip takes the dataset's name
@@ -138,9 +141,6 @@ def per_batch(model_name: str, batch: int, device: torch.device, repeats: int, b
 
 def fedul_rounds(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Median seconds of a FedUL local round with ``augment='rotate'`` and with ``'none'``."""
-    from fedul_flwr.experiments.bare_loop import bare_round, build_federation
-    from fedul_flwr.methods import get_method
-
     base = {"dataset": "mnist-sample", "num-sets": args.num_sets, "samples-per-client": args.samples_per_client, "device": device.type}
     methods = {name: get_method("fedul")(resolve_config({**base, "augment": name})) for name in ("none", "rotate")}
     fed = build_federation(methods["none"].cfg, args.augment_clients, device, list(methods.values()))
@@ -158,13 +158,6 @@ def fedul_rounds(args: argparse.Namespace, device: torch.device) -> dict[str, An
 
 def feddb_round(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """Median seconds of one FedDB round of the paper protocol on synthetic CIFAR-shaped data."""
-    from fedul_flwr.data.client_data import ClientData, LabeledImages
-    from fedul_flwr.data.datasets import dataset_info
-    from fedul_flwr.data.image_dataset import normalize
-    from fedul_flwr.experiments.bare_loop import Federation, bare_round
-    from fedul_flwr.methods import get_method
-    from fedul_flwr.server_app import global_models
-
     overrides = {"local-epochs": 1} if args.quick else {}
     # the images are synthetic: data-dir only satisfies the check that cifar10 has a root
     cfg = resolve_config({"preset": "feddb", "device": device.type, "data-dir": tempfile.gettempdir(), **overrides})

@@ -42,6 +42,9 @@ from pathlib import Path
 from statistics import median
 from typing import IO, Any
 
+import torch
+from flwr.app import MessageType
+
 PROJECT = Path(__file__).resolve().parents[2]
 """The source checkout (its git history holds the baseline)."""
 
@@ -158,8 +161,6 @@ def run_pair(
     RuntimeError
         If a worker fails (names its log).
     """
-    import torch
-
     workdir = workdir or Path(tempfile.mkdtemp(prefix="fedul-hassle-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
     trees = {"baseline": export_revision(revision), "current": PROJECT}
@@ -195,7 +196,8 @@ def run_pair(
                 worker.proc.kill()
             worker.close()
         with contextlib.suppress(OSError):
-            from fedul_flwr.store import remove_tree  # not at the top: the workers run this file against the baseline's package
+            # deferred: the workers run this file against the baseline revision's package (_worker), which lacks it
+            from fedul_flwr.store import remove_tree
 
             remove_tree(trees["baseline"])  # the exported revision, a temporary tree
     models = {
@@ -251,6 +253,7 @@ def section_hassle(args: argparse.Namespace) -> dict[str, Any]:
         run_config["dataset"] = args.hassle_dataset
     if args.data_dir:
         run_config["data-dir"] = args.data_dir
+    # deferred: the workers run this file against the baseline revision's package (_worker), whose modules differ
     from fedul_flwr.preflight import resolve_config
 
     cfg = resolve_config(run_config)  # refuses a bad setting before any worker starts
@@ -276,6 +279,7 @@ def section_hassle(args: argparse.Namespace) -> dict[str, Any]:
 
 def hassle_markdown(section: Mapping[str, Any]) -> str:
     """The section's results as a short markdown paragraph and table."""
+    # deferred: the workers run this file against the baseline revision's package (_worker), whose modules differ
     from fedul_flwr.experiments.tables import markdown_table
 
     s, d = section["setting"], section["differences"]
@@ -303,9 +307,7 @@ def _worker(run_config: dict[str, Any], num_nodes: int, threads: int, gate: bool
     ``gate``, stop before every round's training until a line arrives on stdin. Prints
     ``ready`` at every stop and, at the end, ``done`` with the metric rows and the paths of the
     final models."""
-    import torch
-    from flwr.app import MessageType
-
+    # deferred: this runs in a worker against either package (this checkout's or the baseline revision's)
     from fedul_flwr.preflight import resolve_config
     from fedul_flwr.client_app import app
     from fedul_flwr.inprocess import InProcessGrid

@@ -25,6 +25,7 @@ run's checkpoint (``checkpoint.pt``, the round it was written after) and measure
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 from collections.abc import Mapping, Sequence
@@ -40,6 +41,7 @@ from fedul_flwr.data.simulated import load_client, load_run_dataset
 from fedul_flwr.methods import get_method
 from fedul_flwr.methods.base import Predictor
 from fedul_flwr.methods.hassle import _logits as hassle_logits
+from fedul_flwr.server_app import global_models
 from fedul_flwr.evaluation import evaluate_predictors
 from fedul_flwr.store import write_atomic
 
@@ -90,8 +92,6 @@ def components(run_dir: str | Path, num_clients: int) -> dict[str, float]:
     cfg = resolve_config(json.loads((run_dir / "config.json").read_text()))
     if cfg.method != "hassle":
         raise ValueError(f"{run_dir / 'config.json'}: method={cfg.method!r}, expected 'hassle'")
-    from fedul_flwr.server_app import global_models  # the server's models, built as the run built them
-
     checkpoint = load_checkpoint(run_dir)
     method = get_method(cfg.method)(cfg)
     data = load_run_dataset(cfg)
@@ -186,8 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure each run folder and print the table, or write it to a page: the page keeps the
     rows of runs it already holds (a run folder is gone once its run is finished and
     recorded) and a run measured again replaces its row."""
-    import argparse
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("run_dirs", nargs="+", help="HASSLE run folders (config.json + checkpoint.pt)")
     p.add_argument("--clients", type=int, default=20, help="the runs' number of simulated clients (default: 20)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import types
 
 import numpy as np
 import torch
@@ -75,6 +76,7 @@ def _say(value: dict) -> None:
 
 def main(spec_path: str) -> None:
     """Build pfl's simulation from the spec, then serve ``go`` / ``stop`` lines."""
+    # deferred: optional dependency pfl (only pfl-research's own environment has it; the parent imports this file too)
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.aggregate.weighting import WeightByUser
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
@@ -110,8 +112,6 @@ def main(spec_path: str) -> None:
         correct = float((logits.argmax(-1) == targets.long()).float().sum())
         return {"loss": Weighted(float(nn.functional.cross_entropy(logits, targets.long(), reduction="sum")), len(inputs)),
                 "accuracy": Weighted(correct, len(inputs))}  # fmt: skip
-
-    import types
 
     model.loss = types.MethodType(loss, model)
     model.metrics = types.MethodType(metrics, model)

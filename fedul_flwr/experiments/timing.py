@@ -7,14 +7,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import fedul_flwr.training as training_module
+
 
 @contextlib.contextmanager
 def timed_train_local(record: Callable[[float], None]) -> Iterator[None]:
     """Within the block every :func:`fedul_flwr.training.train_local` call (the ClientApp reaches
     it through ``LocalLoop.run``, which looks it up in its module) reports its wall seconds to
     ``record``; afterwards the function is the original again."""
-    import fedul_flwr.training as training_module
-
     original = training_module.train_local
 
     def timed(*a: Any, **kw: Any) -> Any:
