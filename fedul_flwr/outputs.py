@@ -48,6 +48,7 @@ import torch
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
+from fedul_flwr.privacy.accounting import neighbours
 from fedul_flwr.store import FolderLock, RunFolderInUse, read_json, sweep_temporary, utc_stamp, write_atomic
 
 if TYPE_CHECKING:
@@ -331,10 +332,10 @@ class RunOutputs:
 
     def plot(self) -> Path:
         """Write ``accuracy.png``: test accuracy (%) per round."""
-        import matplotlib
+        import matplotlib  # deferred: import cost of matplotlib (about a second), paid only by the plot
 
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # deferred: after matplotlib.use("Agg"), which must come first
 
         rows = [self.rows[r] for r in sorted(self.rows) if "test-accuracy" in self.rows[r]]
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -367,7 +368,6 @@ class RunOutputs:
         when a server-DP run records its clients' train metrics, which the epsilon does not cover."""
         if wire.PRIVACY_EPSILON not in row:
             return ""
-        from fedul_flwr.privacy.accounting import neighbours
 
         published = self.cfg.dp_publish_unnoised_train_metrics and self.cfg.differential_privacy.startswith("server")
         return (f"epsilon={row[wire.PRIVACY_EPSILON]:.4g} delta={row[wire.PRIVACY_DELTA]:.3g} "
@@ -444,7 +444,7 @@ def _tensorboard_writer_class() -> type:
         If the ``tensorboard`` package is missing.
     """
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # deferred: optional dependency tensorboard
     except ImportError as exc:
         raise ImportError(
             f"tensorboard=true needs the tensorboard package on the server ({exc}): pip install 'fedul-flwr[tensorboard]'"

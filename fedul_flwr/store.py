@@ -53,6 +53,12 @@ target unchanged and no temporary file left (:func:`no_space` finds one behind a
 exception). A run's log on a full device goes quiet and keeps its :class:`NoSpace`
 (:class:`RunLogHandler`) instead of printing a traceback per message. The grid runner stops
 on it: it is the device's failure, not a run's.
+
+One module, longer than the project's ~600 lines: the locks and the file operations need each
+other (every move and removal checks the run folder's lock it is given, :func:`remove_tree`
+takes one, :func:`set_aside` moves a locked folder, a lock records its holder with the store's
+:func:`utc_stamp` and tells a dead holder by :func:`sweep_temporary`'s process check), so two
+modules would import each other.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -573,7 +580,6 @@ class RunLogHandler(logging.FileHandler):
             super().emit(record)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 -- logging's name
-        import sys
 
         full = no_space(sys.exc_info()[1] or Exception(), self.baseFilename)
         if full is None:

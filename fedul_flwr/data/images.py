@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import ExifTags, Image, ImageOps
 
 __all__ = [
     "HEIC_SUFFIXES",
@@ -189,8 +190,6 @@ def _is_heic(source: str | Path | bytes) -> bool:
 def _opened(source: str | Path | bytes, origin: str) -> Iterator[Any]:
     """The PIL image of ``source`` (not yet decoded), every error PIL raises while it is open
     turned into one :class:`ImageError` line naming ``origin``."""
-    from PIL import Image
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)  # PIL's limit is the refusal
@@ -236,8 +235,6 @@ def read_header(source: str | Path | bytes, origin: str) -> tuple[str, tuple[int
         As :func:`decode_image`, for what the header shows (an unidentified file, HEIC, a
         decompression bomb).
     """
-    from PIL import ExifTags
-
     with _opened(source, origin) as img:
         turned = False
         if img.format != "PNG" or "exif" in img.info:  # a PNG's getexif() without an eXIf chunk before the
@@ -250,8 +247,6 @@ def read_header(source: str | Path | bytes, origin: str) -> tuple[str, tuple[int
 
 def _scaled_grey(img: Any, origin: str) -> Any:
     """A 16-bit or float greyscale image as ``L``, from its own range (module doc)."""
-    from PIL import Image
-
     arr = np.asarray(img)
     if img.mode == "F":
         nan, inf = int(np.isnan(arr).sum()), int(np.isinf(arr).sum())
@@ -273,8 +268,6 @@ def _scaled_grey(img: Any, origin: str) -> Any:
 def _upright(img: Any, origin: str) -> Any:
     """The loaded image as a viewer shows it: EXIF orientation applied, 16-bit and float
     greyscale scaled to ``L``, transparency composited over white."""
-    from PIL import Image, ImageOps
-
     try:
         ImageOps.exif_transpose(img, in_place=True)
     except Exception:  # noqa: BLE001 -- a damaged EXIF block: the pixels as stored, as read_header sizes them
@@ -289,8 +282,6 @@ def _upright(img: Any, origin: str) -> Any:
 
 def _finish(img: Any, origin: str, spec: ImageSpec) -> np.ndarray:
     """A PIL image as uint8 ``[C, S, S]``: converted to the run's channels, resized or checked."""
-    from PIL import Image
-
     target = "L" if spec.channels == 1 else "RGB"
     if img.mode != target:
         try:
@@ -395,8 +386,6 @@ def decode_array(images: np.ndarray, origin: str, spec: ImageSpec) -> np.ndarray
     ImageError
         On another dtype or number of dimensions, or (without ``resize``) another size.
     """
-    from PIL import Image
-
     if images.dtype != np.uint8:
         raise ImageError(f"{origin}: dtype {images.dtype}, expected uint8 pixel values 0..255")
     if images.ndim == 4 and images.shape[3] == 1:

@@ -57,7 +57,7 @@ def named_classes(classes: int | Sequence[int], class_names: Sequence[str] | Non
 
 
 def _label_dataset(labels: np.ndarray):  # -> datasets.Dataset
-    from datasets import Dataset  # imported lazily: pulls in pyarrow
+    from datasets import Dataset  # deferred: import cost of datasets and pyarrow (seconds), paid only by these partitions
 
     return Dataset.from_dict(
         {"idx": np.arange(len(labels), dtype=np.int64), "label": np.asarray(labels, dtype=np.int64)}
@@ -132,7 +132,7 @@ def dirichlet_partition(
         If ``alpha <= 0``, C is out of range, or no draw gives every client
         ``min_partition_size`` samples (names alpha, N, C and the seed).
     """
-    from flwr_datasets.partitioner import DirichletPartitioner
+    from flwr_datasets.partitioner import DirichletPartitioner  # deferred: import cost of flwr_datasets and datasets (seconds), paid only by this partition
 
     _check_dirichlet(num_partitions, len(labels), alpha)
     if min_partition_size is None:
@@ -185,7 +185,7 @@ def inner_dirichlet_partition(labels: np.ndarray, num_partitions: int, alpha: fl
         at alpha = 0.01 with 20 Fashion-MNIST clients); the message names alpha, N, C and the
         seed.
     """
-    from flwr_datasets.partitioner import InnerDirichletPartitioner
+    from flwr_datasets.partitioner import InnerDirichletPartitioner  # deferred: import cost of flwr_datasets and datasets (seconds), paid only by this partition
 
     _check_dirichlet(num_partitions, len(labels), alpha)
     sizes = _equal_sizes(len(labels), num_partitions)
@@ -310,7 +310,7 @@ def shard_partition(labels: np.ndarray, num_partitions: int, shards_per_client: 
     ValueError
         If ``shards_per_client < 1`` or C is out of range.
     """
-    from flwr_datasets.partitioner import ShardPartitioner
+    from flwr_datasets.partitioner import ShardPartitioner  # deferred: import cost of flwr_datasets and datasets (seconds), paid only by this partition
 
     _check_num_partitions(num_partitions, len(labels))
     if shards_per_client < 1:

@@ -139,8 +139,8 @@ class _FallbackWatch(logging.Handler):
 def _open_hub(source: str, data_dir: str) -> dict[str, Any]:
     """The splits of Hub dataset ``source``, refusing ``datasets``' fallback to a cached copy
     of a snake-cased name (which may be another dataset)."""
-    import datasets
-    from datasets.naming import camelcase_to_snakecase
+    import datasets  # deferred: import cost of datasets (seconds), paid only by an hf: dataset
+    from datasets.naming import camelcase_to_snakecase  # deferred: import cost of datasets (seconds)
 
     watch = _FallbackWatch()
     logger = logging.getLogger("datasets")
@@ -167,7 +167,7 @@ def _open_hub(source: str, data_dir: str) -> dict[str, Any]:
 
 def _open(source: str, data_dir: str) -> dict[str, Any] | _Folder:
     """The splits of ``source`` as ``{split name: datasets.Dataset}``, or an image folder."""
-    import datasets
+    import datasets  # deferred: import cost of datasets (seconds), paid only by an hf: dataset
 
     if not source.startswith("/"):
         return _open_hub(source, data_dir)
@@ -238,7 +238,7 @@ def _column(features: Any, key: str, given: str, found: list[str], where: str) -
 
 def _columns(ds: Any, options: DatasetOptions, where: str) -> tuple[str, str]:
     """The image and the label column of ``ds``."""
-    import datasets
+    import datasets  # deferred: import cost of datasets (seconds), paid only by an hf: dataset
 
     features = ds.features
     images = [k for k, f in features.items() if isinstance(f, datasets.Image)]
@@ -254,7 +254,7 @@ def _columns(ds: Any, options: DatasetOptions, where: str) -> tuple[str, str]:
 
 def _labels(train: Any, test: Any, column: str, where: str) -> tuple[tuple[str, ...], np.ndarray, np.ndarray | None]:
     """Class names and int64 labels of the training (and test) split."""
-    import datasets
+    import datasets  # deferred: import cost of datasets (seconds), paid only by an hf: dataset
 
     feature = train.features[column]
     y_train = list(train[column])
@@ -337,7 +337,7 @@ def _split_parts(where: str, names: tuple[str, ...], train: tuple[str, Any, np.n
 @functools.lru_cache(maxsize=4)
 def _plan(name: str, options: DatasetOptions, data_dir: str = "") -> _Plan:
     """Open the dataset, choose splits and columns, read the labels, hold out the test rows."""
-    import datasets
+    import datasets  # deferred: import cost of datasets (seconds), paid only by an hf: dataset
 
     source = check_source(name)
     if options.image_size < 0:

@@ -65,6 +65,7 @@ from fedul_flwr.strategies.admission import admit
 from fedul_flwr.strategies.contract import train_metric_keys
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.kept_state import KeptOptimizerStates
+from fedul_flwr.strategies.participation import Participation
 from fedul_flwr.strategies.scaffold import Scaffold
 
 __all__ = [
@@ -326,8 +327,8 @@ def strict(strategy_class: type[FedAvg], method_mixin: type | None = None, kept_
 
 @functools.cache
 def _noised_fedavg() -> type[FedAvg]:
+    # deferred: cycle fedul_flwr.strategies -> fedul_flwr.privacy.server -> fedul_flwr.strategies.admission -> fedul_flwr.strategies
     from fedul_flwr.privacy.server import NoisedMean
-    from fedul_flwr.strategies.participation import Participation
 
     return type("NoisedMeanFedAvg", (Participation, NoisedMean, FedAvg), {"__module__": __name__})
 
@@ -418,8 +419,6 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         An instance of ``strict(<strategy class>, method_mixin)``, or Flower's DP wrapper
         around one (:func:`inner_strategy` unwraps it).
     """
-    from fedul_flwr.privacy.server import with_server_dp
-
     evaluate = 1.0 if client_evaluation(cfg) else 0.0
     if cfg.strategy == "scaffold" and cfg.local_optimizer != "sgd":
         log(
@@ -453,6 +452,9 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
         log(WARNING, "fedul-flwr: dp-publish-unnoised-client-evaluation=true: the clients' evaluation on their local "
             "test splits is printed each round as '%s...': no DP noise covers it, it is outside the epsilon",
             UNNOISED_PREFIX)  # fmt: skip
+    # deferred: cycle fedul_flwr.strategies -> fedul_flwr.privacy.server -> fedul_flwr.strategies.admission -> fedul_flwr.strategies
+    from fedul_flwr.privacy.server import with_server_dp
+
     return with_server_dp(strategy, cfg, num_nodes)
 
 
