@@ -14,8 +14,8 @@ releases Python's lock inside its kernels, so the clients' forward and backward 
 W cores at once; ``batched`` runs every node of the batch in a thread of its own, their
 training loops joined into one batched model (:class:`fedul_flwr.cohort.Cohort`, coordinated
 by the grid's thread). A client's replies do not depend on the path: every random draw of a client comes from
-generators of (run seed, round, node), the ClientApp keeps its modules per thread, and the few
-library draws from torch's global generator are serialised (:mod:`fedul_flwr.rng`). With one
+generators of (run seed, round, node) (:mod:`fedul_flwr.rng`), none from a process-wide
+generator, and the ClientApp keeps its modules per thread. With one
 torch thread the sequential and parallel paths give equal replies bit for bit; the thread
 count otherwise changes the order of floating-point sums, hence the last bits, and so do the
 batched path's kernels.

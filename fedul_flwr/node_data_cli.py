@@ -129,7 +129,7 @@ def write_nodes(
                 labeled=pair,
                 test=test,
                 meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
-                rng=numpy_generator("client-data", cfg.seed, i),
+                rng=numpy_generator("node-folder", cfg.seed, i),
             )
         )
     return paths
@@ -146,7 +146,7 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
     nodes = []
     for i in range(num_nodes):  # every node is built and checked before the first is written
         client = load_client(cfg, i, num_nodes, parts)
-        rng = numpy_generator("client-data", cfg.seed, i)
+        rng = numpy_generator("node-folder", cfg.seed, i)
 
         def cut(n: int) -> torch.Tensor:
             keep = np.arange(n) if max_size is None or n <= max_size else np.sort(rng.choice(n, max_size, replace=False))

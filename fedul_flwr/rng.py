@@ -7,23 +7,32 @@ in the table, and fixed coordinates. A stream's seed material is a numpy
 
 ``keyed``
     ``SeedSequence(root, spawn_key=(word, *coordinates))``: the word and the coordinates sit in
-    the spawn key, apart from the entropy, so no two keyed streams (unique words) and no keyed
-    stream and a ``words`` one can meet.
+    the spawn key, after the entropy padded to numpy's pool of four words, so a keyed stream
+    meets no other keyed stream (unique words) and no stream of the two forms below (at most
+    four entropy words). New streams are keyed.
 ``words``
-    ``SeedSequence([root, *coordinates, word])``: the form the project used before this table;
-    kept, bit for bit, for the streams whose values every run depends on.
+    ``SeedSequence([root, *coordinates, word])``: the form the project used before this table,
+    kept bit for bit for a client's own streams of a round (their values drive every run).
 ``bare``
-    ``SeedSequence([root, *coordinates])`` without a word (the client's batch order, the
-    partition, the client's own data draws): the oldest streams, kept bit for bit. Each bare
-    stream has its own number of entries (its coordinates plus the root), so two bare streams
-    never meet, and no ``words`` stream has as many entries as a bare one
-    (``tests/test_rng.py`` checks both).
+    ``SeedSequence([root, *coordinates])`` without a word, kept bit for bit: the client's batch
+    order (``[seed, round, node]``, rounds from 1) and the partitioner (``[seed]``, which is
+    Flower Datasets' ``shuffle(seed)``).
 
-The root is the run's ``seed``, except for the streams whose root is ``batch`` (a client's
-batch seed of the round, itself the ``batch`` stream): they are parts of a client's round.
-Flower Datasets' partitioner (the ``partition`` stream, ``default_rng(seed)``) and the first
-model's weights (``model``, index 0: torch's generator seeded with the run seed) keep the
-values they had.
+numpy's ``SeedSequence`` pads its entropy with zeros to four words, so ``[a, b]`` and
+``[a, b, 0]`` are the same seed material: a stream of (seed, partition) in the bare or words
+form would meet the batch stream of node 0 (``[seed, round, 0]``). The streams that had that
+form (and the others that could meet a client's round: the Poisson draw ``[seed, round, 21]``,
+``samples-per-client`` ``[seed, partition, 1]``, the prior noise, the labeled pools
+``[seed, 3..5]``, the validation hold-out, the models other than the first, the node-kept
+models ``[seed, index, node]``, which met the batch stream where index = round, and the
+supervised label subset, which reused the first model's seed) are keyed since this table;
+``tests/test_rng.py`` checks that no two streams meet over a grid of seeds, rounds, nodes and
+partitions.
+
+The root is the run's ``seed`` (below 2**32), except for the streams whose root is ``batch``
+(a client's batch seed of the round, itself drawn from the ``batch`` stream): parts of a
+client's round (they could meet a stream of the run only where a batch seed, a 32-bit hash,
+equals the run seed). The first model's weights use the run seed itself as torch's seed.
 
 Generators: :func:`torch_generator` (CPU or the given device), :func:`numpy_generator`,
 :func:`stream_seed` (an int, for a seed handed on); :func:`torch_from_seed` and
@@ -88,22 +97,22 @@ STREAMS: Mapping[str, Stream] = MappingProxyType({
     "batch": _S(10, ("round", "node"), "bare", "run", "batch order of a client's round; the root of augment and dropout"),
     "method-torch": _S(11, ("round", "node"), "words", "run", "a method's own torch draws (mixup partners, VAT noise): RoundContext.generator"),
     "method-numpy": _S(12, ("round", "node"), "words", "run", "a method's own numpy draws (a Beta mixing weight): RoundContext.rng"),
-    # parts of a client's round: (batch seed)
+    # parts of a client's round: (the round's batch seed)
     "augment": _S(1, (), "words", "batch", "the round's augmentations (one draw per batch seeds its views)"),
     "dropout": _S(2, (), "words", "batch", "dropout masks of the round (on the training device)"),
     # the server
-    "participation": _S(21, ("round",), "words", "run", "the seeded Poisson draw of who trains in a round"),
-    "model": _S(31, ("index",), "bare", "run", "initial weights of the exchanged model number index >= 1 (index 0: the run seed)"),
-    "node-model": _S(32, ("index", "node"), "bare", "run", "initial weights of a model kept on a node (never exchanged)"),
+    "participation": _S(21, ("round",), "keyed", "run", "the seeded Poisson draw of who trains in a round"),
+    "model": _S(31, ("index",), "keyed", "run", "initial weights of the exchanged model number index >= 1 (index 0: the run seed)"),
+    "node-model": _S(32, ("index", "node"), "keyed", "run", "initial weights of a model kept on a node (never exchanged)"),
     # the simulated data: (run seed[, partition id])
     "partition": _S(40, (), "bare", "run", "the partitioner's draw: Flower Datasets' shuffle(seed), the non-IID owners"),
-    "client-data": _S(41, ("partition",), "bare", "run", "a client's own data draws: its U sets, its local test split"),
-    "subsample": _S(1, ("partition",), "words", "run", "samples-per-client: which images a client keeps"),
-    "prior-noise": _S(2, ("partition",), "words", "run", "prior-noise: the noise of a client's class priors"),
-    "labeled-pool": _S(3, (), "words", "run", "labels-at-clients: the class-balanced labeled pool"),
-    "labeled-partition": _S(4, (), "words", "run", "labels-at-clients: the labeled pool's partition"),
-    "unlabeled-partition": _S(5, (), "words", "run", "labels-at-clients: the unlabeled pool's partition"),
-    "validation": _S(0x5EED, (), "words", "run", "the labeled validation hold-out (val-fraction)"),
+    "client-data": _S(41, ("partition",), "keyed", "run", "a client's own data draws: its U sets, its local test split"),
+    "subsample": _S(43, ("partition",), "keyed", "run", "samples-per-client: which images a client keeps"),
+    "prior-noise": _S(44, ("partition",), "keyed", "run", "prior-noise: the noise of a client's class priors"),
+    "labeled-pool": _S(45, (), "keyed", "run", "labels-at-clients: the class-balanced labeled pool"),
+    "labeled-partition": _S(46, (), "keyed", "run", "labels-at-clients: the labeled pool's partition"),
+    "unlabeled-partition": _S(47, (), "keyed", "run", "labels-at-clients: the unlabeled pool's partition"),
+    "validation": _S(48, (), "keyed", "run", "the labeled validation hold-out (val-fraction)"),
     "label-subset": _S(51, (), "keyed", "run", "supervised: the labeled subset of label-fraction"),
     "node-folder": _S(52, ("partition",), "keyed", "run", "fedul node-data: the random images a node folder keeps (max size)"),
 })  # fmt: skip

@@ -29,6 +29,7 @@ from fedul_flwr.data.node_folder.layout import (
     NodeDataError,
 )
 from fedul_flwr.data.usets import USets
+from fedul_flwr.rng import numpy_from_seed
 
 __all__ = ["write_node_dir"]
 
@@ -137,7 +138,7 @@ def write_node_dir(
         raise NodeDataError(f"{root}: exists and is not an empty folder; refusing to overwrite it")
     if usets is not None and unlabeled is not None:
         raise ValueError("a node holds either U sets or plain unlabeled images, not both")
-    rng = rng or np.random.default_rng(0)
+    rng = rng or numpy_from_seed(0)
     all_images = images if isinstance(images, torch.Tensor) else torch.from_numpy(np.asarray(images))
     _, channels, height, _ = all_images.shape
     root.mkdir(parents=True, exist_ok=True)

@@ -23,14 +23,15 @@ from torch import nn
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
 from fedul_flwr.methods.supervised.settings import OPTIONS
-from fedul_flwr.rng import torch_from_seed
+from fedul_flwr.rng import torch_generator
 
 __all__ = ["Supervised", "labeled_subset"]
 
 
 def labeled_subset(num_examples: int, fraction: float, seed: int) -> torch.Tensor:
     """Sorted int64 row indices of the labeled subset: ``max(1, round(fraction * n))`` rows
-    drawn without replacement by a generator seeded with ``seed`` (all rows if fraction = 1).
+    drawn without replacement by the ``label-subset`` stream of the run's ``seed``
+    (:mod:`fedul_flwr.rng`; all rows if fraction = 1).
 
     Raises
     ------
@@ -44,7 +45,7 @@ def labeled_subset(num_examples: int, fraction: float, seed: int) -> torch.Tenso
     keep = max(1, round(fraction * num_examples))
     if keep >= num_examples:
         return torch.arange(num_examples)
-    generator = torch_from_seed(seed)
+    generator = torch_generator("label-subset", seed)
     return torch.randperm(num_examples, generator=generator)[:keep].sort().values
 
 
