@@ -1,9 +1,10 @@
 """A method is one folder: a copy of the project plus the fixture method folder
-(tests/fixtures/method_folder/smooth/: its class, its settings with one key of its own, a preset)
-and nothing else but the files generated from the declarations (pyproject's
+(tests/fixtures/method_folder/smooth/: its class, its settings with one key of its own, a preset,
+a grid) and nothing else but the files generated from the declarations (pyproject's
 ``[tool.flwr.app.config]`` and docs/configuration.md, rewritten by
 ``scripts/config_reference.py``) is a project where ``fedul check`` knows the method and its key,
-the in-process engine runs it, and ``flwr run`` runs it through a real SuperLink.
+the in-process engine runs it, ``fedul reproduce`` runs its grid, and ``flwr run`` runs it through
+a real SuperLink.
 
 Flower (1.42) refuses a ``--run-config`` key that ``[tool.flwr.app.config]`` lacks (the
 SuperLink answers "[code: 15] Invalid run configuration", naming no key), so the generated table
@@ -106,6 +107,20 @@ def test_the_in_process_engine_runs_the_method_from_its_preset(project: Path, tm
     result = json.loads(ran.stdout.strip().splitlines()[-1])
     assert result == {"rounds": [0, 1], "epsilon": 0.2, "method": "smooth"}  # the preset's value, found in the folder
     assert (tmp_path / "runs" / "inprocess" / "metrics.json").is_file()
+
+
+def test_fedul_reproduce_runs_the_grid_in_the_method_folder(project: Path, tmp_path: Path) -> None:
+    """The folder's ``grids/smooth-check.yaml`` is a named grid: both columns run one round."""
+    out = tmp_path / "grid"
+    ran = subprocess.run([str(BIN / "fedul"), "reproduce", "--grid", "smooth-check", "--threads", "1", "--out", str(out),
+                          "--set", "num-rounds=1"], cwd=project, env=_env(project), capture_output=True, text=True,
+                         timeout=900)  # fmt: skip
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    records = {p.name: json.loads(p.read_text()) for p in (out / "cpu" / "records").glob("*.json")}
+    epsilons = {r["spec"]["column"]: r["config"]["smooth-epsilon"] for r in records.values()}
+    assert epsilons == {"smoothed": 0.2, "plain": 0.0}  # the preset's value, and the column's over it
+    assert all(r["config"]["method"] == "smooth" and r["last-round"] == 1 for r in records.values())
+    assert (out / "cpu" / "results-smooth-check.md").is_file()
 
 
 @pytest.mark.slow
