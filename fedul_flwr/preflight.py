@@ -402,7 +402,7 @@ def check_clients(cfg: RunConfig, num_nodes: int) -> None:
 
 
 def _dataset_facts(cfg: RunConfig) -> Any:
-    """The run's :class:`~fedul_flwr.data.datasets.DatasetInfo` (a refusal as a ConfigError)."""
+    """The run's :class:`~fedul_flwr.data.image_dataset.DatasetInfo` (a refusal as a ConfigError)."""
     try:
         return run_dataset_info(cfg.as_dict())
     except DatasetError as exc:

@@ -136,7 +136,7 @@ class ClientData:
         (:meth:`fedul_flwr.methods.base.Method.sits_out`).
     flip : bool
         Whether augmentation may mirror these images horizontally: the run dataset's
-        :attr:`~fedul_flwr.data.datasets.DatasetInfo.flip`.
+        :attr:`~fedul_flwr.data.image_dataset.DatasetInfo.flip`.
     """
 
     node: str

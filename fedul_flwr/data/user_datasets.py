@@ -37,9 +37,9 @@ greyscale; with ``image-size=0`` every image must be square and of the first tra
 image's size; ``image-size=S`` resizes each image to ``S x S`` (bilinear). Normalisation:
 mean 0.5, std 0.5 per channel.
 
-The result is an :class:`~fedul_flwr.data.datasets.ImageDataset` (uint8 ``[N, C, H, W]``,
+The result is an :class:`~fedul_flwr.data.image_dataset.ImageDataset` (uint8 ``[N, C, H, W]``,
 int64 ``[N]``) like the torchvision datasets, so partitions, client settings and node folders
-work on it unchanged. Every bad input raises :class:`~fedul_flwr.data.datasets.DatasetError`
+work on it unchanged. Every bad input raises :class:`~fedul_flwr.data.image_dataset.DatasetError`
 with a one-line message naming the file, row or key.
 """
 
@@ -426,7 +426,7 @@ def _decode(plan: _Plan, spec: ImageSpec) -> tuple[torch.Tensor, torch.Tensor]:
 
 @functools.lru_cache(maxsize=4)
 def user_dataset_info(name: str, data_dir: str = "", options: DatasetOptions = DatasetOptions()) -> DatasetInfo:
-    """The :class:`~fedul_flwr.data.datasets.DatasetInfo` of a user dataset, from its labels
+    """The :class:`~fedul_flwr.data.image_dataset.DatasetInfo` of a user dataset, from its labels
     and the images' headers (no image is decoded; the ServerApp sends it to the nodes).
 
     Class names: the label column's (see the module doc); channels: 3 if any image is in a
