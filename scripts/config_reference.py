@@ -279,7 +279,7 @@ def stale() -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 if pyproject's table or docs/configuration.md differs from what would be written")  # fmt: skip
+                        help="exit 1 if pyproject's table or docs/configuration.md is not what would be written")
     args = parser.parse_args(argv)
     if args.check:
         late = stale()

@@ -8,7 +8,18 @@ import tomllib
 import pytest
 
 from fedul_flwr.preflight import resolve_config
-from fedul_flwr.config import CONF_DIR, CORE_KEYS, CORE_OPTIONS, METHODS_DIR, PYPROJECT, ConfigError, compose_config, default_config, load_preset, preset_files
+from fedul_flwr.config import (
+    CONF_DIR,
+    CORE_KEYS,
+    CORE_OPTIONS,
+    METHODS_DIR,
+    PYPROJECT,
+    ConfigError,
+    compose_config,
+    default_config,
+    load_preset,
+    preset_files,
+)
 from fedul_flwr.methods import METHODS
 
 

@@ -34,8 +34,8 @@ PROJECT_FILES = ("pyproject.toml", "client_app.py", "server_app.py", "README.md"
 def _copy_project(dest: Path, with_method: bool = True, regenerate: bool = True) -> Path:
     """The project's files under :data:`PROJECT_FILES` (those git does not ignore) copied to ``dest``; then the
     fixture method folder as ``fedul_flwr/methods/smooth`` and the generated files rewritten."""
-    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *PROJECT_FILES],
-                            cwd=REPO, capture_output=True, check=False)  # fmt: skip
+    command = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", *PROJECT_FILES]
+    listed = subprocess.run(command, cwd=REPO, capture_output=True, check=False)
     if listed.returncode != 0:
         pytest.skip(f"not a git checkout: {listed.stderr.decode()[-200:]}")
     for name in listed.stdout.decode().split("\0"):
@@ -70,7 +70,8 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_generated_files_hold_the_methods_key(project: Path) -> None:
     assert 'smooth-epsilon = 0.1\n' in (project / "pyproject.toml").read_text()
-    row = next(line for line in (project / "docs" / "configuration.md").read_text().splitlines() if "`smooth-epsilon`" in line)
+    page = (project / "docs" / "configuration.md").read_text()
+    row = next(line for line in page.splitlines() if "`smooth-epsilon`" in line)
     assert "in [0, 1); option of `smooth`" in row and "label smoothing eps" in row
     checked = _python(project, "scripts/config_reference.py", "--check")
     assert checked.returncode == 0, checked.stderr
@@ -112,9 +113,9 @@ def test_the_in_process_engine_runs_the_method_from_its_preset(project: Path, tm
 def test_fedul_reproduce_runs_the_grid_in_the_method_folder(project: Path, tmp_path: Path) -> None:
     """The folder's ``grids/smooth-check.yaml`` is a named grid: both columns run one round."""
     out = tmp_path / "grid"
-    ran = subprocess.run([str(BIN / "fedul"), "reproduce", "--grid", "smooth-check", "--threads", "1", "--out", str(out),
-                          "--set", "num-rounds=1"], cwd=project, env=_env(project), capture_output=True, text=True,
-                         timeout=900)  # fmt: skip
+    command = [str(BIN / "fedul"), "reproduce", "--grid", "smooth-check", "--threads", "1", "--out", str(out),
+               "--set", "num-rounds=1"]  # fmt: skip
+    ran = subprocess.run(command, cwd=project, env=_env(project), capture_output=True, text=True, timeout=900)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     records = {p.name: json.loads(p.read_text()) for p in (out / "cpu" / "records").glob("*.json")}
     epsilons = {r["spec"]["column"]: r["config"]["smooth-epsilon"] for r in records.values()}

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CORE_KEYS", "ConfigError", "RunConfig", "coerce_value", "parse_positive_ints", "parse_test_prior", "test_prior_values"]
+__all__ = ["CORE_KEYS", "ConfigError", "RunConfig", "coerce_value", "parse_positive_ints", "parse_test_prior",
+           "test_prior_values"]
 
 
 class ConfigError(ValueError):
