@@ -11,10 +11,10 @@ import pytest
 
 from fedul_flwr.preflight import check_simulation, resolve_config
 from fedul_flwr.config import load_preset
-from fedul_flwr.experiments import reproduce
+from fedul_flwr.experiments import grids, reproduce
 
 REPO = Path(__file__).resolve().parent.parent
-GRIDS = tuple(reproduce.GPU_GRIDS)
+GRIDS = tuple(name for name in grids.named_grids() if grids.load_grid(name).gpu)
 
 
 def _parsed(grid: str, profile: str) -> argparse.Namespace:
@@ -24,14 +24,15 @@ def _parsed(grid: str, profile: str) -> argparse.Namespace:
 
 
 def _specs(grid: str) -> list[reproduce.RunSpec]:
-    args = _parsed(grid, "paper")
-    return reproduce.build_grid(grid, args, reproduce.PROFILES["paper"].seeds)
+    return reproduce.grid_runs(grids.load_grid(grid), _parsed(grid, "paper"), reproduce.PROFILES["paper"].seeds)
 
 
 @pytest.mark.parametrize("grid", GRIDS)
 def test_every_run_is_the_papers_protocol_and_passes_the_checks(grid, tmp_path):
     specs = _specs(grid)
-    g = reproduce.GPU_GRIDS[grid]
+    g = grids.load_grid(grid)
+    preset_name, clients = g.for_profile("paper")
+    assert GRIDS == ("feddb-cifar100", "feddb-svhn", "hassle-cifar100")
     assert len(specs) == len(g.rows) * len(g.columns) * 3
     labels = {"feddb-svhn": {"IID": 1000, "Dir(0.3)": 4000, "Dir(0.1)": 4000},
               "feddb-cifar100": {"IID": 10_000, "Dir(0.3)": 10_000, "Dir(0.1)": 10_000}}.get(grid)  # fmt: skip
@@ -39,8 +40,8 @@ def test_every_run_is_the_papers_protocol_and_passes_the_checks(grid, tmp_path):
         rc = reproduce.run_config_of(spec, reproduce.PROFILES["paper"], str(tmp_path), tmp_path / "out", {})
         cfg = resolve_config(rc)
         check_simulation(cfg)
-        preset = load_preset(g.preset)
-        assert spec.clients == g.clients and cfg.l1_weight == 0.0
+        preset = load_preset(preset_name)
+        assert spec.clients == clients and cfg.l1_weight == 0.0
         assert (cfg.dataset, cfg.model, cfg.num_rounds, cfg.lr) == (preset["dataset"], preset["model"], preset["num-rounds"], preset["lr"])
         if labels:
             assert cfg.num_labeled == labels[spec.row]
@@ -52,8 +53,8 @@ def test_every_run_is_the_papers_protocol_and_passes_the_checks(grid, tmp_path):
 
 @pytest.mark.parametrize("grid", GRIDS)
 def test_a_gpu_grid_refuses_the_cpu_profile(grid):
-    with pytest.raises(SystemExit, match="--profile paper"):
-        reproduce.build_grid(grid, _parsed(grid, "cpu"), (0,))
+    with pytest.raises(grids.GridError, match="--profile paper"):
+        reproduce.grid_runs(grids.load_grid(grid), _parsed(grid, "cpu"), (0,))
 
 
 @pytest.mark.parametrize("grid", GRIDS)
@@ -64,5 +65,5 @@ def test_the_committed_page_is_the_rendered_one(grid, tmp_path):
     rendered = reproduce.render(grid, "paper", _specs(grid), [], tmp_path).read_text()
     assert committed == rendered, f"re-render: fedul reproduce --grid {grid} --profile paper --render-only --out docs/reproduce"
     assert f"fedul reproduce --grid {grid} --profile paper" in rendered and "h per run" in rendered
-    paper = reproduce.PAPER[grid]
+    paper = grids.load_grid(grid).paper
     assert all(f"[{v:.2f}]" in rendered for (row, col, _), v in paper.items() if " " not in col or not col.startswith("HASSLE "))

@@ -24,7 +24,7 @@ from fedul_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.resume import OUTPUT_KEYS, RESUME_FREE_KEYS, check_resume, resume_conflicts
 from fedul_flwr.config import ConfigError
-from fedul_flwr.experiments import reproduce, runner
+from fedul_flwr.experiments import grids, reproduce, runner
 
 SMOKE = ["reproduce", "--grid", "smoke", "--threads", "1"]
 TINY = {"dataset": "mnist-sample", "samples-per-client": 150, "num-sets": 10, "batch-size": 32, "val-fraction": 0.0}
@@ -38,6 +38,11 @@ def _config(tmp_path: Path, spec: runner.RunSpec, **overrides: object) -> dict:
     """The cpu profile's complete run config of a tiny supervised run (fp32 on the CPU)."""
     over = {**TINY, "method": "supervised", "label-fraction": 0.1, "num-rounds": 2, **overrides}
     return reproduce.run_config_of(dataclasses.replace(spec, overrides=over), reproduce.PROFILES["cpu"], "", tmp_path, {})
+
+
+def _sweep(seeds: list[int]) -> list[runner.RunSpec]:
+    """The runs of the ``hassle-sweep`` grid at ``seeds``."""
+    return grids.load_grid("hassle-sweep").specs("cpu", seeds)
 
 
 def _folder(rc: dict) -> Path:
@@ -227,7 +232,7 @@ def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> 
     records.mkdir(parents=True)
     command = ["reproduce", "--grid", "hassle-sweep", "--out", str(tmp_path), "--render-only"]
     for seed, accuracy in ((0, 0.75), (1, 0.25)):
-        spec = next(s for s in reproduce.hassle_sweep_specs([seed]) if s.column == "FedAvg (labeled only)")
+        spec = next(s for s in _sweep([seed]) if s.column == "FedAvg (labeled only)")
         rows = [{"round": n, "test-accuracy": accuracy, "wall-time": float(n)} for n in range(1, 11)]
         record = record_of(spec, {"method": "supervised"}, **{"last-test-error": 1 - accuracy, "last-round": 10,
                                                             "wall-time-s": 10.0, "metrics": rows})  # fmt: skip
@@ -238,7 +243,7 @@ def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> 
     assert "50.00 (35.36; 75.00, 25.00)" in page  # both seeds in one cell: mean (std; each seed)
     # a re-render without --seeds shows every seed on record, not only the defaults (a seed-1
     # record of ``feddb-ablation``, whose default is seed 0, once fell off its page that way)
-    spec = next(s for s in reproduce.hassle_sweep_specs([2]) if s.column == "FedAvg (labeled only)")
+    spec = next(s for s in _sweep([2]) if s.column == "FedAvg (labeled only)")
     (records / f"{spec.run_id}.json").write_text(json.dumps({**record, "spec": dataclasses.asdict(spec), "run-id": spec.run_id}))
     cli.main(command)
     page = (tmp_path / "cpu" / "results-hassle-sweep.md").read_text()
@@ -248,7 +253,7 @@ def test_a_run_of_one_seed_keeps_the_other_seeds_on_the_page(tmp_path: Path) -> 
 def test_a_cell_that_lacks_seeds_of_its_setting_names_the_seeds_it_holds() -> None:
     """A predictor that only the newer records of a setting have (HASSLE's w_S, added after the
     sweep's first seed-0 run) is one seed's value beside two-seed cells: it says so."""
-    specs = [s for s in reproduce.hassle_sweep_specs([0, 1]) if s.row == "preset" and s.column == "HASSLE"]
+    specs = [s for s in _sweep([0, 1]) if s.row == "preset" and s.column == "HASSLE"]
     records = []
     for spec, predictors in zip(specs, (["EM", "SM", "UM"], ["EM", "SM", "UM", "w_S"]), strict=True):
         rows = [{"round": n, **{f"test-accuracy{'' if p == 'EM' else '-' + p}": 0.5 + spec.seed / 10 for p in predictors}}

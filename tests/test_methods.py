@@ -652,23 +652,6 @@ def test_hassle_pages_show_the_fixmatch_baselines_pseudo_labels(tmp_path: Path) 
     assert not [row for row in rows if "HASSLE" in row]
 
 
-def test_hassle_table1_rows_carry_their_share_split_and_lr_and_the_papers_number_of_their_share() -> None:
-    """Each labeled share three times (preset split, per-class split, the paper's lr 0.1); every
-    row's brackets are the paper's Table 1 column of its share, and only the lr 0.1 rows set lr."""
-    specs = reproduce.hassle_specs("hassle-table1", [0])
-    rows = dict(reproduce.HASSLE_ROWS["hassle-table1"])
-    assert len(rows) == 9 and len(specs) == 9 * len(reproduce.HASSLE_COLUMNS)
-    paper = reproduce.PAPER["hassle-table1"]
-    for row, over in rows.items():
-        share = row.split()[1].rstrip(",")
-        assert over["labeled-share"] == float(share.rstrip("%")) / 100
-        assert over.get("lr") == (0.1 if row.endswith("lr 0.1") else None)
-        assert over.get("partition") == ("dirichlet" if row.endswith("per-class split") else None)
-        assert paper[(row, "HASSLE EM", "*")] == {"5%": 78.04, "10%": 84.04, "20%": 86.67}[share]
-        assert paper[(row, "FedAvg (labeled only)", "*")] == {"5%": 69.09, "10%": 78.25, "20%": 82.95}[share]
-    assert len({s.run_id for s in specs}) == len(specs)
-
-
 def test_table_shows_one_column_per_predictor_headline_last() -> None:
     specs = [reproduce.RunSpec("g", "r", c, "*", 0, 20, "hassle", {}) for c in ("FedAvg", "HASSLE")]
     records = [
@@ -692,64 +675,3 @@ def test_tail_measure_is_the_mean_over_the_last_rounds_per_predictor() -> None:
     assert reproduce.record_value(short, "tail-test-error") == pytest.approx(1 - 0.015)
     assert reproduce.record_value({"metrics": rows[:1]}, "tail-test-error") is None
     assert reproduce.record_value({"last-test-error": 0.2}, "last-test-error") == 0.2
-
-
-def test_hassle_equations_pin_every_open_choice_the_hassle_preset_sets() -> None:
-    """The result grids run HASSLE under the ``hassle`` preset with :data:`HASSLE_EQUATIONS`
-    on top: every HASSLE option the preset sets is pinned back to the method's default, so a
-    change of the preset leaves the equations' reading (and its records) as they were."""
-    from fedul_flwr.config import default_config, load_preset
-    from fedul_flwr.methods import METHODS
-
-    hassle_keys = {o.key for o in METHODS.get("hassle").options}
-    preset = {k for k in load_preset("hassle") if k in hassle_keys}
-    assert preset and preset <= set(reproduce.HASSLE_EQUATIONS)
-    defaults = default_config()
-    assert reproduce.HASSLE_EQUATIONS == {k: defaults[k] for k in reproduce.HASSLE_EQUATIONS}
-    resolved = resolve_config({"preset": "hassle", "method": "hassle", "dataset": "mnist-sample", **reproduce.HASSLE_EQUATIONS}).as_dict()
-    assert {k: resolved[k] for k in hassle_keys} == {k: defaults[k] for k in hassle_keys}
-
-
-def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path: Path) -> None:
-    """Every sweep row is HASSLE at Fashion-MNIST 10% with the preset's values plus its own
-    (one factor; the Alg. 1 order once more with the same-round pairing it implies), on two
-    seeds by default; the baselines run once, in the preset's row. Its page tabulates every
-    run's pseudo-labels by round."""
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    reproduce.add_arguments(parser)
-    specs = reproduce.build_grid("hassle-sweep", parser.parse_args(["--grid", "hassle-sweep"]), reproduce.HASSLE_SWEEP_SEEDS)
-    assert {s.seed for s in specs} == {0, 1}
-    hassle = [s for s in specs if s.column == "HASSLE"]
-    assert len(hassle) == 2 * len(reproduce.HASSLE_SWEEP) and all(s.preset == "hassle" and s.clients == 20 for s in specs)
-    for spec in hassle:
-        assert spec.overrides == {**reproduce.HASSLE_SHARES["10%"], "method": "hassle", **reproduce.HASSLE_EQUATIONS,
-                                  **reproduce.HASSLE_SWEEP[spec.row]}  # fmt: skip
-        if not spec.row.startswith("combined") and not spec.row.endswith(", lr 0.1"):  # the combinations
-            assert len(reproduce.HASSLE_SWEEP[spec.row]) <= (2 if "pairing" in spec.row or "sum form" in spec.row else 1)
-    combined = reproduce.HASSLE_SWEEP["combined, lr 0.1"]
-    assert combined == {**reproduce.HASSLE_SWEEP["Alg. 1 phase order, same-round pairing"],
-                        **reproduce.HASSLE_SWEEP["same initial weights"], "lr": 0.1}  # fmt: skip
-    assert reproduce.HASSLE_SWEEP["combined, gamma 100, lr 0.1"] == {
-        **combined, **reproduce.HASSLE_SWEEP["gamma 100, Eq. 12's sum form"]}  # fmt: skip
-    assert reproduce.HASSLE_SWEEP["combined, gamma 100"] == {
-        **reproduce.HASSLE_SWEEP["combined"], **reproduce.HASSLE_SWEEP["gamma 100, Eq. 12's sum form"]}  # fmt: skip
-    assert {s.row for s in specs if s.column != "HASSLE"} == {"preset", "lr 0.1", "2 local epochs"}
-    lr_baseline = [s for s in specs if s.row == "lr 0.1" and s.column != "HASSLE"]
-    assert [s.overrides["lr"] for s in lr_baseline] == [0.1, 0.1] and lr_baseline[0].overrides["method"] == "supervised"
-    epochs_baseline = [s for s in specs if s.row == "2 local epochs" and s.column != "HASSLE"]
-    assert [(s.column, s.overrides["local-epochs"], s.overrides["method"], s.overrides.get("lr")) for s in epochs_baseline] == [
-        ("FedAvg (labeled only)", 2, "supervised", None)] * 2  # fmt: skip
-    assert reproduce.HASSLE_SWEEP["gamma 10, Eq. 12's sum form"] == {"hassle-gamma-form": "sum", "hassle-gamma": 10.0}
-    assert len({s.run_id for s in specs}) == len(specs)
-    assert reproduce.PAPER["hassle-sweep"][("preset", "HASSLE EM", "*")] == 84.04
-    one = [s for s in specs if s.seed == 0 and s.row in ("preset", "warm-up 10 rounds") and s.column == "HASSLE"]
-    rows = [{"round": n, "test-accuracy": 0.5, "wall-time": float(n), "pseudo-label-share": 1.0, "pseudo-label-correct-share": 0.5,
-             "pseudo-label-classes": [0.9, 0.1] + [0.0] * 8} for n in range(11)]  # fmt: skip
-    records = [{"spec": dataclasses.asdict(spec), "run-id": spec.run_id, "last-test-error": 0.5, "last-round": 10,
-                "wall-time-s": 10.0, "config": {"method": "hassle"}, "metrics": rows} for spec in one]  # fmt: skip
-    page = reproduce.render("hassle-sweep", "cpu", specs, records, tmp_path).read_text()
-    table = page[page.index("HASSLE's pseudo-labels (Eq. 11)"):page.index("<!-- --8<-- [end:diagnostics] -->")]
-    assert ["warm-up 10 rounds", "HASSLE", "50.0", "50.0", "50.0"] in table_rows(table)  # accuracy at rounds 1, 5, 10
-    assert ["preset", "HASSLE", "100.0", "100.0", "100.0"] in table_rows(table)  # two classes hold them all

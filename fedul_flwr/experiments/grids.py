@@ -40,7 +40,11 @@ The schema (every key optional but ``columns`` and one of ``rows`` / ``rows-from
     subs-from: {option: sets, key: num-sets}  # or: one sub-column per value of the option
     parts:                     # runs in this order: each part the named rows x columns
       - {rows: [preset], columns: [FedAvg 10%]}   # (default: one part, every row x column)
-    page: {windows: true, best-why: "...", diagnostics: {title: "...", rounds: [10, 50], methods: [fixmatch]}}
+    page:                      # what the page shows beyond the last-round and best-val tables
+      windows: true            # the tail, best and window tables (rounds swing on non-IID splits)
+      best-why: "..."          # why the best round is shown (default: the round with the highest accuracy)
+      diagnostics: {title: "...", rounds: [10, 50], methods: [fixmatch]}   # pseudo-labels by round
+      gap: [FedUL, FedAvg 100%]   # a column "gap headline - reference" where both are shown
     gpu: {round-s: 2.2, basis: "..."}   # a GPU grid: its page shows the command and the GPU time
     paper:                     # the paper's numbers (%): row -> column -> number or {sub: number}
       MNIST IID: {FedUL: {"10": 0.78}, FedAvg 10%: 1.79}
@@ -56,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -79,7 +84,7 @@ _KEYS = {
     "axis": {"option", "key", "labels"},
     "from-preset": {"preset", "beyond", "drop"},
     "part": {"rows", "columns"},
-    "page": {"windows", "best-why", "diagnostics"},
+    "page": {"windows", "best-why", "diagnostics", "gap"},
     "diagnostics": {"title", "rounds", "methods"},
     "gpu": {"round-s", "basis"},
 }  # fmt: skip
@@ -332,7 +337,7 @@ def _raw(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The top-level mapping of ``path`` with the grid it ``extends`` filled in."""
     try:
         loaded = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except (OSError, OmegaConfBaseException, ValueError) as exc:  # yaml's errors are ValueErrors
+    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
         raise GridError(f"{path}: cannot read it as YAML: {' '.join(str(exc).split())[:200]}") from exc
     if not isinstance(loaded, dict):
         raise GridError(f"{path}: a grid file is a mapping of keys (name, rows, columns, ...), not {type(loaded).__name__}")
@@ -490,6 +495,9 @@ class _Reader:
         if not isinstance(seeds, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
             raise self.fail("seeds", f"expected a list of integers, got {seeds!r}")
         page = self.mapping(raw.get("page", {}), "page", "page")
+        gap = page.get("gap", [])
+        if gap and len(self.names(gap, "page: gap")) != 2:
+            raise self.fail("page: gap", f"expected [headline column, reference column], got {gap!r}")
         if "diagnostics" in page:
             page["diagnostics"] = self.mapping(page["diagnostics"], "page: diagnostics", "diagnostics")
         gpu = self.mapping(raw["gpu"], "gpu", "gpu") if "gpu" in raw else None
