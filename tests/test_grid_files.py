@@ -117,7 +117,7 @@ def test_a_user_grid_file_runs_a_round_on_the_sample_with_records_resume_and_pag
     assert ids == ["my-grid__MNIST-sample-IID__FedAvg-10pct__-__s0", "my-grid__MNIST-sample-IID__FedUL__10__s0",
                    "my-grid__MNIST-sample-IID__FedUL__20__s0"]  # fmt: skip
     record = json.loads((records / f"{ids[1]}.json").read_text())
-    assert record["last-round"] == 1 and record["config"]["num-sets"] == 10 and record["config"]["method"] == "fedul"
+    assert record["last-round"] == 1 and str(record["config"]["num-sets"]) == "10" and record["config"]["method"] == "fedul"
     page = (out / "cpu" / "results-my-grid.md").read_text()
     assert page.startswith("## my-grid (cpu profile)\n\n3 of 3 runs") and "gap FedUL - FedAvg 10%" in page
     row = next(line for line in page.splitlines() if line.startswith("| MNIST-sample IID"))
@@ -176,6 +176,21 @@ def test_a_grid_extends_a_named_grid_key_by_key(tmp_path: Path) -> None:
     assert [(s.run_id, s.clients, s.preset) for s in specs] == [("e13-fashion__F__FedUL__10__s0", 10, "table-e13")]
     assert specs[0].overrides == {"dataset": "fashion-mnist", "partition": "iid", "num-sets": "10", "method": "fedul"}
     assert grid.paper == grids.load_grid("table-e13").paper
+
+
+def test_the_example_grid_of_the_docs_is_a_valid_grid(tmp_path: Path) -> None:
+    """docs/reproduce.md's example grid file reads, and every run it names passes the checks."""
+    text = (REPO / "docs" / "reproduce.md").read_text()
+    block = re.search(r"### Grids are files.*?```yaml\n(.*?)```", text, flags=re.S)
+    assert block, "docs/reproduce.md: the section 'Grids are files' shows a grid file"
+    path = tmp_path / "my-grid.yaml"
+    path.write_text(block.group(1))
+    grid = grids.load_grid(path)
+    specs = grid.specs("cpu", grid.seeds)
+    # rows x (FedUL at M = 10, 20 and FedAvg once per row) x seeds
+    assert len(specs) == 2 * (2 + 1) * 2 and grid.paper[("MNIST-sample IID", "FedAvg 10%", "*")] == 1.79
+    for spec in specs:
+        resolve_config(reproduce.run_config_of(spec, reproduce.PROFILES["cpu"], "", tmp_path, {}))
 
 
 # --------------------------------------------------------------------------- HASSLE's grids
