@@ -5,7 +5,8 @@ A *method* (FedUL and its baselines; later FedPU, FixMatch / FedDB, HASSLE) owns
 - the parts of a client's data it needs (``requires``; checked at the boundary, see
   :meth:`fedul_flwr.data.client_data.ClientData.require`) and those it uses where a client
   has them (``uses``; e.g. labels on some clients only);
-- its options (``options``: run-config keys it owns, validated by it);
+- its options (``options``: run-config keys it owns, validated by it; declared with their
+  defaults and meaning in its folder's ``settings.py``, :class:`fedul_flwr.config.Option`);
 - its named models (``model_specs``): each built from the model registry and marked
   *exchanged* (sent to and aggregated by the server), *kept* (stays on the node across
   rounds, in ``context.state``) and *trained* (optimised by the local loop);
