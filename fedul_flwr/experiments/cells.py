@@ -137,15 +137,17 @@ class Cell:
 def run_cell(
     spec: RunSpec, run_config: dict[str, Any], path: str, threads: int, jobs: int = 1, stop_at: float | None = None
 ) -> RunOutcome:
-    """:func:`execute` with Flower's log in the run folder; writes the record atomically.
+    """Train one cell: :func:`~fedul_flwr.experiments.grid_run.execute` with Flower's log in the
+    run folder; writes the record atomically.
 
     Everything happens under the run folder's lock (:class:`fedul_flwr.store.FolderLock`): a
     folder another live process holds is ``busy`` and nothing of it is touched; a run another
     runner recorded meanwhile is not trained again. A stopped run is continued from its
     checkpoint where :func:`resumable_round` allows, else its folder is set aside
-    (:func:`_set_aside`). A run that raises writes a failure record (:func:`failure_path`)
-    instead and returns; one that reaches ``stop_at`` (:class:`~fedul_flwr.experiments.grid_run.StoppableGrid`) writes nothing
-    more and keeps its checkpoint.
+    (:func:`_set_aside`). A run that raises writes a failure record (:func:`record_failure`,
+    :func:`~fedul_flwr.experiments.records.failure_path`) instead and returns; one that reaches
+    ``stop_at`` (:class:`~fedul_flwr.experiments.grid_run.StoppableGrid`) writes nothing more
+    and keeps its checkpoint.
     """
     cell = Cell.of(run_config, path)
     if stop_at is not None and time.time() >= stop_at:

@@ -95,7 +95,7 @@ def best_val_round(metrics: Sequence[Mapping[str, float]]) -> int | None:
 
 
 def run_results(spec: RunSpec, run_config: dict[str, Any], cfg: Any, metrics: list[dict[str, Any]]) -> dict[str, Any]:
-    """The part of a run's record that its settings and metric rows make (:func:`execute`)."""
+    """The part of a run's record that its settings and metric rows make (:func:`fedul_flwr.experiments.grid_run.execute`)."""
     tested = [r for r in metrics if "test-error" in r]
     best = best_val_round(metrics)
     by_round = {int(r["round"]): r for r in metrics}
