@@ -115,3 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedul check", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
