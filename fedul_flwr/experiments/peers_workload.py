@@ -75,15 +75,16 @@ WORKLOAD_KEYS: dict[str, str] = {f.name.replace("_", "-"): f.name for f in datac
 
 def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     """``--peers-workload FILE`` and one ``--peers-<key>`` flag per key of :data:`WORKLOAD_KEYS`
-    (default None: the file's value, else :class:`PeersWorkload`'s)."""
+    (absent unless typed: then the file's value, else :class:`PeersWorkload`'s)."""
     p.add_argument("--peers-workload", default="", metavar="FILE",
                    help="peers: a YAML file with the workload's keys (" + ", ".join(WORKLOAD_KEYS) + ")")  # fmt: skip
     default = PeersWorkload()
     for key, name in WORKLOAD_KEYS.items():
         kind = type(getattr(default, name))
         help_text = {"dataset": "synthetic-cifar, or cifar10 with --data-dir", "users": "users of the population",
-                     "cohort": "users per central iteration"}.get(key, key.replace("-", " "))  # fmt: skip
-        p.add_argument(f"--peers-{key}", type=kind, default=None,
+                     "cohort": "users per central iteration",
+                     "images-per-user": "images of each user, its IID share capped (0: the whole share)"}.get(key, key.replace("-", " "))  # fmt: skip
+        p.add_argument(f"--peers-{key}", type=kind, default=argparse.SUPPRESS,
                        help=f"peers: {help_text} (default {getattr(default, name)})")  # fmt: skip
 
 
