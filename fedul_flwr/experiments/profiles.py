@@ -1,5 +1,6 @@
-"""The compute profiles of ``fedul reproduce`` (``--profile cpu`` / ``paper``) and the complete
-run config of a grid's run under one (:func:`run_config_of`).
+"""The compute profiles of ``fedul reproduce`` (``--profile cpu`` / ``paper``), read from
+``conf/grids/profiles/<name>.yaml``, and the complete run config of a grid's run under one
+(:func:`run_config_of`).
 
 - ``cpu``: LeNet (``small-cnn``), 8 rounds, Adam lr 1e-3, B = 128, E = 1, one seed,
   ``precision=fp32`` (``auto`` would pick bfloat16 on CPUs with AVX512-BF16 or AMX and float32
@@ -9,7 +10,7 @@ run config of a grid's run under one (:func:`run_config_of`).
   for a GPU (``device=auto``).
 
 Presets of another method's protocol (FedPU, FedDB, HASSLE, FixMatch) get their own values
-(``by_preset``, ``preset_first``).
+(``by-preset``, ``preset-first``).
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
 from fedul_flwr import get_logger
-from fedul_flwr.config import default_config, load_preset, server_dp_weights
+from fedul_flwr.config import CONF_DIR, default_config, load_preset, server_dp_weights
+from fedul_flwr.experiments.grids import GridError
 from fedul_flwr.experiments.runner import RunSpec
 
-__all__ = ["PROFILES", "Profile", "run_config_of"]
+__all__ = ["PROFILES", "PROFILES_DIR", "Profile", "read_profile", "run_config_of"]
 
 
 @dataclass(frozen=True)
@@ -55,21 +61,33 @@ class Profile:
     preset_first: tuple[str, ...] = ()
 
 
-PROFILES = {
-    "cpu": Profile({"model": "small-cnn", "num-rounds": 8, "lr": 0.001, "batch-size": 128, "local-epochs": 1,
-                    "device": "cpu", "precision": "fp32"}, seeds=(0,),
-                   by_preset={"fedpu": {"num-rounds": 12, "batch-size": 100, "local-optimizer": "adam",
-                                        "local-momentum": 0.0, "lr-decay": 1.0, "lr": 0.001}},
-                   preset_first=("feddb-cpu", "hassle", "fixmatch")),
-    "paper": Profile({"model": "paper-cnn", "num-rounds": 100, "lr": 0.0001, "batch-size": 128, "local-epochs": 1,
-                      "device": "auto"}, seeds=(0, 1, 2),
-                     l1_by_sets={"*": {"10": 1e-5, "20": 5e-5, "30": 2e-6, "40": 2e-6},
-                                 "cifar10": {"10": 2e-5, "20": 1e-5, "30": 4e-6, "40": 4e-6}},
-                     by_dataset={"cifar10": {"model": "resnet18"}},
-                     by_preset={"fedpu": {"model": "small-cnn", "num-rounds": 200, "lr": 0.01, "l1-weight": 0.0},
-                                "feddb": {"l1-weight": 0.0}},
-                     preset_first=("feddb", "hassle")),
-}  # fmt: skip
+PROFILES_DIR = CONF_DIR / "grids" / "profiles"
+"""Where the profiles' files are (``<name>.yaml``)."""
+
+
+def read_profile(path: Path) -> Profile:
+    """The profile of file ``path`` (keys ``overrides``, ``seeds``, ``l1-by-sets``,
+    ``by-dataset``, ``by-preset``, ``preset-first``: the attributes of :class:`Profile`).
+
+    Raises
+    ------
+    GridError
+        If it is not YAML or holds another key.
+    """
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except (OSError, OmegaConfBaseException, ValueError, yaml.YAMLError) as exc:
+        raise GridError(f"{path}: cannot read it as YAML: {' '.join(str(exc).split())[:200]}") from exc
+    keys = {"overrides", "seeds", "l1-by-sets", "by-dataset", "by-preset", "preset-first"}
+    if not isinstance(raw, dict) or set(raw) - keys:
+        raise GridError(f"{path}: a profile is a mapping of {sorted(keys)}")
+    nested = {k: {str(a): dict(b) for a, b in raw.get(k, {}).items()} for k in ("l1-by-sets", "by-dataset", "by-preset")}
+    nested["l1-by-sets"] = {d: {str(m): float(w) for m, w in t.items()} for d, t in nested["l1-by-sets"].items()}
+    return Profile(dict(raw.get("overrides", {})), tuple(raw.get("seeds", (0,))), nested["l1-by-sets"],
+                   nested["by-dataset"], nested["by-preset"], tuple(raw.get("preset-first", ())))  # fmt: skip
+
+
+PROFILES = {path.stem: read_profile(path) for path in sorted(PROFILES_DIR.glob("*.yaml"))}
 """The profiles by name (``--profile``)."""
 
 
