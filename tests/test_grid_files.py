@@ -141,6 +141,9 @@ BAD = {
     "a paper number of no column": ("rows: {r: {}}\ncolumns: {c: {}}\npaper: {r: {d: 1.0}}\n", "paper: 'r': no column 'd'"),
     "a paper number that is text": ("rows: {r: {}}\ncolumns: {c: {}}\npaper: {r: {c: high}}\n", "expected a number"),
     "an unknown grid to extend": ("extends: tabel1\n", "extends: 'tabel1' is no named grid (did you mean 'table1'?)"),
+    "an unknown preset": ("preset: tabel1\nrows: {r: {}}\ncolumns: {c: {}}\n", "preset: 'tabel1' is no preset (did you mean 'table1'?)"),
+    "an unknown preset to take values from": ("from-preset: {preset: authors-cod}\nrows: {r: {}}\ncolumns: {c: {}}\n",
+                                              "from-preset: preset: 'authors-cod' is no preset"),
     "a bad precedence": ("rows: {r: {}}\ncolumns: {c: {}}\nprecedence: [row, column]\n", "precedence: expected an order"),
     "an unknown option": ("rows-from: [{option: dataset, key: dataset}]\ncolumns: {c: {}}\n", "rows-from: 0: option"),
 }  # fmt: skip

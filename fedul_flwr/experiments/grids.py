@@ -64,7 +64,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from fedul_flwr.config import CONF_DIR, METHODS_DIR, default_config, load_preset
+from fedul_flwr.config import CONF_DIR, METHODS_DIR, default_config, load_preset, preset_files
 from fedul_flwr.experiments.runner import RunSpec
 from fedul_flwr.registry import closest
 
@@ -282,6 +282,11 @@ class Grid:
         """
         options = options or {}
         preset, clients = self.for_profile(profile)
+        presets = preset_files()
+        for key, name in (("preset", preset), ("from-preset: preset", self.base.get("preset", "")),
+                          ("from-preset: beyond", self.base.get("beyond") or "")):  # fmt: skip
+            if name and name not in presets:
+                raise self._error(f"{key}: {name!r} is no preset{closest(name, presets)}")
         grid = self.grid_overrides()
         rows = self.row_cells(options)
         columns = self.column_cells(str(options.get("methods", "")))
