@@ -308,7 +308,10 @@ def _worker(run_config: dict[str, Any], num_nodes: int, threads: int, gate: bool
     ``ready`` at every stop and, at the end, ``done`` with the metric rows and the paths of the
     final models."""
     # deferred: this runs in a worker against either package (this checkout's or the baseline revision's)
-    from fedul_flwr.preflight import resolve_config
+    try:
+        from fedul_flwr.preflight import resolve_config
+    except ModuleNotFoundError:  # the baseline revision names the module fedul_flwr.checks
+        from fedul_flwr.checks import resolve_config  # type: ignore[no-redef]
     from fedul_flwr.client_app import app
     from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.server_app import run_federation
