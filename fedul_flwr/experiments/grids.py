@@ -243,10 +243,7 @@ class Grid:
 
     def sub_cells(self, options: Mapping[str, str]) -> list[Cells]:
         """The sub-columns: those of the file, or one per value of the ``subs-from`` option."""
-        if self.subs_from:
-            return [Cells(c.name, c.overrides) for c in self._axes([self.subs_from], {
-                self.subs_from.option: str(options.get(self.subs_from.option, ""))})]  # fmt: skip
-        return list(self.subs)
+        return self._axes([self.subs_from], options) if self.subs_from else list(self.subs)
 
     def column_cells(self, methods: str = "") -> list[Cells]:
         """The columns, in the grid's order, or those whose ``key`` ``methods`` lists (comma
