@@ -15,7 +15,7 @@ The schema (every key optional but ``columns`` and one of ``rows`` / ``rows-from
     title: one line            # what the grid is
     profiles: [paper]          # the --profile values it runs with (default: every profile)
     preset: table1             # the runs' preset, or per profile: {cpu: feddb-cpu, paper: feddb}
-    clients: 5                 # SuperNodes of each run, or per profile (a row or sub-column may set its own)
+    clients: 5                 # SuperNodes of each run (default 2), or per profile; a row or sub-column may set its own
     seeds: [0, 1]              # default seeds (default: the profile's)
     unit: error                # error | accuracy: what the cells show, in %
     sub-label: sweep value     # what the sub-columns are, in the page's first line
@@ -65,7 +65,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from fedul_flwr.config import CONF_DIR, METHODS_DIR, default_config, load_preset, preset_files
-from fedul_flwr.experiments.runner import RunSpec
+from fedul_flwr.experiments.records import RunSpec
 from fedul_flwr.registry import closest
 
 __all__ = ["Cells", "Grid", "GridError", "grid_files", "load_grid", "named_grids", "read_grid"]

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from fedul_flwr import get_logger
 from fedul_flwr.config import CONF_DIR, default_config, load_preset, server_dp_weights
 from fedul_flwr.experiments.grids import GridError
-from fedul_flwr.experiments.runner import RunSpec
+from fedul_flwr.experiments.records import RunSpec
 
 __all__ = ["PROFILES", "PROFILES_DIR", "Profile", "read_profile", "run_config_of"]
 

@@ -22,7 +22,7 @@ from fedul_flwr.config import load_preset
 from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
 from fedul_flwr.experiments.grids import Grid, GridError, load_grid
 from fedul_flwr.experiments.round_windows import format_seeds, missing_seeds, render_windows
-from fedul_flwr.experiments.runner import RunSpec
+from fedul_flwr.experiments.records import RunSpec
 from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.store import write_atomic
 
@@ -237,7 +237,7 @@ def render(grid: Grid | str, profile_name: str, specs: Sequence[RunSpec], record
     ``best-val``, ``windows``, ``diagnostics``, ``failed``, ``wall-time``), which the docs
     include with ``--8<-- "docs/reproduce/<profile>/results-<grid>.md:<name>"``. ``failures``:
     the failure records of runs without a record
-    (:func:`~fedul_flwr.experiments.runner.load_failures`), listed with their error and the
+    (:func:`~fedul_flwr.experiments.records.load_failures`), listed with their error and the
     last round they completed; their cells stay empty.
     """
     grid = as_grid(grid)

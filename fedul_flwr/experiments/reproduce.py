@@ -35,8 +35,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedul_flwr.experiments.grid_cli import add_common_arguments, clean, parse_overrides, parse_seeds
 from fedul_flwr.experiments.grids import Grid, GridError, load_grid, named_grids
 from fedul_flwr.experiments.profiles import PROFILES, Profile, run_config_of
+from fedul_flwr.experiments.records import FAILED_DIR, RunSpec, load_failures, load_records
 from fedul_flwr.experiments.render import (
     TAIL_ROUNDS,
     record_value,
@@ -45,17 +47,7 @@ from fedul_flwr.experiments.render import (
     seconds_per_round,
     total_run_time,
 )
-from fedul_flwr.experiments.runner import (
-    FAILED_DIR,
-    RunSpec,
-    add_common_arguments,
-    clean,
-    load_failures,
-    load_records,
-    parse_overrides,
-    parse_seeds,
-    run_cells,
-)
+from fedul_flwr.experiments.runner import run_cells
 from fedul_flwr.preflight import resolve_config
 
 __all__ = ["PROFILES", "TAIL_ROUNDS", "Profile", "RunSpec", "add_arguments", "grid_runs", "record_value",
