@@ -8,7 +8,9 @@ generator, so every strong augmentation ran under one process-wide lock with tha
 forked and seeded; ``free`` is today's (the parameters drawn from the batch's own generator,
 no lock). Both give the same pixels (``tests/test_augment.py``). Prints the median wall time of
 a cohort step (every client augments ``--batches`` batches) over ``--repeats`` repeats, and
-that of one client alone (what W clients at once take on W idle cores).
+that of one client alone (what W clients at once take on W idle cores). A control, matrix
+products in the same threads (kernels that release Python's lock), says whether the machine
+had W free cores at all: where two at once take twice one, the comparison is void.
 
 Usage: ``python scripts/rng_lock_bench.py [--threads 2] [--batches 4] [--repeats 7]
 [--images 448] [--side 32]``.
@@ -63,6 +65,14 @@ def cohort_step(path, augment: Augmentation, batches: list[torch.Tensor], thread
     return time.perf_counter() - start
 
 
+def _matmuls(augment: Augmentation, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """The control workload: a product of two 1024 x 1024 matrices (one torch thread)."""
+    return torch.mm(_CONTROL, _CONTROL)
+
+
+_CONTROL = torch.ones(1024, 1024)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -80,19 +90,23 @@ def main() -> None:
     def free(augment: Augmentation, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         return augment(images, generator)
 
-    times: dict[str, list[float]] = {"locked": [], "free": [], "one thread": []}
+    times: dict[str, list[float]] = {"locked": [], "free": [], "one thread": [], "control": [], "control alone": []}
     with pinned_threads(1):
         cohort_step(free, augment, batches, args.threads)  # warm-up (Kornia's imports, caches)
         for _ in range(args.repeats):  # interleaved, so a change of load hits both alike
             times["locked"].append(cohort_step(locked, augment, batches, args.threads))
             times["free"].append(cohort_step(free, augment, batches, args.threads))
             times["one thread"].append(cohort_step(free, augment, batches, 1))
+            times["control"].append(cohort_step(_matmuls, augment, batches * 4, args.threads))
+            times["control alone"].append(cohort_step(_matmuls, augment, batches * 4, 1))
     print(f"strong view, {args.images} images {channels}x{args.side}x{args.side} per batch, {args.batches} batches "
           f"per client, {args.threads} clients at once, medians of {args.repeats}:")  # fmt: skip
     for name, values in times.items():
-        work = "one client alone" if name == "one thread" else f"{args.threads} clients at once"
+        work = "one client alone" if name.endswith(("thread", "alone")) else f"{args.threads} clients at once"
         print(f"  {name:>10}: {statistics.median(values):.3f} s  ({work}; min {min(values):.3f}, max {max(values):.3f})")
-    print(f"  locked / free: {statistics.median(times['locked']) / statistics.median(times['free']):.2f}x")
+    ratio = {k: statistics.median(v) for k, v in times.items()}
+    print(f"  locked / free: {ratio['locked'] / ratio['free']:.2f}x; control, {args.threads} at once / alone: "
+          f"{ratio['control'] / ratio['control alone']:.2f}x (1.00x: {args.threads} free cores)")  # fmt: skip
 
 
 if __name__ == "__main__":
