@@ -400,6 +400,22 @@ def optional(check: Check) -> Check:
     return lambda value: value is None or check(value)
 
 
+class MayBeAbsent:
+    """A key of a declared schema that files written before it existed lack: absent, the file
+    is still whole; present, its value must pass ``check`` (:func:`read_json`)."""
+
+    def __init__(self, check: Check) -> None:
+        self.check = check
+
+    def __call__(self, value: Any) -> bool:
+        return self.check(value)
+
+
+def may_be_absent(check: Check) -> Check:
+    """``check`` for a key that older files lack (:class:`MayBeAbsent`)."""
+    return MayBeAbsent(check)
+
+
 def list_of(check: Check) -> Check:
     """A JSON list whose every item passes ``check``."""
     return lambda value: isinstance(value, list) and all(check(v) for v in value)
@@ -429,12 +445,12 @@ def read_json(path: str | os.PathLike[str], shape: type | tuple[type, ...] = dic
     value = read_with(path, lambda fh: json.loads(fh.read().decode("utf-8")))
     if not isinstance(value, shape):
         raise DamagedFile(path, f"a JSON {type(value).__name__} where a {getattr(shape, '__name__', shape)} belongs")
-    missing = [k for k in keys if k not in value]
+    missing = [k for k in keys if k not in value and not (isinstance(keys, Mapping) and isinstance(keys[k], MayBeAbsent))]
     if missing:
         raise DamagedFile(path, "no " + ", ".join(repr(k) for k in missing))
     if isinstance(keys, Mapping):
         for key, check in keys.items():
-            if not check(value[key]):
+            if key in value and not check(value[key]):
                 raise DamagedFile(path, f"{key!r} is {_describe(value[key])}, not a value it can hold")
     return value
 

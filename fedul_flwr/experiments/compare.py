@@ -105,7 +105,7 @@ def render(records: Sequence[dict[str, Any]], header: str) -> str:
         rows = [r for r in records if r["spec"]["column"] == strategy]
         settings = ", ".join(f"{k}={v}" for k, v in rows[0]["spec"]["overrides"].items()) or "-"
         finals = [r["last-test-error"] for r in rows]
-        bests = [r["best-test-error"] if r["best-test-error"] is not None else r["last-test-error"] for r in rows]
+        bests = [r["last-test-error"] if r.get("best-test-error") is None else r["best-test-error"] for r in rows]
         cells.append([strategy, settings, _cell(finals), _cell(bests), len(rows)])
     head = ["strategy", "settings", "final test error %", "best test error %", "seeds"]
     return "\n".join([header, "", markdown_table(head, cells)]) + "\n"

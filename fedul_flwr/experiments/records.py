@@ -33,7 +33,8 @@ from fedul_flwr.outputs import read_metrics, running_time
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.resume import run_settings
 from fedul_flwr.store import (
-    Check, DamagedFile, is_int, is_number, list_of, of_type, optional, read_json, set_aside_damaged, write_json,
+    Check, DamagedFile, is_int, is_number, list_of, may_be_absent, of_type, optional, read_json, set_aside_damaged,
+    write_json,
 )
 
 __all__ = [
@@ -252,9 +253,10 @@ def failure_line(failure: Mapping[str, Any]) -> str:
 
 def _metric_row(row: Any) -> bool:
     """A metric row of a record: a JSON object with an integer ``round``, its other values
-    numbers, ``null``, or the lists of node ids (``failed-nodes``, ``trained-nodes``)."""
+    numbers, ``null``, or the lists of node ids (``failed-nodes``, ``trained-nodes``; older
+    records wrote them as text, ``""`` for none)."""
     return (isinstance(row, dict) and is_int(row.get("round"))
-            and all(is_number(v) or v is None or isinstance(v, list) for k, v in row.items() if k != "round"))  # fmt: skip
+            and all(is_number(v) or v is None or isinstance(v, (list, str)) for k, v in row.items() if k != "round"))  # fmt: skip
 
 
 def _spec(value: Any) -> bool:
@@ -265,14 +267,19 @@ def _spec(value: Any) -> bool:
 _TEXT, _OBJECT = of_type(str), of_type(dict)
 RECORD_KEYS: dict[str, Check] = {
     "run-id": _TEXT, "spec": _spec, "run-config": _OBJECT, "config": _OBJECT, "metrics": list_of(_metric_row),
-    "last-round": is_int, "last-test-error": is_number, "best-test-error": optional(is_number),
-    "best-round": optional(is_int), "best-val-round": optional(is_int), "best-val-test-error": optional(is_number),
-    "predictors": list_of(_TEXT), "wall-time-s": is_number, "threads": optional(is_int),
-    "cohort": optional(_OBJECT), "device": optional(_TEXT), "device-name": optional(_TEXT), "run-dir": _TEXT,
+    "last-round": is_int, "last-test-error": is_number, "best-val-round": optional(is_int),
+    "best-val-test-error": optional(is_number),     "wall-time-s": is_number, "run-dir": _TEXT,
+    # keys records gained over time: a record written before them is whole without them
+    "best-test-error": may_be_absent(optional(is_number)), "best-round": may_be_absent(optional(is_int)),
+    "predictors": may_be_absent(list_of(_TEXT)), "threads": may_be_absent(optional(is_int)),
+    "cohort": may_be_absent(optional(_OBJECT)), "device": may_be_absent(optional(_TEXT)),
+    "device-name": may_be_absent(optional(_TEXT)),
 }  # fmt: skip
 """The declared schema of a record: each key the runner and the grid's page read, and the
 check of its value (:func:`fedul_flwr.store.read_json`). A file in a grid's records without
-one of them, or with a value its check refuses, is damaged (:func:`read_record`)."""
+one of the keys every record has had, or with a value its check refuses, is damaged
+(:func:`read_record`); the keys records gained later (``may_be_absent``) may be missing from
+older records, whose pages render without them."""
 
 
 FAILURE_KEYS: dict[str, Check] = {
