@@ -5,10 +5,12 @@ setting ``resume=true``).
 ``<run folder>/checkpoint.pt`` holds ``{"round": r, "state_dict": the global arrays of f
 after round r, as the strategy holds them (dtype included),
 "config": the run's dashed-key settings, "strategy_state": the strategy's cross-round
-arrays, "random_state": Python's global ``random`` state after round r}``. The last is the
-state of Flower's node sampling (it draws from the global ``random``, seeded once per run):
-restored, a resumed run with ``fraction-train < 1`` picks the same clients in rounds r + 1, ...
-as an uninterrupted one. It is replaced atomically and durably
+arrays, "ema_state", "num_nodes", "node_draws": "rng-streams"}``. No generator state is saved:
+who trains and who evaluates in round r + 1 is drawn from streams of (seed, round)
+(:mod:`fedul_flwr.strategies.participation`), so a resumed run with ``fraction-train < 1``
+picks the clients an uninterrupted one does; ``node_draws`` says the checkpoint's rounds drew
+their nodes so. Older checkpoints, whose rounds drew from Python's global ``random``, lack it
+(and may hold that generator's state, ``"random_state"``, which is read past and ignored). The file is replaced atomically and durably
 (:func:`fedul_flwr.store.write_atomic`), so a crash or a power cut while writing leaves the
 previous checkpoint intact.
 
@@ -26,7 +28,6 @@ variates c_i live in the clients' state, which a server checkpoint cannot hold.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from fedul_flwr.store import DamagedFile, read_with, write_atomic
 
 __all__ = [
     "CHECKPOINT_FILE",
+    "NODE_DRAWS",
     "RESUMABLE_STRATEGIES",
     "STRATEGY_STATE_ATTRIBUTES",
     "Checkpoint",
@@ -55,6 +57,8 @@ RESUMABLE_STRATEGIES: tuple[str, ...] = (
     "fedavg", "fedprox", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad", "fedmedian", "fedtrimmedavg"
 )  # fmt: skip
 """Strategies whose whole cross-round state is on the server (see the module doc)."""
+NODE_DRAWS = "rng-streams"
+"""A checkpoint's ``node_draws`` since the rounds draw their nodes from the run's streams."""
 STRATEGY_STATE_ATTRIBUTES: tuple[str, ...] = ("current_arrays", "momentum_vector", "m_t", "v_t", "client_states")
 """Attributes of Flower's FedAvgM (``current_arrays``, ``momentum_vector``) and FedOpt
 strategies (``current_arrays``, ``m_t``, ``v_t``) that carry state from round to round, and
@@ -84,24 +88,25 @@ class Checkpoint:
         The run settings of the run that wrote it.
     strategy_state : dict[str, Any]
         The strategy's cross-round arrays (:func:`strategy_state`); empty for stateless ones.
-    random_state : tuple or None
-        ``random.getstate()`` after round r (Flower's node sampling); None in checkpoints
-        written before it was saved.
     ema_state : dict[str, torch.Tensor] | None
         The EMA of the global weights after round r (``ema-decay > 0``,
         :class:`fedul_flwr.ema.WeightEMA`); None without one.
     num_nodes : int | None
         The nodes the run's rounds sampled from (a simulation's ``num-supernodes``); None in
         checkpoints written before it was saved.
+    node_draws : str | None
+        ``"rng-streams"``: the rounds drew their nodes from the streams of (seed, round)
+        (:data:`NODE_DRAWS`); None in older checkpoints, whose rounds drew from Python's
+        ``random`` (continued now, they would not train the cohorts of an uninterrupted run).
     """
 
     round: int
     state_dict: dict[str, torch.Tensor]
     config: dict[str, Any]
     strategy_state: dict[str, Any] = field(default_factory=dict)
-    random_state: tuple[Any, ...] | None = None
     ema_state: dict[str, torch.Tensor] | None = None
     num_nodes: int | None = None
+    node_draws: str | None = None
 
 
 def _tensors(value: Any) -> dict[str, Any]:
@@ -164,16 +169,16 @@ def save_checkpoint(
 ) -> Path:
     """Atomically write ``<run_dir>/checkpoint.pt`` for ``server_round`` (f's ``state_dict``,
     the run ``config``, if given ``strategy``'s cross-round state and the EMA of the global
-    weights, and Python's ``random`` state); returns its path."""
+    weights); returns its path."""
     path = Path(run_dir) / CHECKPOINT_FILE
     payload = {
         "round": int(server_round),
         "state_dict": {k: v.detach().cpu() for k, v in state_dict.items()},
         "config": config,
         "strategy_state": strategy_state(strategy) if strategy is not None else {},
-        "random_state": random.getstate(),
         "ema_state": ema_state,
         "num_nodes": num_nodes,
+        "node_draws": NODE_DRAWS,
     }
     return write_atomic(path, lambda fh: torch.save(payload, fh))
 
@@ -198,7 +203,7 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
         payload = read_with(path, lambda fh: torch.load(fh, map_location="cpu", weights_only=True))
         return Checkpoint(
             int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {})),
-            payload.get("random_state"), payload.get("ema_state"), payload.get("num_nodes"),
+            payload.get("ema_state"), payload.get("num_nodes"), payload.get("node_draws"),  # an older "random_state": unused
         )
     except DamagedFile as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc.reason})") from exc

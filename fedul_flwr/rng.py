@@ -44,9 +44,10 @@ Library code that would draw from torch's global generator is given a generator 
 the ``torch.nn`` initialisers (:func:`init_parameters`, the layers' default
 ``reset_parameters`` with an explicit generator) and Kornia's flip and erasing
 (:mod:`fedul_flwr.augment` draws their parameters). Nothing here seeds or reads ``random``,
-numpy's global generator or torch's default generator; the one exception is the server's
-seeding of Python's ``random`` for Flower's own node sampling
-(:func:`fedul_flwr.server_app.run_federation`; Flower's ``sample_nodes`` draws from it).
+numpy's global generator or torch's default generator, and neither does the server: who trains
+and who evaluates in a round come from the ``participation``, ``cohort`` and
+``evaluation-cohort`` streams (:mod:`fedul_flwr.strategies.participation`), never from the
+global ``random`` that Flower's own node sampling draws from.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ STREAMS: Mapping[str, Stream] = MappingProxyType({
     "dropout": _S(2, (), "words", "batch", "dropout masks of the round (on the training device)"),
     # the server
     "participation": _S(21, ("round",), "keyed", "run", "the seeded Poisson draw of who trains in a round"),
+    "cohort": _S(22, ("round",), "keyed", "run", "the seeded fixed-size draw of who trains in a round"),
+    "evaluation-cohort": _S(23, ("round",), "keyed", "run", "the fixed-size draw of who evaluates in a round"),
     "model": _S(31, ("index",), "keyed", "run", "initial weights of the exchanged model number index >= 1 (index 0: the run seed)"),
     "node-model": _S(32, ("index", "node"), "keyed", "run", "initial weights of a model kept on a node (never exchanged)"),
     # the simulated data: (run seed[, partition id])

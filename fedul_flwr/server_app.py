@@ -7,7 +7,6 @@ strategy comes from ``strategy``; nothing here depends on which method runs.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
@@ -71,15 +70,13 @@ def global_models(cfg: RunConfig, method: Method, channels: int, classes: int, s
 def resume_from(ckpt: Checkpoint | None, models: nn.ModuleDict, strategy: Strategy) -> tuple[ArrayRecord, int]:
     """The arrays the run starts from and the rounds already done: the models' initial
     weights and 0, or with a checkpoint (``resume=true``) its arrays -- as the strategy held
-    them (FedOpt: float64) -- and round r, the strategy's state and Python's ``random`` state
-    (Flower's node sampling) put back, and the strategy numbering rounds from r + 1. Writes
-    nothing."""
+    them (FedOpt: float64) -- and round r, the strategy's state put back, and the strategy
+    numbering rounds from r + 1 (so its node draws, seeded by (seed, round), continue as in an
+    uninterrupted run). Writes nothing."""
     if ckpt is None:
         return ArrayRecord(models.state_dict()), 0
     models.load_state_dict(ckpt.state_dict)
     restore_strategy_state(inner_strategy(strategy), ckpt.strategy_state)
-    if ckpt.random_state is not None:  # Flower's node sampling continues where it stopped
-        random.setstate(ckpt.random_state)
     inner_strategy(strategy).round_offset = ckpt.round  # rounds r + 1, ... are configured and aggregated as such
     return ArrayRecord(ckpt.state_dict), ckpt.round
 
@@ -233,9 +230,8 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     device = pick_device(cfg.device)
     method = get_method(cfg.method)(cfg)
     data = load_run_dataset(cfg)
-    # Flower's node sampling (strategy_utils.sample_nodes) draws from Python's global
-    # `random`: seed it so a run picks (and orders) its clients the same way every time
-    random.seed(cfg.seed)
+    # who trains and who evaluates each round: seeded streams of (seed, round) in the strategy
+    # (strategies/participation.py), never Flower's sample_nodes draw from the global `random`
     models = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size).to(device)
     acceleration = loop_acceleration(cfg, device)
     # labeled validation hold-out (val-fraction of the training set): model selection on it

@@ -19,10 +19,8 @@ PACKAGE = Path(fedul_flwr.__file__).parent
 
 # calls that derive or seed a generator: only fedul_flwr/rng.py makes them, except these
 SEEDING_CALLS = {"SeedSequence", "default_rng", "manual_seed", "seed", "Generator", "RandomState", "PCG64", "fork_rng",
-                 "set_rng_state", "manual_seed_all"}  # fmt: skip
+                 "set_rng_state", "manual_seed_all", "setstate", "set_state"}  # fmt: skip
 EXCEPTIONS = {
-    ("server_app.py", "seed"): "Flower's own node sampling (strategy_utils.sample_nodes) draws from Python's global "
-                               "random; the server seeds it once per run and checkpoints its state",
     ("privacy/mechanism.py", "Generator"): "DP noise from the OS's entropy (secrets), never from the run seed",
     ("privacy/mechanism.py", "PCG64"): "DP noise from the OS's entropy (secrets), never from the run seed",
     ("experiments/pfl_driver.py", "manual_seed"): "pfl-research's own training draws from torch's global generator, "
@@ -125,6 +123,22 @@ def test_no_module_derives_a_generator_outside_rng() -> None:
                 found.append(f"{rel}:{line}: {name}(...)")
     assert not found, "derive these through fedul_flwr.rng:\n" + "\n".join(found)
     assert used == set(EXCEPTIONS), f"exceptions no longer needed: {set(EXCEPTIONS) - used}"
+
+
+def test_no_module_uses_pythons_random() -> None:
+    """Python's process-wide ``random`` is neither imported nor seeded in the package: who
+    trains and who evaluates come from the ``participation``, ``cohort`` and
+    ``evaluation-cohort`` streams, not from Flower's ``sample_nodes`` draw."""
+    users = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if "/_project/" in f"/{rel}":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if "random" in names or (isinstance(node, ast.ImportFrom) and node.module == "random"):
+                users.append(f"{rel}:{node.lineno}")
+    assert not users, "draw from a stream of fedul_flwr.rng instead:\n" + "\n".join(users)
 
 
 def test_building_models_and_augmenting_leave_the_global_generators_alone() -> None:

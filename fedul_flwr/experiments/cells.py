@@ -78,8 +78,8 @@ def _resume_plan(run_config: Mapping[str, Any]) -> tuple[int, str]:
         return 0, str(exc)
     if run_config.get("strategy") not in RESUMABLE_STRATEGIES:
         return 0, f"strategy={run_config.get('strategy')!r} cannot be resumed"
-    if ckpt.random_state is None:  # written before the sampling state was saved: not exact
-        return 0, "its checkpoint predates the saved sampling state"
+    if ckpt.node_draws is None:  # its rounds drew their nodes from Python's random: continued, not exact
+        return 0, "its checkpoint predates the seeded node draws"
     conflicts = resume_conflicts(ckpt.config, resolve_config(dict(run_config)))  # the ServerApp's own rule
     if conflicts:
         return 0, "other settings (" + "; ".join(conflicts) + ")"
