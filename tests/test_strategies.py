@@ -42,6 +42,7 @@ from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods.base import Batch, LocalTask, Stream
 from fedul_flwr.strategies import STRATEGIES, build_strategy, reply_order, strict
 from fedul_flwr.strategies.fednova import FedNova, is_statistic
+from fedul_flwr.strategies.participation import fixed_size_draw
 from fedul_flwr.training import train_local
 from fedul_flwr.experiments.tables import table_rows
 
@@ -178,6 +179,60 @@ def test_strict_makes_one_class_per_strategy_and_mixin() -> None:
         base = STRATEGIES.get(name)(_named(name))[0]
         assert strict(base) is strict(base, None) is strict(base, method_mixin=None), name
         assert type(strategy) is strict(base), name
+
+
+def _cohorts(strategy, grid: InProcessGrid, rounds: Sequence[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """The nodes ``strategy`` asks to train and to evaluate in each of ``rounds`` (ascending)."""
+    x = ArrayRecord(_linear().state_dict())
+    train = [sorted(m.metadata.dst_node_id for m in strategy.configure_train(r, x, ConfigRecord(), grid)) for r in rounds]
+    evaluate = [sorted(m.metadata.dst_node_id for m in strategy.configure_evaluate(r, x, ConfigRecord(), grid)) for r in rounds]
+    return train, evaluate
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES.names()))
+def test_fixed_size_cohorts_come_from_the_seed_and_round_not_from_pythons_random(name: str) -> None:
+    """Every strategy (and server-side DP's wrapper, around FedAvg) draws who trains and who evaluates without
+    touching Python's ``random``; seeded, the cohort of round r is the ``cohort`` stream's draw
+    at (seed, r) -- the same for two strategies of one seed, and for a resumed one (rounds
+    numbered from its ``round_offset``) -- and the evaluation cohort the ``evaluation-cohort``
+    stream's."""
+    knobs = {"strategy": name, "seed": 11, "fraction-train": 0.5, "min-train-nodes": 3, "min-available-nodes": 6}
+    grid = _grid((1,) * 6)
+    nodes = list(grid.get_node_ids())
+    rounds = range(1, 7)
+    random.seed(123)
+    before = random.getstate()
+    runs = []
+    for _ in range(2):
+        strategy = build_strategy(resolve_config(knobs))
+        strategy.fraction_evaluate, strategy.min_evaluate_nodes = 0.5, 1
+        runs.append(_cohorts(strategy, grid, rounds))
+    resumed = build_strategy(resolve_config(knobs))
+    resumed.fraction_evaluate, resumed.min_evaluate_nodes = 0.5, 1
+    resumed.round_offset = 3  # stopped after round 3: its rounds 1, 2, 3 are the run's 4, 5, 6
+    continued = _cohorts(resumed, grid, range(1, 4))
+    dp_knobs = {**knobs, "strategy": "fedavg", "differential-privacy": "server-fixed", "dp-noise-multiplier": 0.8}
+    dp = build_strategy(resolve_config(dp_knobs), num_nodes=6)  # the robust strategies refuse server-side DP
+    secret = [sorted(m.metadata.dst_node_id for m in dp.configure_train(r, ArrayRecord(_linear().state_dict()),
+                                                                          ConfigRecord(), grid)) for r in rounds]  # fmt: skip
+    assert random.getstate() == before
+    train, evaluate = runs[0]
+    assert runs[1] == runs[0]
+    assert train == [fixed_size_draw(nodes, 3, 11, r, "cohort") for r in rounds]
+    assert evaluate == [fixed_size_draw(nodes, 3, 11, r, "evaluation-cohort") for r in rounds]
+    assert len({tuple(c) for c in train}) > 1  # the cohort changes with the round
+    assert continued == (train[3:], evaluate[3:])
+    assert all(len(c) == 3 for c in secret)
+
+
+def test_a_fixed_size_draw_follows_the_node_ids_not_their_order() -> None:
+    nodes = [5, 17, 2, 40, 9]
+    drawn = fixed_size_draw(nodes, 2, 3, 1)
+    assert drawn == fixed_size_draw(nodes[::-1], 2, 3, 1) and drawn == sorted(drawn) and set(drawn) <= set(nodes)
+    assert fixed_size_draw(nodes, 5, 3, 1) == sorted(nodes)
+    assert fixed_size_draw(nodes, 0, 3, 1) == []
+    with pytest.raises(ValueError, match="6 of 5"):
+        fixed_size_draw(nodes, 6, 3, 1)
 
 
 def test_a_method_aggregation_mixin_runs_on_checked_ordered_replies_before_the_strategy() -> None:
