@@ -80,7 +80,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 
+import kornia.augmentation as ka
+import kornia.enhance as ke
 import torch
+from kornia.geometry.transform import get_rotation_matrix2d, get_shear_matrix2d, invert_affine_transform
 
 from fedul_flwr.registry import Registry
 from fedul_flwr.rng import torch_from_seed
@@ -122,7 +125,6 @@ class _KorniaStage:
 
     def params(self, shape: torch.Size, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Kornia's parameters of this stage for a batch of ``shape`` ``[B, C, H, W]``."""
-        import kornia.augmentation as ka
 
         b, h, w = shape[0], shape[-2], shape[-1]
         if isinstance(self.module, ka.RandomHorizontalFlip):
@@ -272,7 +274,6 @@ def nearest_affine(images: torch.Tensor, matrix: torch.Tensor, *, inverse: bool 
     torch.Tensor
         ``[B, C, H, W]``, the dtype and device of ``images``.
     """
-    from kornia.geometry.transform import invert_affine_transform
 
     b, c, h, w = images.shape
     inverse = (matrix if inverse else invert_affine_transform(matrix.double())).float().to(images.device)  # [B, 2, 3]
@@ -296,7 +297,6 @@ def _warp(images: torch.Tensor, names: Sequence[str], values: torch.Tensor) -> t
     """RandAugment's geometric operations in one warp: image i of ``images`` ``[b, C, H, W]``
     by operation ``names[i]`` with signed magnitude ``values[i]`` (black fill, as torchvision's
     RandAugment; shear about the top-left corner, rotation about the centre)."""
-    from kornia.geometry.transform import get_shear_matrix2d
 
     b, _, h, w = images.shape
     kind = torch.tensor([("shear-x", "shear-y", "translate-x", "translate-y", "rotate").index(n) for n in names])
@@ -314,7 +314,6 @@ def _warp(images: torch.Tensor, names: Sequence[str], values: torch.Tensor) -> t
 def _rotation(degrees: torch.Tensor, h: int, w: int) -> torch.Tensor:
     """float ``[n, 2, 3]``: rotations by ``degrees`` ``[n]`` (counter-clockwise) about the
     pixel-grid centre ((W - 1) / 2, (H - 1) / 2), torchvision's centre."""
-    from kornia.geometry.transform import get_rotation_matrix2d
 
     centre = torch.tensor([[(w - 1) / 2, (h - 1) / 2]]).expand(len(degrees), 2)
     return get_rotation_matrix2d(centre, degrees, torch.ones(len(degrees), 2))
@@ -323,7 +322,6 @@ def _rotation(degrees: torch.Tensor, h: int, w: int) -> torch.Tensor:
 def _enhance(name: str, images: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """RandAugment's pixel operation ``name`` on float ``images`` ``[b, C, H, W]`` in [0, 1],
     image i with signed magnitude ``value[i]`` (``[b]``, on the images' device)."""
-    import kornia.enhance as ke
 
     factor = 1.0 + value  # the enhance operations' factor (others read value itself)
     if name == "brightness":
@@ -382,14 +380,12 @@ class ReflectCrop:
 
 
 def _weak(side: int, flip: bool) -> list[Stage]:
-    import kornia.augmentation as ka
 
     stages: list[Stage] = [ReflectCrop(side, max(1, side // 8))]
     return stages + [_KorniaStage(ka.RandomHorizontalFlip(p=0.5))] if flip else stages
 
 
 def _strong(side: int, flip: bool) -> list[Stage]:
-    import kornia.augmentation as ka
 
     cutout = ka.RandomErasing(scale=(0.02, 0.25), ratio=(1.0, 1.0), value=127 / 255, p=1.0)
     return [*_weak(side, flip), RandAugment(num_ops=2, magnitude=10), _KorniaStage(cutout)]

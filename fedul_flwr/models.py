@@ -213,7 +213,7 @@ class PaperCNN(nn.Module):
 def cifar_resnet18(in_channels: int, num_classes: int, image_size: int = 32) -> nn.Module:
     """torchvision ResNet-18 (random init) with a 3x3/1 stem and no max-pool for 32x32 inputs
     (App. D, Table D.3)."""
-    from torchvision.models import resnet18
+    from torchvision.models import resnet18  # deferred: import cost (torchvision.models ~2 s), only this model needs it
 
     model = resnet18(weights=None, num_classes=num_classes)
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)

@@ -161,17 +161,21 @@ def _has_revision(revision: str) -> bool:
 @pytest.mark.slow
 def test_the_faster_round_gives_the_numbers_of_the_baseline_revision(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Three rounds of HASSLE on three clients (fully, partially and un-labeled, embedded
-    ``mnist-sample``), run by this checkout and by the package at the baseline revision:
-    the same test accuracies, losses and final weights up to float32 rounding (the teachers'
-    kernels differ in layout and batch size)."""
-    from fedul_flwr.experiments.hassle_bench import BASELINE_REVISION, differences, run_pair
+    ``mnist-sample``), run by the package with the faster round and by the package at the baseline
+    revision: the same test accuracies, losses and final weights up to float32 rounding (the
+    teachers' kernels differ in layout and batch size). The faster side is the last revision
+    with the baseline's seed streams (``LAST_OLD_STREAMS_REVISION``): since then the streams that
+    could meet another are keyed, which moves the data and the second model's weights."""
+    from fedul_flwr.experiments.hassle_bench import BASELINE_REVISION, LAST_OLD_STREAMS_REVISION, differences, run_pair
 
-    if not _has_revision(BASELINE_REVISION):
-        pytest.skip(f"needs the git history with {BASELINE_REVISION[:8]} (a source checkout)")
+    for revision in (BASELINE_REVISION, LAST_OLD_STREAMS_REVISION):
+        if not _has_revision(revision):
+            pytest.skip(f"needs the git history with {revision[:8]} (a source checkout)")
     run_config = {"method": "hassle", "client-setting": "annotation-heterogeneity", "label-layout": "L,P,U",
                   "labeled-share": 0.5, "samples-per-client": 300, "batch-size": 32, "min-available-nodes": 3,
                   "min-train-nodes": 3, "num-rounds": 3, "client-threads": 1}  # fmt: skip
-    pair = run_pair(run_config, BASELINE_REVISION, num_nodes=3, gate=False, workdir=tmp_path)
+    pair = run_pair(run_config, BASELINE_REVISION, num_nodes=3, gate=False, workdir=tmp_path,
+                    current=LAST_OLD_STREAMS_REVISION)
     assert [r["round"] for r in pair["metrics"]["current"]] == [0, 1, 2, 3]
     diff = differences(pair)
     assert diff["accuracy"] <= 1e-3 and diff["loss"] <= 1e-4 and diff["weights"] <= 1e-3, diff

@@ -78,14 +78,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 """(importer, imported) -> why a module imports one of a higher layer. The imported module
 imports nothing of the importer's layer or above, so no circle follows."""
 
-DEFERRED_CHECKED: tuple[str, ...] = (
-    "fedul_flwr.data", "fedul_flwr.data.*", "fedul_flwr.node_data_cli", "fedul_flwr.privacy", "fedul_flwr.privacy.*",
-    "fedul_flwr.preflight", "fedul_flwr.resume", "fedul_flwr.check_cli", "fedul_flwr.store", "fedul_flwr.training",
-    "fedul_flwr.evaluation", "fedul_flwr.strategies", "fedul_flwr.strategies.*", "fedul_flwr.client_app",
-    "fedul_flwr.inprocess", "fedul_flwr.cohort", "fedul_flwr.outputs", "fedul_flwr.checkpoint",
-)  # fmt: skip
-"""Modules whose every deferred import carries a ``# deferred:`` comment (the rest of the
-package is on its way there)."""
+DEFERRED_CHECKED: tuple[str, ...] = ("fedul_flwr", "fedul_flwr.*")
+"""Modules whose every deferred import carries a ``# deferred:`` comment: the whole package."""
 
 
 def _layer(module: str) -> int:
@@ -116,8 +110,13 @@ def _uncommented_deferred_imports(path: Path) -> list[str]:
         if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in top or id(node) in typing_only:
             continue
         own = " ".join(lines[node.lineno - 1 : node.end_lineno])
-        above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
-        if "# deferred:" not in own and not above.startswith("# deferred:"):
+        # the block right above: comment lines (one comment may span lines) and the imports the
+        # same comment covers
+        above, row = [], node.lineno - 2
+        while row >= 0 and lines[row].strip().startswith(("#", "import ", "from ")):
+            above.append(lines[row].strip())
+            row -= 1
+        if "# deferred:" not in own and not any(line.startswith("# deferred:") for line in above):
             found.append(f"{node.lineno}: {ast.unparse(node)}")
     return found
 

@@ -21,10 +21,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from hydra.errors import HydraException
-from omegaconf import OmegaConf
-
 from fedul_flwr.config.record import ConfigError
 from fedul_flwr.registry import closest
 
@@ -100,6 +96,12 @@ def load_preset(name: str) -> dict[str, Any]:
     """
     if not name:
         return {}
+    # deferred: import cost (Hydra and OmegaConf, 0.2-1 s); every ClientApp start imports this
+    # package, only composing a preset needs them
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+
     files = preset_files()
     if name not in files:
         raise ConfigError(f"preset={name!r}: no such preset{closest(name, files)}; available: {sorted(files)}")

@@ -52,6 +52,12 @@ BASELINE_REVISION = "c3b3bd1bf2a160f61ca07b2d09efb49f5c50728a"
 """The last commit before HASSLE's round was made faster (the teachers' logits once per
 round, in the loop's memory format; the evaluation's logits reused across rounds)."""
 
+LAST_OLD_STREAMS_REVISION = "a043696decad9e0199dbe3e1c073b4b15c41b956"
+"""The last commit whose seed streams are the baseline's: the next one keyed the streams that
+could meet another (:mod:`fedul_flwr.rng`), which moves the client data, the labeled pools and
+the models after the first, so numbers are compared with the baseline at this commit (it holds
+the faster round)."""
+
 PREFIX = "hassle-bench:"
 """Lines of the workers' protocol on their standard output start with this."""
 
@@ -126,7 +132,7 @@ class _Worker:
 
 def run_pair(
     run_config: Mapping[str, Any], revision: str, *, num_nodes: int, threads: int = 1, gate: bool = True,
-    workdir: Path | None = None,
+    workdir: Path | None = None, current: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Run the federation of ``run_config`` with this checkout and with git ``revision``.
 
@@ -146,6 +152,9 @@ def run_pair(
         once, untimed (the comparison of numbers only).
     workdir : Path | None
         Where the runs and the workers' logs go (default: a temporary folder).
+    current : str | None
+        A git revision to run as the current side instead of this checkout (the comparison of
+        numbers across a change of the seed streams, :data:`LAST_OLD_STREAMS_REVISION`).
 
     Returns
     -------
@@ -163,7 +172,7 @@ def run_pair(
     """
     workdir = workdir or Path(tempfile.mkdtemp(prefix="fedul-hassle-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    trees = {"baseline": export_revision(revision), "current": PROJECT}
+    trees = {"baseline": export_revision(revision), "current": export_revision(current) if current else PROJECT}
     workers = {
         side: _Worker(side, trees[side], {**run_config, "output-dir": str(workdir), "run-name": side}, num_nodes, threads,
                       gate, workdir / f"{side}.log")
@@ -308,13 +317,14 @@ def _worker(run_config: dict[str, Any], num_nodes: int, threads: int, gate: bool
     ``ready`` at every stop and, at the end, ``done`` with the metric rows and the paths of the
     final models."""
     # deferred: this runs in a worker against either package (this checkout's or the baseline revision's)
-    try:
-        from fedul_flwr.preflight import resolve_config
-    except ModuleNotFoundError:  # the baseline revision names the module fedul_flwr.checks
-        from fedul_flwr.checks import resolve_config  # type: ignore[no-redef]
     from fedul_flwr.client_app import app
     from fedul_flwr.inprocess import InProcessGrid
     from fedul_flwr.server_app import run_federation
+
+    try:
+        from fedul_flwr.preflight import resolve_config  # deferred: as above
+    except ModuleNotFoundError:  # the baseline revision names the module fedul_flwr.checks
+        from fedul_flwr.checks import resolve_config  # type: ignore[no-redef]  # deferred: as above
 
     torch.set_num_threads(threads)
 

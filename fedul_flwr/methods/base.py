@@ -28,6 +28,7 @@ registered in :data:`fedul_flwr.methods.METHODS` by the module that defines it.
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -393,7 +394,6 @@ def method_class(name: str) -> type[Method]:
     """
     if ":" not in name:
         return METHODS.get(name)
-    import importlib
 
     module, _, attr = name.partition(":")
     try:

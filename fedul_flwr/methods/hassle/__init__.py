@@ -381,7 +381,7 @@ class Hassle(Method):
             hooks = loop.hooks
             mu = proximity_weight(float(self.option("hassle-gamma")), self.option("hassle-gamma-form"), int(mask.sum()))
             if mu > 0:
-                # imported here: fedul_flwr.strategy_hooks imports the methods package
+                # deferred: cycle fedul_flwr.strategy_hooks -> methods.base -> methods (imports this package) -> strategy_hooks
                 from fedul_flwr.strategy_hooks import ProximalTerm, shared_parameters
 
                 params = shared_parameters(models, [dual])  # keyed "<dual>.<parameter>"
