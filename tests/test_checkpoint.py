@@ -5,18 +5,20 @@ an uninterrupted 3-round run (CPU, fixed seed), also for strategies with server 
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
-from fedul_flwr.checkpoint import CheckpointError, load_checkpoint
+from fedul_flwr.checkpoint import CHECKPOINT_FILE, NODE_DRAWS, CheckpointError, load_checkpoint, save_checkpoint
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.outputs import read_metrics
 from fedul_flwr.server_app import run_federation
+from fedul_flwr.strategies.participation import fixed_size_draw
 
 pytestmark = pytest.mark.usefixtures("small_test_set")  # central evaluation on 500 test images (tests/conftest.py)
 
@@ -95,18 +97,37 @@ def test_an_existing_run_name_is_refused_without_resume(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_resume_with_client_sampling_picks_the_same_clients(tmp_path: Path) -> None:
-    """fraction-train < 1: Flower samples nodes from Python's global ``random``; the checkpoint
-    carries its state, so the resumed rounds 3 and 4 train the clients the uninterrupted ones do
-    (re-seeded instead, they would repeat rounds 1 and 2's draws)."""
+    """fraction-train < 1: round r's cohort is the ``cohort`` stream's draw at (seed, r), so two
+    runs of one seed train the same clients each round, the resumed rounds 3 and 4 train the
+    clients the uninterrupted ones do (no generator state in the checkpoint), and no run touches
+    Python's global ``random``."""
     sampled = {"fraction-train": 0.5, "num-rounds": 4}
+    random.seed(99)
+    before = random.getstate()
     full = _run(tmp_path, clients=4, **{**sampled, "run-name": "full"})
-    _run(tmp_path, clients=4, **{**sampled, "num-rounds": 2, "run-name": "part"})
+    part = _run(tmp_path, clients=4, **{**sampled, "num-rounds": 2, "run-name": "part"})
+    assert "random_state" not in torch.load(part.path / CHECKPOINT_FILE, weights_only=True)
     resumed = _run(tmp_path, clients=4, **{**sampled, "run-name": "part", "resume": True})
+    assert random.getstate() == before
     final_full = torch.load(full.path / "model.pt", weights_only=True)
     final_resumed = torch.load(resumed.path / "model.pt", weights_only=True)
     for key in final_full:
         assert torch.equal(final_full[key], final_resumed[key]), key
     assert read_metrics(resumed.path)[-1]["wall-time"] >= read_metrics(resumed.path)[2]["wall-time"]
+    full_cohorts, resumed_cohorts = ([row["trained-nodes"] for row in read_metrics(run.path)[1:]] for run in (full, resumed))
+    assert full_cohorts == resumed_cohorts == [fixed_size_draw([1, 2, 3, 4], 2, 4, r) for r in range(1, 5)]
+
+
+def test_a_checkpoint_holding_pythons_random_state_still_loads(tmp_path: Path) -> None:
+    """Checkpoints written when the server sampled from Python's ``random`` hold its state and no
+    ``node_draws``: they load, the state is ignored, and they say their rounds drew otherwise."""
+    path = save_checkpoint(tmp_path, 2, {"f.weight": torch.ones(2, 3)}, {"seed": 4})
+    assert load_checkpoint(tmp_path).node_draws == NODE_DRAWS
+    payload = torch.load(path, weights_only=True)
+    del payload["node_draws"]
+    torch.save({**payload, "random_state": random.getstate()}, path)
+    old = load_checkpoint(tmp_path)
+    assert old.round == 2 and old.node_draws is None and torch.equal(old.state_dict["f.weight"], torch.ones(2, 3))
 
 
 def test_each_checkpoint_comes_with_its_rounds_train_metrics(tmp_path: Path, monkeypatch) -> None:
