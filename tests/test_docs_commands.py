@@ -61,7 +61,7 @@ REPO = Path(__file__).resolve().parent.parent
 PAGES = ("README.md", *(f"docs/{p.name}" for p in sorted((REPO / "docs").glob("*.md"))))
 SHELL_LANGUAGES = ("bash", "sh", "shell", "console")
 
-SETUP_PREFIX = re.compile(r"^python3(?:\.\d+)? -m venv \.venv && \. \.venv/bin/activate && pip install -e \. && ")
+SETUP_PREFIX = re.compile(r'^python3(?:\.\d+)? -m venv (?:\.venv|"\.\./\$\(basename "\$PWD"\)\.venv" && ln -sfn "\.\./\$\(basename "\$PWD"\)\.venv" \.venv) && \. \.venv/bin/activate && pip install -e \. && ')
 """The README's installation in front of its first command: the tests run in that venv."""
 ENV_PREFIX = ". scripts/flower-env.sh && "
 """Sourcing Flower's settings in front of a command: the same as on a line of its own before it."""
