@@ -11,8 +11,8 @@ who trains and who evaluates in round r + 1 is drawn from streams of (seed, roun
 picks the clients an uninterrupted one does; ``node_draws`` says the checkpoint's rounds drew
 their nodes so. Older checkpoints, whose rounds drew from Python's global ``random``, lack it
 (and may hold that generator's state, ``"random_state"``, which is read past and ignored).
-The file is replaced atomically and durably (:func:`fedul_flwr.store.write_atomic`), so a crash or a power cut while writing leaves the
-previous checkpoint intact.
+The file is replaced atomically and durably (:func:`fedul_flwr.store.write_atomic`), so a
+crash or a power cut while writing leaves the previous checkpoint intact.
 
 What a checkpoint restores, and what it cannot: FedUL clients re-create their optimiser
 every round (or, with ``local-optimizer-state = "kept"``, get back the state the server keeps
