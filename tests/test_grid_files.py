@@ -159,6 +159,13 @@ BAD = {
                                               "from-preset: preset: 'authors-cod' is no preset"),
     "a bad precedence": ("rows: {r: {}}\ncolumns: {c: {}}\nprecedence: [row, column]\n", "precedence: expected an order"),
     "an unknown option": ("rows-from: [{option: dataset, key: dataset}]\ncolumns: {c: {}}\n", "rows-from: 0: option"),
+    "a method outside its client setting": ("rows: {r: {}}\ncolumns: {c: {set: {method: fedpu}}}\n",
+                                            "row 'r', column 'c': method='fedpu'"),
+    "no clients": ("clients: 0\nrows: {r: {}}\ncolumns: {c: {}}\n", "row 'r', column 'c': clients=0"),
+    "a key the runner sets": ("rows: {r: {set: {run-name: x}}}\ncolumns: {c: {}}\n", "rows: 'r': set: 'run-name' is the runner's"),
+    "two cells of one run id": ("rows: {x y: {set: {lr: 0.01}}, x-y: {set: {lr: 0.0001}}}\ncolumns: {c: {}}\n",
+                                "row 'x y', column 'c' and row 'x-y', column 'c' get one run id"),
+    "a named grid's name": ("name: table1\nrows: {r: {}}\ncolumns: {c: {}}\n", "name: 'table1' is the named grid of"),
 }  # fmt: skip
 
 
@@ -176,8 +183,10 @@ def test_a_bad_grid_file_is_refused_in_one_line_naming_the_file_and_key_and_writ
 
 
 def test_an_unknown_grid_name_and_a_missing_file_are_refused_in_one_line(tmp_path: Path) -> None:
+    (tmp_path / "folder.yaml").mkdir()
     for grid, message in (("tabel1", "--grid 'tabel1': no such grid (did you mean 'table1'?)"),
-                          (str(tmp_path / "none.yaml"), "none.yaml: no such grid file")):  # fmt: skip
+                          (str(tmp_path / "none.yaml"), "none.yaml: no such grid file"),
+                          (str(tmp_path / "folder.yaml"), "folder.yaml: a folder, not a grid file")):  # fmt: skip
         with pytest.raises(SystemExit, match=re.escape(message)):
             cli.main(["reproduce", "--grid", grid, "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()

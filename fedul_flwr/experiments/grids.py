@@ -90,6 +90,11 @@ _KEYS = {
 }  # fmt: skip
 
 
+RUNNER_KEYS = ("output-dir", "run-name", "seed")
+"""Run-config keys the runner sets for every run (the run's folder and the grid's seeds), which a
+grid file may not set."""
+
+
 class GridError(ValueError):
     """A grid file that cannot be read or says something invalid; the message is one line that
     names the file and the key (and the row or column)."""
@@ -368,7 +373,7 @@ def load_grid(name_or_path: str | Path) -> Grid:
     if text.endswith((".yaml", ".yml")) or Path(text).is_file():
         path = Path(text).expanduser()
         if not path.is_file():
-            raise GridError(f"{path}: no such grid file")
+            raise GridError(f"{path}: {'a folder, not a grid file' if path.is_dir() else 'no such grid file'}")
         return read_grid(path)
     files = grid_files()
     if text not in files:
@@ -419,6 +424,9 @@ class _Reader:
         for key, v in values.items():
             if key not in self.config_keys:
                 raise self.fail(where, f"{key!r} is not a run-config key{closest(key, self.config_keys)}")
+            if key in RUNNER_KEYS:
+                raise self.fail(where, f"{key!r} is the runner's: every run goes to <out>/<profile>/runs/<run id> "
+                                       "(choose the folder with --out)")
             if not isinstance(v, bool | int | float | str):
                 raise self.fail(f"{where}: {key}", f"a run-config value is a bool, number or string, not {v!r}")
         return values
@@ -457,6 +465,10 @@ class _Reader:
         name = str(raw.get("name", self.path.stem))
         if not name or any(not (c.isalnum() or c in "-_.") for c in name):
             raise self.fail("name", f"{name!r}: use letters, digits, '-', '_' and '.' (it names files)")
+        named = grid_files().get(name)
+        if named is not None and named.resolve() != self.path.resolve():
+            raise self.fail("name", f"{name!r} is the named grid of {named} (its run ids and records): give this "
+                                    "grid another name (its file's or a 'name:' key)")
         if "columns" not in raw or ("rows" in raw) == ("rows-from" in raw):
             raise self.fail("top level", "a grid has columns and either rows or rows-from")
         rows = self.cells(raw.get("rows", {}), "rows", "row")

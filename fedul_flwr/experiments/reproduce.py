@@ -48,7 +48,7 @@ from fedul_flwr.experiments.render import (
     total_run_time,
 )
 from fedul_flwr.experiments.runner import run_cells
-from fedul_flwr.preflight import resolve_config
+from fedul_flwr.preflight import check_federation_size, check_node_counts, check_simulation, resolve_config
 
 __all__ = ["PROFILES", "TAIL_ROUNDS", "Profile", "RunSpec", "add_arguments", "grid_runs", "record_value",
            "recorded_seeds", "render", "render_table", "run", "run_config_of", "seconds_per_round", "select_runs",
@@ -116,14 +116,33 @@ def grid_runs(grid: Grid, args: argparse.Namespace, seeds: Sequence[int]) -> lis
 
 def _check_runs(grid: Grid, runs: Sequence[tuple[RunSpec, dict]]) -> None:
     """Refuse the grid before any run starts (nothing written) if a run's settings do not pass
-    the checks of :func:`~fedul_flwr.preflight.resolve_config`: one line naming the grid's file,
-    the run's row, column and sub-column, and the key."""
+    the checks ``fedul check --federation-config "num-supernodes=<clients>"`` makes
+    (:func:`~fedul_flwr.preflight.resolve_config`, :func:`~fedul_flwr.preflight.check_simulation`,
+    the node counts and the federation size): one line naming the grid's file, the run's row,
+    column and sub-column, and the key."""
     for spec, rc in runs:
         try:
-            resolve_config(rc)
+            cfg = resolve_config(rc)
+            check_simulation(cfg)
+            if spec.clients < 1:
+                raise ValueError(f"clients={spec.clients} must be an integer >= 1")
+            check_node_counts(cfg, spec.clients)
+            check_federation_size(cfg, spec.clients)
         except ValueError as exc:
             where = f"row {spec.row!r}, column {spec.column!r}" + (f", sub {spec.sub!r}" if spec.sub != "*" else "")
             raise SystemExit(f"{grid.path or grid.name}: {where}: {' '.join(str(exc).split())}") from None
+
+
+def _check_run_ids(grid: Grid, specs: Sequence[RunSpec]) -> None:
+    """Refuse a grid two of whose cells get one run id with different settings (names that
+    differ only where a run id cannot, ``"x y"`` and ``"x-y"``): they would share one record."""
+    seen: dict[str, RunSpec] = {}
+    for spec in specs:
+        first = seen.setdefault(spec.run_id, spec)
+        if first is not spec and (first.clients, first.preset, first.overrides) != (spec.clients, spec.preset, spec.overrides):
+            cells = [f"row {s.row!r}, column {s.column!r}" + (f", sub {s.sub!r}" if s.sub != "*" else "") for s in (first, spec)]
+            raise SystemExit(f"{grid.path or grid.name}: {cells[0]} and {cells[1]} get one run id {spec.run_id!r} with "
+                             "other settings (they would share one record); rename one")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         specs = grid_runs(grid, args, tuple(page_seeds))
     except GridError as exc:
         raise SystemExit(str(exc)) from None
+    _check_run_ids(grid, specs)
     runnable = [spec for spec in specs if spec.seed in seeds]
     selected = select_runs(runnable, args.runs) if args.runs else runnable
     common, targeted = parse_overrides(args.set)
