@@ -142,7 +142,8 @@ def _received(record: ArrayRecord) -> dict[str, torch.Tensor]:
     with _RECEIVED_LOCK:
         if _RECEIVED[0] is record:
             return _RECEIVED[1]
-    tensors = record.to_torch_state_dict()
+    with wire.decoding():
+        tensors = record.to_torch_state_dict()
     with _RECEIVED_LOCK:
         _RECEIVED[:] = [record, tensors]
     return tensors
@@ -170,7 +171,8 @@ def _models(c: _Client, msg: Message, state: RecordDict) -> nn.ModuleDict:
         if spec.kept:
             saved = state.array_records.get(wire.KEPT_MODEL_STATE + spec.name)
             if saved is not None:
-                weights = saved.to_torch_state_dict()
+                with wire.decoding():
+                    weights = saved.to_torch_state_dict()
             else:
                 arch = spec.arch or c.cfg.model
                 seed = model_seed(c.cfg.seed, index, c.key)

@@ -29,6 +29,8 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
+from fedul_flwr import wire
+
 __all__ = ["OptimizerStates"]
 
 
@@ -48,7 +50,8 @@ class OptimizerStates:
     @classmethod
     def from_record(cls, record: ArrayRecord | None) -> OptimizerStates:
         """The states a train message carries (``None``: none)."""
-        return cls(record.to_torch_state_dict() if record is not None and len(record) else None)
+        with wire.decoding():
+            return cls(record.to_torch_state_dict() if record is not None and len(record) else None)
 
     def to_record(self) -> ArrayRecord:
         """The states as the reply's ArrayRecord (CPU tensors)."""

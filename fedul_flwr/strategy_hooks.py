@@ -57,7 +57,8 @@ def shared_parameters(models: nn.ModuleDict, names: Iterable[str]) -> Parameters
 
 def _on(record: ArrayRecord | None, params: Parameters) -> Tensors:
     """Tensors of ``record`` for ``params`` (zeros where missing), on their device."""
-    values = record.to_torch_state_dict() if record is not None and len(record) else {}
+    with wire.decoding():
+        values = record.to_torch_state_dict() if record is not None and len(record) else {}
     return {
         name: values[name].to(p.device, p.dtype) if name in values else torch.zeros_like(p) for name, p in params.items()
     }

@@ -29,6 +29,10 @@ Query reply (client -> server): ``"metrics"`` (the method's announcement) and ``
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 ARRAYS = "arrays"
 METRICS = "metrics"
 CONFIG = "config"
@@ -81,3 +85,18 @@ def model_prefix(model: str) -> str:
 def model_of(key: str) -> str:
     """The model name an array key belongs to (``"f.features.0.weight"`` -> ``"f"``)."""
     return key.split(".", 1)[0]
+
+
+_DECODE_LOCK = threading.Lock()
+
+
+@contextmanager
+def decoding() -> Iterator[None]:
+    """Decode received arrays (``ArrayRecord.to_torch_state_dict``, ``Array.numpy``) inside this
+    block: one thread of the process at a time. numpy reads each array's header with
+    ``ast.literal_eval``, and CPython 3.11's AST constructor is not thread-safe: two clients of
+    the in-process engine's parallel cohort decoding at once failed a round with ``SystemError:
+    AST constructor recursion depth mismatch``. Decoding is a copy, short beside a client's
+    training."""
+    with _DECODE_LOCK:
+        yield

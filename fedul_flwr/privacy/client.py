@@ -50,9 +50,11 @@ def local_dp_mod(msg: Message, context: Context, call_next: ClientAppCallable) -
     sent = reply.content[wire.ARRAYS]
     received = msg.content[wire.ARRAYS]
     keys = list(sent.keys())
-    base = [received[k].numpy() for k in keys]
+    with wire.decoding():
+        base = [received[k].numpy() for k in keys]
+        updated = [sent[k].numpy() for k in keys]
     try:
-        clipped, _ = clip_update([np.subtract(sent[k].numpy(), b) for k, b in zip(keys, base, strict=True)],
+        clipped, _ = clip_update([np.subtract(u, b) for u, b in zip(updated, base, strict=True)],
                                  cfg.dp_clipping_norm)  # fmt: skip
     except NonFiniteUpdateError as exc:
         raise NonFiniteUpdateError(f"node {context.node_id}: {exc}") from None
