@@ -110,7 +110,7 @@ def test_a_cut_and_an_empty_record_are_named_and_the_grid_finishes(tmp_path: Pat
     err = capsys.readouterr().err
     named = [line for line in err.splitlines() if "damaged" in line]
     assert len(named) == 2 and "Traceback" not in err and "fedul: error" not in err, err
-    assert any(str(records / f"{FEDUL}.json") in line and "Unterminated string" in line for line in named)
+    assert any(str(records / f"{FEDUL}.json") in line and "damaged record" in line for line in named)  # the JSON error depends on where the cut lands
     assert any(str(records / f"{FEDAVG}.json") in line and "empty file" in line for line in named)
     asides = {p.name.split(DAMAGED)[0]: p.read_text() for p in records.glob(f"*{DAMAGED}*")}
     assert asides == {f"{FEDUL}.json": cut, f"{FEDAVG}.json": ""}
