@@ -105,6 +105,9 @@ STREAMS: Mapping[str, Stream] = MappingProxyType({
     "participation": _S(21, ("round",), "keyed", "run", "the seeded Poisson draw of who trains in a round"),
     "cohort": _S(22, ("round",), "keyed", "run", "the seeded fixed-size draw of who trains in a round"),
     "evaluation-cohort": _S(23, ("round",), "keyed", "run", "the fixed-size draw of who evaluates in a round"),
+    "server-batch": _S(24, ("round",), "keyed", "run", "labels-at-server: batch order of the server's training after a round"),
+    "server-method-torch": _S(25, ("round",), "keyed", "run", "labels-at-server: a method's own torch draws in the server's training"),
+    "server-method-numpy": _S(26, ("round",), "keyed", "run", "labels-at-server: a method's own numpy draws in the server's training"),
     "model": _S(31, ("index",), "keyed", "run", "initial weights of the exchanged model number index >= 1 (index 0: the run seed)"),
     "node-model": _S(32, ("index", "node"), "keyed", "run", "initial weights of a model kept on a node (never exchanged)"),
     # the simulated data: (run seed[, partition id])

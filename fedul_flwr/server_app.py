@@ -1,8 +1,10 @@
 """The ServerApp: resolve the run's settings once, run the strategy over the method's exchanged
 models, evaluate the method's predictors centrally every round, write the outputs.
 
-The method decides the models, the predictors and, optionally, an aggregation mixin; the
-strategy comes from ``strategy``; nothing here depends on which method runs.
+The method decides the models, the predictors and, optionally, an aggregation mixin and (in the
+labels-at-server setting) its training on the server's labeled images after every round
+(:func:`server_step`); the strategy comes from ``strategy``; nothing here depends on which method
+runs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass
 from logging import ERROR, INFO, WARNING
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.common.logger import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import Strategy
@@ -25,17 +27,24 @@ from fedul_flwr.resume import check_resume, check_resumed_federation
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
+from fedul_flwr.augment import build_augmentation
+from fedul_flwr.data.client_data import ClientData, MissingPartError
+from fedul_flwr.data.node_folder.layout import NodeDataError
+from fedul_flwr.data.sources import server_data
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.image_dataset import ImageDataset, normalize
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.ema import WeightEMA
-from fedul_flwr.methods import Method, get_method
+from fedul_flwr.methods import METHODS, Method, get_method
+from fedul_flwr.methods.base import ServerRoundContext
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunFolderInUse, RunOutputs, run_folder
 from fedul_flwr.store import FolderLock
 from fedul_flwr.privacy.accounting import privacy_spent
 from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
+from fedul_flwr.strategies.server_training import SERVER_TRAIN_LOSS, ServerStep
+from fedul_flwr.training import LocalLoop
 from fedul_flwr.evaluation import EvaluationCache, evaluate_predictors
 
 app = ServerApp()
@@ -79,6 +88,62 @@ def resume_from(ckpt: Checkpoint | None, models: nn.ModuleDict, strategy: Strate
     restore_strategy_state(inner_strategy(strategy), ckpt.strategy_state)
     inner_strategy(strategy).round_offset = ckpt.round  # rounds r + 1, ... are configured and aggregated as such
     return ArrayRecord(ckpt.state_dict), ckpt.round
+
+
+def labels_at_server(cfg: RunConfig, method: Method, simulation: bool) -> ClientData | None:
+    """The server's labeled images (:func:`~fedul_flwr.data.sources.server_data`), checked
+    against the method before anything is written: a server that holds labels needs a method
+    that trains on them, and a deployment of ``client-setting=labels-at-server`` needs
+    ``server-data-dir``.
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the key, the value, the folder or the method.
+    """
+    if not simulation and cfg.client_setting == "labels-at-server" and not cfg.server_data_dir:
+        raise ConfigError("client-setting='labels-at-server' in a deployment: the server reads its labeled images from "
+                          "server-data-dir (a node folder with labeled images; docs/deployment.md)")  # fmt: skip
+    try:
+        server = server_data(cfg, simulation)
+    except (NodeDataError, MissingPartError) as exc:
+        raise ConfigError(f"server-data-dir={cfg.server_data_dir!r}: {exc}") from None
+    if server is not None and not method.trains_on_server:
+        trainers = sorted(n for n in METHODS.names() if METHODS.get(n).trains_on_server)
+        source = f"server-data-dir={cfg.server_data_dir!r}" if cfg.server_data_dir else "client-setting='labels-at-server'"
+        raise ConfigError(f"method={cfg.method!r} with {source}: the method does not train on the server's labeled "
+                          f"images; methods that do: {trainers}")  # fmt: skip
+    return server
+
+
+def server_step(cfg: RunConfig, method: Method, models: nn.ModuleDict, server: ClientData, device: torch.device,
+                acceleration: Acceleration) -> ServerStep:  # fmt: skip
+    """The server's training between rounds in the labels-at-server setting
+    (:class:`~fedul_flwr.strategies.server_training.ServerTraining`): the method's
+    :meth:`~fedul_flwr.methods.base.Method.server_update` on the server's labeled images, for
+    ``server-epochs`` epochs of the shared loop with the run's optimiser settings and the step
+    size of the round (of round 1 before round 1), batches and draws from the ``server-*``
+    streams of (seed, round). The arrays come back with the dtypes they came in (FedOpt's
+    float64)."""
+    augment = build_augmentation(cfg.augment, server.image_shape[1], server.flip)
+
+    def step(arrays: ArrayRecord, server_round: int) -> tuple[ArrayRecord, dict[str, float]]:
+        models.load_state_dict(arrays.to_torch_state_dict())
+        ctx = ServerRoundContext(cfg.seed, server_round, 0, device)
+        loop = LocalLoop(
+            epochs=cfg.server_epochs, lr=cfg.lr_of(max(server_round, 1)), l1_weight=cfg.l1_weight,
+            optimizer=cfg.local_optimizer, momentum=cfg.local_momentum, seed=ctx.batch_seed, device=device,
+            to_input=server.to_input, acceleration=acceleration, augment=augment, batchable=False,
+            weight_decay=cfg.weight_decay, nesterov=cfg.nesterov, grad_clip_norm=cfg.grad_clip_norm,
+        )  # fmt: skip
+        result = method.server_update(server, models, ctx, loop)
+        if result is None:
+            return arrays, {}
+        trained = {k: v.detach().cpu().numpy() for k, v in models.state_dict().items()}
+        out = ArrayRecord({k: Array(trained[k].astype(arrays[k].numpy().dtype, copy=False)) for k in arrays.keys()})
+        return out, {SERVER_TRAIN_LOSS: result.loss}
+
+    return step
 
 
 @dataclass
@@ -171,7 +236,7 @@ class RoundEnd:
         inner = inner_strategy(self.strategy)
         train = inner.last_train_metrics  # this round's aggregate (evaluation comes last)
         if train is not None:  # recorded as the run goes (not at the end), so a stopped run keeps them
-            keys = (wire.TRAIN_LOSS, *self.method.recorded_metrics)
+            keys = (wire.TRAIN_LOSS, SERVER_TRAIN_LOSS, *self.method.recorded_metrics)
             self.outputs.record(server_round, **{k: train[k] for k in keys if k in train})
             inner.last_train_metrics = None
         self.record_replies()
@@ -230,6 +295,7 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     device = pick_device(cfg.device)
     method = get_method(cfg.method)(cfg)
     data = load_run_dataset(cfg)
+    server = labels_at_server(cfg, method, is_simulation(grid))  # the server's labeled images, or None
     # who trains and who evaluates each round: seeded streams of (seed, round) in the strategy
     # (strategies/participation.py), never Flower's sample_nodes draw from the global `random`
     models = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size).to(device)
@@ -242,6 +308,10 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
         check_resumed_federation(cfg, ckpt, is_simulation(grid), num_nodes)
     strategy = build_strategy(cfg, method.aggregation(), num_nodes)
     initial_arrays, start_round = resume_from(ckpt, models, strategy)
+    if server is not None:  # labels at the server: it trains after every aggregation, and once before round 1
+        inner_strategy(strategy).server_step = step = server_step(cfg, method, models, server, device, acceleration)
+        if start_round == 0:
+            initial_arrays, _ = step(initial_arrays, 0)
     # the clients use the server's resolution, and a deployed node reads its folder against the dataset's facts
     settings = ConfigRecord({wire.RUN_CONFIG: cfg.to_json(), wire.DATASET_FACTS: run_dataset_info(cfg.as_dict()).to_json()})
     outputs = RunOutputs.create(cfg, primary=next(iter(models.keys())), resume_round=start_round, lock=lock)

@@ -143,8 +143,10 @@ CORE_OPTIONS: dict[str, tuple[Option, ...]] = {
     "The clients' setting": (
         Option("client-setting", "usets", "the simulated clients' setting: `usets` (U sets with class priors, FedUL),"
                " `pu` (positive-unlabeled: each client labels part of its positive classes; FedPU), "
-               "`labels-at-clients` (a few labeled and many unlabeled images per client; FixMatch, FedDB) or "
-               "`annotation-heterogeneity` (fully, partially and un-labeled clients; HASSLE)"),
+               "`labels-at-clients` (a few labeled and many unlabeled images per client; FixMatch, FedDB), "
+               "`labels-at-server` (the server holds the labeled images and trains on them between rounds, the "
+               "clients hold only unlabeled images; SemiFL, FedRGD, FedMatch) or `annotation-heterogeneity` (fully,"
+               " partially and un-labeled clients; HASSLE)"),
         Option("num-sets", 10, "`usets`: M_c, U sets per client; a comma list (`'10,20,30,40,50'`) cycles over "
                "clients"),
         Option("prior-scheme", "dominant", "`usets`: class priors of the sets: `dominant` (authors' code: each set "
@@ -166,7 +168,13 @@ CORE_OPTIONS: dict[str, tuple[Option, ...]] = {
                "(its unlabeled set's class mix, the authors' code), a number or K numbers (misspecified)"),
         Option("num-labeled", 1000, "`labels-at-clients`: labeled images over all clients, class-balanced; the "
                "labeled and the unlabeled pool are partitioned separately, and a client's unlabeled part holds its "
-               "labeled images too"),
+               "labeled images too; `labels-at-server`: the server's labeled images, class-balanced (the clients "
+               "share the rest, without labels)"),
+        Option("server-data-dir", "", "`labels-at-server`: the server's own folder of labeled images (the node folder"
+               " layout, [deployment](deployment.md#labels-at-the-server)); required in deployment, optional in "
+               "simulation (where `\"\"` draws the `num-labeled` images from the dataset)"),
+        Option("server-epochs", 1, "`labels-at-server`: epochs over the server's labeled images after every "
+               "round's aggregation (and once before round 1)"),
         Option("label-layout", "ALL", "`annotation-heterogeneity`: fully (`L`), partially (`P`) or un- (`U`) labeled "
                "clients: a named layout of 20 clients (`ALL`: Table 4's 1 or 2 L, the rest of 10 P, 10 U; `PL`, "
                "`LPL`, `UPL`, `LU`: Fig. 6), kinds per client (`\"L,P*9,U*10\"`) or label fractions (`\"1,0.3,0\"`)"),

@@ -54,6 +54,8 @@ class RunConfig:
     pu_labeled_fraction: float
     class_prior: str
     num_labeled: int
+    server_data_dir: str
+    server_epochs: int
     label_layout: str
     labeled_share: float
     method: str

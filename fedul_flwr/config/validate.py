@@ -105,7 +105,7 @@ def check_values(cfg: RunConfig) -> None:
     for key, allowed in CHOICES.items():
         _check(d[key] in allowed, f"{key}={d[key]!r} is not one of {allowed}{closest(d[key], allowed)}")
     for key in ("num-rounds", "local-epochs", "batch-size", "eval-batch-size", "evaluate-every", "min-available-nodes",
-                "shards-per-client", "num-labeled"):  # fmt: skip
+                "shards-per-client", "num-labeled", "server-epochs"):  # fmt: skip
         _check(d[key] >= 1, f"{key}={d[key]} must be >= 1")
     for key in ("val-fraction", "client-test-fraction"):
         _check(0.0 <= d[key] < 1.0, f"{key}={d[key]} must be in [0, 1)")
@@ -150,11 +150,12 @@ def check_values(cfg: RunConfig) -> None:
     _check(bool(cfg.run_name) or not cfg.resume,
            "resume=true needs run-name: the run folder <output-dir>/<run-name> to continue")  # fmt: skip
     _check(cfg.image_size >= 0, f"image-size={cfg.image_size} must be >= 0 (0 keeps the dataset's image size)")
-    _check(
-        not cfg.data_dir or os.path.isabs(os.path.expanduser(cfg.data_dir)),
-        f"data-dir={cfg.data_dir!r} must be absolute: Flower runs the app from its own copy, "
-        "so relative paths do not point where you expect",
-    )
+    for key in ("data-dir", "server-data-dir"):
+        _check(
+            not d[key] or os.path.isabs(os.path.expanduser(d[key])),
+            f"{key}={d[key]!r} must be absolute: Flower runs the app from its own copy, "
+            "so relative paths do not point where you expect",
+        )
 
 
 def check_run_name(name: str) -> None:

@@ -7,6 +7,8 @@
                                 "pu": labeled positives + unlabeled rest (fedul_flwr.data.pu)
                                 "labels-at-clients": a few labeled + many unlabeled images
                                 (fedul_flwr.data.labels_at_clients)
+                                "labels-at-server": unlabeled images only; the server holds
+                                the labeled pool (fedul_flwr.data.labels_at_server)
                                 "annotation-heterogeneity": fully / partially / un-labeled
                                 clients (fedul_flwr.data.annotation)
       -> ClientData             fedul_flwr.data.client_data
@@ -42,6 +44,7 @@ from fedul_flwr.data.client_data import SEMI_SUPERVISED_PARTS, ClientData, Label
 from fedul_flwr.data.datasets import run_dataset, run_dataset_info
 from fedul_flwr.data.image_dataset import ImageDataset
 from fedul_flwr.data.labels_at_clients import ClientSplit, split_to_clients
+from fedul_flwr.data.labels_at_server import split_labels_at_server
 from fedul_flwr.data.partition import holdout_split, partition_pool
 from fedul_flwr.data.prior_noise import noisy_priors
 from fedul_flwr.data.pu import assign_positive_classes, class_prior, parse_positive_classes, pu_split
@@ -50,7 +53,7 @@ from fedul_flwr.registry import Registry
 from fedul_flwr.rng import numpy_generator, stream_seed
 
 __all__ = ["SETTINGS", "ClientCache", "client_rows", "client_usets", "load_client", "load_run_dataset", "prior_noise_rng",
-           "validation_indices"]  # fmt: skip
+           "server_labeled_rows", "validation_indices"]  # fmt: skip
 
 SettingBuilder = Callable[[RunConfig, int, int, frozenset[str]], ClientData]
 SETTINGS: Registry[SettingBuilder] = Registry("client setting")
@@ -59,6 +62,7 @@ SETTING_PARTS: dict[str, tuple[str, ...]] = {
     "usets": ("unlabeled", "usets", "labeled"),
     "pu": ("labeled", "unlabeled", "positive-classes", "class-prior"),
     "labels-at-clients": ("labeled", "unlabeled"),
+    "labels-at-server": ("unlabeled",),
     "annotation-heterogeneity": ("labeled", "unlabeled"),
 }
 """The parts a simulated client of each setting can hold (``labeled`` of ``usets``: on request)."""
@@ -455,11 +459,80 @@ def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: 
     ValueError
         If ``partition_id`` is out of range; see :func:`labels_at_clients_splits`.
     """
+    _check_partition(partition_id, num_partitions)
+    split = labels_at_clients_splits(cfg, num_partitions)[partition_id]
+    pooled, local_test = _capped_share(cfg, partition_id, np.setdiff1d(split.unlabeled, split.labeled))
+    unlabeled = np.sort(np.concatenate([pooled, split.labeled]))
+    log.info("client %d/%d: %d labeled + %d unlabeled images", partition_id, num_partitions, len(split.labeled),
+             len(unlabeled))  # fmt: skip
+    return _labeled_and_unlabeled(cfg, partition_id, num_partitions, split.labeled, unlabeled, local_test)
+
+
+@functools.lru_cache(maxsize=4)
+def labels_at_server_splits(cfg: RunConfig, num_partitions: int) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The server's labeled rows and every client's unlabeled rows (into the training set) of
+    the labels-at-server setting (:func:`~fedul_flwr.data.labels_at_server.split_labels_at_server`;
+    cached per process). The labeled pool is the labels-at-clients setting's (same seed, same
+    images).
+
+    Raises
+    ------
+    ValueError
+        From the labeled-pool draw or the partition.
+    """
+    data = load_run_dataset(cfg)
+    labels = data.train_y.numpy()
+    pool, _ = holdout_split(labels, cfg.val_fraction, cfg.seed)
+    seeds = (stream_seed("labeled-pool", cfg.seed), stream_seed("unlabeled-partition", cfg.seed))
+    server, clients = split_labels_at_server(
+        labels[pool], cfg.num_labeled, data.num_classes,
+        lambda part_labels, seed: _partition(cfg, part_labels, num_partitions, seed), seeds, data.class_names,
+    )  # fmt: skip
+    return pool[server], [pool[c] for c in clients]
+
+
+def server_labeled_rows(cfg: RunConfig) -> np.ndarray:
+    """Rows (into the training set) of the server's labeled images in a simulation of the
+    labels-at-server setting: the class-balanced pool of ``num-labeled`` images. It does not
+    depend on the number of clients (the pool is drawn before the partition).
+
+    Raises
+    ------
+    ValueError
+        From the labeled-pool draw (``num-labeled`` < K, a class too small).
+    """
+    return labels_at_server_splits(cfg, 1)[0]
+
+
+@SETTINGS.register("labels-at-server")
+def labels_at_server_client(cfg: RunConfig, partition_id: int, num_partitions: int, parts: frozenset[str]) -> ClientData:
+    """A client of the labels-at-server setting (SemiFL, FedRGD, FedMatch's L@S): its share of
+    the unlabeled pool, without labels; no labeled part (the server holds the labels).
+    ``samples-per-client`` and ``client-test-fraction`` act as in the labels-at-clients setting.
+
+    Raises
+    ------
+    ValueError
+        If ``partition_id`` is out of range; see :func:`labels_at_server_splits`.
+    """
+    _check_partition(partition_id, num_partitions)
+    unlabeled, local_test = _capped_share(cfg, partition_id, labels_at_server_splits(cfg, num_partitions)[1][partition_id])
+    log.info("client %d/%d: %d unlabeled images (the labels are at the server)", partition_id, num_partitions,
+             len(unlabeled))  # fmt: skip
+    client = _labeled_and_unlabeled(cfg, partition_id, num_partitions, np.zeros(0, np.int64), unlabeled, local_test)
+    return dataclasses.replace(client, labeled=None)
+
+
+def _check_partition(partition_id: int, num_partitions: int) -> None:
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} out of range for num-partitions={num_partitions}")
-    split = labels_at_clients_splits(cfg, num_partitions)[partition_id]
-    pooled = np.setdiff1d(split.unlabeled, split.labeled)  # its share of the unlabeled pool
-    if 0 < cfg.samples_per_client < len(pooled):  # a cap: a smaller share stays whole (Dirichlet splits)
+
+
+def _capped_share(cfg: RunConfig, partition_id: int, pooled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A client's share of an unlabeled pool cut to ``samples-per-client`` (a smaller share stays
+    whole: Dirichlet splits) and, with ``client-test-fraction``, the rows of its labeled local
+    test split taken from it: (training rows, local test rows), both sorted."""
+    if 0 < cfg.samples_per_client < len(pooled):
         sub_rng = numpy_generator("subsample", cfg.seed, partition_id)
         pooled = np.sort(sub_rng.choice(pooled, cfg.samples_per_client, replace=False))
     local_test = np.zeros(0, dtype=np.int64)
@@ -467,10 +540,7 @@ def labels_at_clients_client(cfg: RunConfig, partition_id: int, num_partitions: 
         perm = numpy_generator("client-data", cfg.seed, partition_id).permutation(pooled)
         n_test = int(round(cfg.client_test_fraction * len(pooled)))
         local_test, pooled = np.sort(perm[:n_test]), np.sort(perm[n_test:])
-    unlabeled = np.sort(np.concatenate([pooled, split.labeled]))
-    log.info("client %d/%d: %d labeled + %d unlabeled images", partition_id, num_partitions, len(split.labeled),
-             len(unlabeled))  # fmt: skip
-    return _labeled_and_unlabeled(cfg, partition_id, num_partitions, split.labeled, unlabeled, local_test)
+    return pooled, local_test
 
 
 @functools.lru_cache(maxsize=4)

@@ -1,4 +1,6 @@
-"""Where a ClientApp's data comes from: a simulated partition or a deployed node's folder.
+"""Where a ClientApp's data comes from: a simulated partition or a deployed node's folder (and
+where the server's own labeled images come from in the labels-at-server setting:
+:func:`server_data`).
 
 The one place that decides it, from ``context.node_config``:
 
@@ -20,14 +22,17 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from fedul_flwr import get_logger
 from fedul_flwr.config import RunConfig
-from fedul_flwr.data.client_data import ClientData, MissingPartError
+from fedul_flwr.data.client_data import ClientData, LabeledImages, MissingPartError
+from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.image_dataset import DatasetInfo
 from fedul_flwr.data.node_folder.reader import load_node_dir
-from fedul_flwr.data.simulated import SETTING_PARTS, load_client
+from fedul_flwr.data.simulated import SETTING_PARTS, load_client, load_run_dataset, server_labeled_rows
 
-__all__ = ["client_from_node_config", "node_key"]
+__all__ = ["client_from_node_config", "node_key", "server_data"]
 
 log = get_logger(__name__)
 
@@ -126,3 +131,41 @@ def node_key(node_config: Mapping[str, Any], node_id: int) -> int:
     if data_dir:
         return int.from_bytes(hashlib.sha256(data_dir.encode()).digest()[:4], "little")
     return int(node_id)
+
+
+def server_data(cfg: RunConfig, simulation: bool) -> ClientData | None:
+    """The server's own labeled images, in the labels-at-server setting; ``None`` elsewhere.
+
+    - ``server-data-dir`` set: that folder, in the node folder layout
+      (:mod:`fedul_flwr.data.node_folder.layout`), read against the run's dataset facts; its
+      labeled part is the server's labeled set (any unlabeled part is ignored).
+    - else, in a simulation with ``client-setting=labels-at-server``: the class-balanced pool of
+      ``num-labeled`` training images (:func:`~fedul_flwr.data.simulated.server_labeled_rows`).
+    - else ``None``: the server holds no labels (a deployment needs ``server-data-dir`` for them).
+
+    Returns
+    -------
+    ClientData | None
+        With the ``labeled`` part only (``node`` names the folder or ``"the server"``).
+
+    Raises
+    ------
+    NodeDataError
+        If ``server-data-dir`` is not a valid node folder (names the file, row or value).
+    MissingPartError
+        If that folder holds no labeled images.
+    """
+    if cfg.server_data_dir:
+        facts = run_dataset_info(cfg.as_dict())
+        path = str(Path(cfg.server_data_dir).expanduser().resolve())
+        folder = _load_node(facts, cfg.image_size > 0, path, _dir_fingerprint(path))
+        folder.require(f"{cfg.method} (the server's labeled images, server-data-dir)", ["labeled"])
+        return ClientData(node=f"the server's folder {path}", class_names=folder.class_names, mean=folder.mean,
+                          std=folder.std, labeled=folder.labeled, flip=folder.flip)  # fmt: skip
+    if not simulation or cfg.client_setting != "labels-at-server":
+        return None
+    data = load_run_dataset(cfg)
+    rows = torch.from_numpy(server_labeled_rows(cfg))
+    return ClientData(node="the server", class_names=data.class_names, mean=data.mean, std=data.std,
+                      labeled=LabeledImages(data.train_x[rows], data.train_y[rows].clone()),
+                      flip=run_dataset_info(cfg.as_dict()).flip)  # fmt: skip

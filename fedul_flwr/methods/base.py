@@ -20,7 +20,10 @@ A *method* (FedUL and its baselines; later FedPU, FixMatch / FedDB, HASSLE) owns
   cross-client switch), and reads back from the train config (``RoundContext.broadcast``);
 - optionally its server aggregation (``aggregation``: a strategy mixin class, in Flower's
   style, composed with the run's strategy);
-- its predictors (``predictors``): the functions evaluated centrally every round.
+- its predictors (``predictors``): the functions evaluated centrally every round;
+- in the labels-at-server setting, its training on the server's labeled images after every
+  round's aggregation (``server_task`` / ``server_update``, on a :class:`ServerRoundContext`;
+  ``trains_on_server`` says it has one).
 
 The apps only wire these together; they never branch on a method's name. A method is
 registered in :data:`fedul_flwr.methods.METHODS` by the module that defines it.
@@ -48,7 +51,8 @@ from fedul_flwr.strategies.per_model import PerModelAggregation
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
 
-__all__ = ["METHODS", "method_class", "Augment", "Batch", "LocalTask", "Method", "ModelSpec", "Predictor", "RoundContext", "Stream", "register_method"]
+__all__ = ["METHODS", "method_class", "Augment", "Batch", "LocalTask", "Method", "ModelSpec", "Predictor", "RoundContext",
+           "ServerRoundContext", "Stream", "register_method"]  # fmt: skip
 
 Batch = dict[str, dict[str, torch.Tensor]]
 """One training step's data: stream name -> tensor name -> ``[B, ...]`` batch on the training
@@ -244,6 +248,29 @@ class RoundContext:
         return numpy_generator("method-numpy", self.seed, self.server_round, self.node_key)
 
 
+@dataclass(frozen=True)
+class ServerRoundContext(RoundContext):
+    """The round of the server's own training in the labels-at-server setting: after round
+    ``server_round``'s aggregation (0: before round 1). Its generators come from the
+    ``server-*`` streams of (run seed, round) (:data:`fedul_flwr.rng.STREAMS`), never from a
+    client's; ``node_key`` is 0 and names no client."""
+
+    @property
+    def batch_seed(self) -> int:
+        """Seed of the batch order of the server's training."""
+        return stream_seed("server-batch", self.seed, self.server_round)
+
+    @cached_property
+    def generator(self) -> torch.Generator:
+        """A CPU torch generator for the method's own draws on the server."""
+        return torch_generator("server-method-torch", self.seed, self.server_round)
+
+    @cached_property
+    def rng(self) -> np.random.Generator:
+        """A numpy generator for the method's scalar draws on the server."""
+        return numpy_generator("server-method-numpy", self.seed, self.server_round)
+
+
 class Method(ABC):
     """Base class of learning methods (see the module docstring).
 
@@ -271,6 +298,10 @@ class Method(ABC):
     trains alone any client with more than one trained model, strategy gradient hooks or a
     model with dropout; a method whose local update does more than the shared loop allows
     (e.g. two phases over two models) sets it ``False``."""
+    trains_on_server: ClassVar[bool] = False
+    """Whether the method trains on the server's labeled images in the labels-at-server setting
+    (:meth:`server_task`); a run whose server holds labels (``client-setting=labels-at-server``,
+    ``server-data-dir``) needs such a method."""
     recorded_metrics: ClassVar[tuple[str, ...]] = ()
     """Aggregated train metrics written to the run's ``metrics.json`` besides the train loss
     (its uploads, or what its aggregation mixin adds)."""
@@ -356,6 +387,36 @@ class Method(ABC):
         replies of clients that sat the round out (:meth:`sits_out`) and, for one model,
         otherwise aggregates exactly as the run's strategy does."""
         return PerModelAggregation
+
+    def server_task(self, server: ClientData, models: nn.ModuleDict, ctx: ServerRoundContext) -> LocalTask | None:
+        """The server's training task on its labeled images (labels-at-server setting), run
+        after every round's aggregation and once before round 1; ``None``: none (the default;
+        a method that has one sets :attr:`trains_on_server`).
+
+        Parameters
+        ----------
+        server : ClientData
+            The server's data: the ``labeled`` part only (uint8 images ``[n, C, H, W]``,
+            int64 labels ``[n]``).
+        models : nn.ModuleDict
+            The exchanged models with the round's aggregated weights, on ``ctx.device``.
+        ctx : ServerRoundContext
+            The round and the server's generators.
+        """
+        return None
+
+    def server_update(
+        self, server: ClientData, models: nn.ModuleDict, ctx: ServerRoundContext, loop: LocalLoop
+    ) -> TrainResult | None:
+        """The server's training between rounds: by default the shared loop on
+        :meth:`server_task` (``server-epochs`` epochs, the run's optimiser settings), over
+        every exchanged, trained model; ``None`` without a task. ``models`` are changed in
+        place; their weights are the next round's global models."""
+        task = self.server_task(server, models, ctx)
+        if task is None:
+            return None
+        trained = [spec.name for spec in self.model_specs() if spec.exchanged and spec.trained]
+        return loop.run(models, task, trained=trained)
 
     def predictors(self) -> dict[str, Predictor]:
         """The predictors evaluated centrally every round, by name; the first is the

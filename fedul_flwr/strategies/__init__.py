@@ -67,6 +67,7 @@ from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.kept_state import KeptOptimizerStates
 from fedul_flwr.strategies.participation import Participation
 from fedul_flwr.strategies.scaffold import Scaffold
+from fedul_flwr.strategies.server_training import ServerTraining
 
 __all__ = [
     "STRATEGIES", "UNNOISED_PREFIX", "NoSuccessfulReplyError", "RoundReplies", "build_strategy", "client_evaluation",
@@ -301,7 +302,8 @@ class ResumedRounds:
 
 
 def strict(strategy_class: type[FedAvg], method_mixin: type | None = None, kept_states: bool = False) -> type[FedAvg]:
-    """``strategy_class`` with :class:`ResumedRounds`, :class:`RequireReplies`,
+    """``strategy_class`` with :class:`ResumedRounds`,
+    :class:`~fedul_flwr.strategies.server_training.ServerTraining` (labels-at-server), :class:`RequireReplies`,
     :class:`OrderedReplies`, with ``kept_states``
     :class:`~fedul_flwr.strategies.kept_state.KeptOptimizerStates` (the clients' kept
     optimiser states, ``local-optimizer-state = "kept"``) and the method's aggregation mixin
@@ -336,7 +338,7 @@ def _noised_fedavg() -> type[FedAvg]:
 @functools.cache
 def _strict(strategy_class: type[FedAvg], method_mixin: type | None, kept_states: bool = False) -> type[FedAvg]:
     kept = (KeptOptimizerStates,) if kept_states else ()
-    mixins = (ResumedRounds, RequireReplies, OrderedReplies, *kept) + ((method_mixin,) if method_mixin else ())
+    mixins = (ResumedRounds, ServerTraining, RequireReplies, OrderedReplies, *kept) + ((method_mixin,) if method_mixin else ())
     name = f"Strict{'Kept' if kept_states else ''}{'' if method_mixin is None else method_mixin.__name__}{strategy_class.__name__}"
     # NoisedMean right above FedAvg: server-side DP's noise goes on the mean, before a server step
     noised = _noised_fedavg()

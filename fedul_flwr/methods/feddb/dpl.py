@@ -143,6 +143,8 @@ class FixMatchDPL(FixMatch):
 
     name = "fixmatch-dpl"
     requires = ("labeled", "unlabeled")  # APP-U is over the unlabeled part; the labels anchor it
+    settings = ("labels-at-clients", "annotation-heterogeneity")
+    trains_on_server = False
     recorded_metrics = (APP_U, *FixMatch.recorded_metrics)
     options = FixMatch.options + DPL_OPTIONS
 

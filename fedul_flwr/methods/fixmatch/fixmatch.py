@@ -52,6 +52,9 @@ Choices:
 
   Under ``feddb`` the DMA weights beta replace these (a client with no used example is left
   out of DMA under ``used``). The train metrics of a round are averaged with the same weights.
+- **Labels at the server** (``client-setting=labels-at-server``): the clients hold unlabeled
+  images only and train lambda L_u alone; the server trains L_s on its labeled images after every
+  aggregation (:meth:`FixMatch.server_task`), the alternation SemiFL and FedRGD build on.
 """
 
 from __future__ import annotations
@@ -65,7 +68,7 @@ from torch import nn
 
 from fedul_flwr.augment import Augmentation
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, Stream, register_method
+from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, ServerRoundContext, Stream, register_method
 from fedul_flwr.methods.fixmatch.settings import OPTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -103,9 +106,10 @@ class FixMatch(Method):
     requires = ()
     uses = ("labeled", "unlabeled")
     setting = "labels-at-clients"
-    settings = ("labels-at-clients", "annotation-heterogeneity")
+    settings = ("labels-at-clients", "annotation-heterogeneity", "labels-at-server")
     recorded_metrics = ("pseudo-label-share", "pseudo-label-correct-share")
     options = OPTIONS
+    trains_on_server = True
 
     def sits_out(self, client: ClientData) -> bool:
         """A client with neither labeled nor unlabeled images (or without a required part)."""
@@ -116,6 +120,22 @@ class FixMatch(Method):
         side = client.image_shape[1]
         strong = self.option("fixmatch-strong-augment")
         return Augmentation("weak", side, client.flip), Augmentation(strong, side, client.flip)
+
+    def labeled_stream(self, client: ClientData) -> Stream:
+        """The labeled images (``x``, ``y``) with their weak views, B per step."""
+        assert client.labeled is not None
+        weak, _ = self.views(client)
+        return Stream({"x": client.labeled.x, "y": client.labeled.y}, self.cfg.batch_size, images=(),
+                      views={"weak": ("x", weak)})  # fmt: skip
+
+    def server_task(self, server: ClientData, models: nn.ModuleDict, ctx: ServerRoundContext) -> LocalTask:
+        """L_s on the server's labeled images (labels-at-server): the mean cross-entropy of f on
+        their weak views, B images per step."""
+
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            return F.cross_entropy(models["f"](batch["labeled"]["weak"]), batch["labeled"]["y"])
+
+        return LocalTask({"labeled": self.labeled_stream(server)}, loss)
 
     def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
         """The unlabeled images (``x``) with their weak and strong views; FixMatch computes
@@ -158,12 +178,9 @@ class FixMatch(Method):
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Streams ``labeled`` (weak view, y; drives the epoch) and ``unlabeled`` (weak and
         strong views), those the client holds; loss = L_s + lambda L_u (module docstring)."""
-        weak, _ = self.views(client)
         streams: dict[str, Stream] = {}
         if "labeled" in client.parts():
-            assert client.labeled is not None
-            streams["labeled"] = Stream({"x": client.labeled.x, "y": client.labeled.y}, self.cfg.batch_size, images=(),
-                                        views={"weak": ("x", weak)})  # fmt: skip
+            streams["labeled"] = self.labeled_stream(client)
         if "unlabeled" in client.parts():
             streams["unlabeled"] = self.unlabeled_stream(client, models, ctx)
         lam = float(self.option("fixmatch-lambda"))
