@@ -13,6 +13,9 @@
     and ``class_prior.csv``, as the simulated PU client would hold them; with
     ``client-setting=labels-at-clients`` (FixMatch, FedDB) ``labeled/`` and ``unlabeled/``;
     with ``client-setting=annotation-heterogeneity`` (HASSLE) the parts each client holds;
+    with ``client-setting=labels-at-server`` (SemiFL, FedRGD, FedMatch) ``unlabeled/`` per node
+    and the server's folder ``<out>/server`` (``labeled/``: the ``num-labeled`` labeled
+    images; start the run with ``server-data-dir=<out>/server``);
     ``--max-set-size`` then caps the labeled and the unlabeled part.
 ``validate``
     Check node folders against the run's dataset facts (class names, image shape) and print
@@ -26,6 +29,7 @@ Examples::
     fedul node-data write --out /tmp/nodes-sup --num-nodes 3 --labeled
     fedul node-data write --out /tmp/nodes-pu --num-nodes 5 --run-config 'client-setting="pu" positive-classes="2"'
     fedul node-data write --out /tmp/nodes-ssl --num-nodes 3 --run-config 'client-setting="labels-at-clients"'
+    fedul node-data write --out /tmp/nodes-las --num-nodes 3 --run-config 'client-setting="labels-at-server"'
     fedul node-data validate /tmp/nodes/node-0 /tmp/nodes/node-1 --dataset mnist-sample
     fedul node-data write --out /tmp/pets-nodes --num-nodes 5 --dataset "hf:/data/pets" --run-config 'image-size=32'
     fedul node-data validate /data/my-images --dataset "hf:/data/pets" --run-config 'image-size=32'
@@ -55,6 +59,7 @@ from fedul_flwr.data.node_folder.layout import NodeDataError
 from fedul_flwr.data.node_folder.reader import validate_node_dir
 from fedul_flwr.data.node_folder.writer import write_node_dir
 from fedul_flwr.data.simulated import SETTING_PARTS, client_usets, load_client, load_run_dataset
+from fedul_flwr.data.sources import server_data
 from fedul_flwr.preflight import check_setting, resolve_config
 from fedul_flwr.rng import numpy_generator
 
@@ -140,12 +145,15 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
     """Node folders with a labeled and an unlabeled part (either may be absent: a fully labeled
     or an unlabeled client of the annotation-heterogeneity setting): node i holds what
     simulated client i of the run's ``client-setting`` holds (positive-unlabeled: plus
-    ``class_prior.csv``), each part cut to ``max_size`` random images when given."""
+    ``class_prior.csv``), each part cut to ``max_size`` random images when given. With
+    ``labels-at-server`` the server's labeled images go to ``<out>/server`` (last in the
+    returned list), cut likewise."""
     info = run_dataset_info(cfg.as_dict())
     parts = frozenset(SETTING_PARTS[cfg.client_setting])
+    server = server_data(cfg, simulation=True) if cfg.client_setting == "labels-at-server" else None
+    clients = [load_client(cfg, i, num_nodes, parts) for i in range(num_nodes)] + ([server] if server else [])
     nodes = []
-    for i in range(num_nodes):  # every node is built and checked before the first is written
-        client = load_client(cfg, i, num_nodes, parts)
+    for i, client in enumerate(clients):  # every folder is built and checked before the first is written
         rng = numpy_generator("node-folder", cfg.seed, i)
 
         def cut(n: int) -> torch.Tensor:
@@ -171,11 +179,12 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
     paths = []
     for i, (client, labeled, unlabeled, test) in enumerate(nodes):
         images = client.unlabeled if client.unlabeled is not None else labeled[0]  # type: ignore[index]
+        origin = {"partition-id": i, "num-partitions": num_nodes} if i < num_nodes else "the server's labeled images"
         paths.append(
             write_node_dir(
-                out / f"node-{i}", images, None, info.class_names, unlabeled=unlabeled, labeled=labeled,
-                class_prior=client.class_prior, test=test, image_format=image_format,
-                meta={"dataset": cfg.dataset, "simulated-from": {"partition-id": i, "num-partitions": num_nodes}},
+                out / (f"node-{i}" if i < num_nodes else "server"), images, None, info.class_names, unlabeled=unlabeled,
+                labeled=labeled, class_prior=client.class_prior, test=test, image_format=image_format,
+                meta={"dataset": cfg.dataset, "simulated-from": origin},
             )
         )  # fmt: skip
     return paths

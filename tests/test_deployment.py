@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import re
 import shutil
@@ -240,16 +241,19 @@ def _two_rounds_on_simulated_nodes(
     ``run_config`` on them for 2 rounds behind a real SuperLink and three SuperNodes, check
     that every aggregation got ``per_aggregation`` replies and no failure (all three nodes,
     unless a method aggregates each model over the nodes that sent it); returns the log, the
-    folders and metrics.json."""
+    folders and metrics.json. A labels-at-server setting also writes the server's folder,
+    which the run reads as ``server-data-dir`` (no SuperNode serves it)."""
     from fedul_flwr.preflight import resolve_config
     from fedul_flwr.node_data_cli import write_nodes
 
-    node_dirs = write_nodes(resolve_config(setting), tmp_path / "nodes", 3, max_set_size=max_set_size)
+    written = write_nodes(resolve_config(setting), tmp_path / "nodes", 3, max_set_size=max_set_size)
+    node_dirs = [d for d in written if d.name != "server"]
+    server = "".join(f' server-data-dir="{d}"' for d in written if d.name == "server")
     fed = _Federation(tmp_path, node_dirs)
     runs = tmp_path / "runs"
     try:
-        run_id = fed.submit(f'{run_config} num-rounds=2 min-available-nodes=3 min-train-nodes=3 device="cpu" verbose=true '
-                            f'output-dir="{runs}" run-name="two-rounds"')  # fmt: skip
+        run_id = fed.submit(f'{run_config}{server} num-rounds=2 min-available-nodes=3 min-train-nodes=3 device="cpu" '
+                            f'verbose=true output-dir="{runs}" run-name="two-rounds"')  # fmt: skip
         status, log = fed.wait(run_id)
     finally:
         fed.close()
@@ -286,6 +290,23 @@ def test_labels_at_clients_nodes_train_feddb_on_loopback(tmp_path: Path) -> None
     assert len(re.findall(r"DMA round \d: beta = \[[^\]]+\]", log)) == 2, log[-4000:]
     assert all(len(row["app-u"]) == 10 and len(row["dma-beta"]) == 3 for row in metrics[1:])
     assert all((d / "labeled" / "labels.npy").is_file() and not (d / "class_prior.csv").exists() for d in node_dirs)
+
+
+@pytest.mark.parametrize("method", ["fixmatch"])
+def test_labels_at_server_nodes_and_the_servers_folder_train_on_loopback(tmp_path: Path, method: str) -> None:
+    """Three unlabeled node folders behind three real SuperNodes and the server's own folder of
+    labeled images (``server-data-dir``; all written by the node-data tool from a simulated
+    labels-at-server split): the run completes 2 rounds with all three nodes training, the
+    server trains on its labels after each aggregation (``server-train-loss`` recorded), and
+    the nodes never hold a label."""
+    log, node_dirs, metrics = _two_rounds_on_simulated_nodes(
+        tmp_path, {"client-setting": "labels-at-server", "num-labeled": 60, "seed": 5},
+        f'method="{method}" client-setting="labels-at-server" batch-size=8 fixmatch-mu=2', max_set_size=120,
+    )  # fmt: skip
+    assert all(math.isfinite(row["server-train-loss"]) for row in metrics[1:]), metrics
+    assert metrics[2]["test-accuracy"] > 0.2, metrics
+    assert all((d / "unlabeled").is_dir() and not (d / "labeled").exists() for d in node_dirs)
+    assert (tmp_path / "nodes" / "server" / "labeled" / "labels.npy").is_file()
 
 
 def test_annotation_heterogeneity_nodes_train_hassle_on_loopback(tmp_path: Path) -> None:
