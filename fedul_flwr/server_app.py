@@ -22,20 +22,18 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
-from fedul_flwr.preflight import check_before_round_one, is_simulation
+from fedul_flwr.preflight import check_before_round_one, check_labels_at_server, is_simulation
 from fedul_flwr.resume import check_resume, check_resumed_federation
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.augment import build_augmentation
-from fedul_flwr.data.client_data import ClientData, MissingPartError
-from fedul_flwr.data.node_folder.layout import NodeDataError
-from fedul_flwr.data.sources import server_data
+from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.image_dataset import ImageDataset, normalize
 from fedul_flwr.data.simulated import load_run_dataset, validation_indices
 from fedul_flwr.ema import WeightEMA
-from fedul_flwr.methods import METHODS, Method, get_method
+from fedul_flwr.methods import Method, get_method
 from fedul_flwr.methods.base import ServerRoundContext
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunFolderInUse, RunOutputs, run_folder
@@ -53,7 +51,8 @@ app = ServerApp()
 def global_models(cfg: RunConfig, method: Method, channels: int, classes: int, size: int) -> nn.ModuleDict:
     """The method's exchanged models with their initial weights (model i seeded by
     :func:`~fedul_flwr.execution.model_seed` of (seed, i): the same seed, the same weights; a
-    model with ``ModelSpec.initial`` starts as a copy of that model).
+    model with ``ModelSpec.initial`` starts as a copy of that model, its parameters then
+    multiplied by ``ModelSpec.initial_scale``).
 
     Raises
     ------
@@ -73,6 +72,10 @@ def global_models(cfg: RunConfig, method: Method, channels: int, classes: int, s
                 models[s.name].load_state_dict(models[s.initial].state_dict())
             except RuntimeError as err:
                 raise ValueError(f"model {s.name!r} cannot start from {s.initial!r}: {err}") from err
+        if s.initial_scale != 1.0:
+            with torch.no_grad():
+                for p in models[s.name].parameters():
+                    p.mul_(s.initial_scale)
     return models
 
 
@@ -88,32 +91,6 @@ def resume_from(ckpt: Checkpoint | None, models: nn.ModuleDict, strategy: Strate
     restore_strategy_state(inner_strategy(strategy), ckpt.strategy_state)
     inner_strategy(strategy).round_offset = ckpt.round  # rounds r + 1, ... are configured and aggregated as such
     return ArrayRecord(ckpt.state_dict), ckpt.round
-
-
-def labels_at_server(cfg: RunConfig, method: Method, simulation: bool) -> ClientData | None:
-    """The server's labeled images (:func:`~fedul_flwr.data.sources.server_data`), checked
-    against the method before anything is written: a server that holds labels needs a method
-    that trains on them, and a deployment of ``client-setting=labels-at-server`` needs
-    ``server-data-dir``.
-
-    Raises
-    ------
-    ConfigError
-        In one line naming the key, the value, the folder or the method.
-    """
-    if not simulation and cfg.client_setting == "labels-at-server" and not cfg.server_data_dir:
-        raise ConfigError("client-setting='labels-at-server' in a deployment: the server reads its labeled images from "
-                          "server-data-dir (a node folder with labeled images; docs/deployment.md)")  # fmt: skip
-    try:
-        server = server_data(cfg, simulation)
-    except (NodeDataError, MissingPartError) as exc:
-        raise ConfigError(f"server-data-dir={cfg.server_data_dir!r}: {exc}") from None
-    if server is not None and not method.trains_on_server:
-        trainers = sorted(n for n in METHODS.names() if METHODS.get(n).trains_on_server)
-        source = f"server-data-dir={cfg.server_data_dir!r}" if cfg.server_data_dir else "client-setting='labels-at-server'"
-        raise ConfigError(f"method={cfg.method!r} with {source}: the method does not train on the server's labeled "
-                          f"images; methods that do: {trainers}")  # fmt: skip
-    return server
 
 
 def server_step(cfg: RunConfig, method: Method, models: nn.ModuleDict, server: ClientData, device: torch.device,
@@ -295,7 +272,7 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     device = pick_device(cfg.device)
     method = get_method(cfg.method)(cfg)
     data = load_run_dataset(cfg)
-    server = labels_at_server(cfg, method, is_simulation(grid))  # the server's labeled images, or None
+    server = check_labels_at_server(cfg, is_simulation(grid))  # the server's labeled images, or None
     # who trains and who evaluates each round: seeded streams of (seed, round) in the strategy
     # (strategies/participation.py), never Flower's sample_nodes draw from the global `random`
     models = global_models(cfg, method, data.in_channels, data.num_classes, data.image_size).to(device)

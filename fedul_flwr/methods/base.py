@@ -89,12 +89,15 @@ class ModelSpec:
         For an exchanged model: another exchanged model whose initial weights it starts from
         (same architecture and width), e.g. HASSLE's copy of the previous round's w_S;
         ``None``: its own seed.
+    initial_scale : float
+        For an exchanged model: its initial parameters (not its buffers) multiplied by this
+        factor, after the copy of ``initial`` (e.g. FedMatch's psi = 0.2 sigma); 1: as built.
 
     Raises
     ------
     ValueError
         If a model is both exchanged and kept, or neither (a model must live somewhere), or
-        has ``initial`` while kept, or starts from itself.
+        has ``initial`` or ``initial_scale`` while kept, or starts from itself.
     """
 
     name: str
@@ -104,6 +107,7 @@ class ModelSpec:
     trained: bool = True
     width: float = 1.0
     initial: str | None = None
+    initial_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.exchanged == self.kept:
@@ -114,6 +118,8 @@ class ModelSpec:
             raise ValueError(f"model name {self.name!r} must be non-empty and contain no '.'")
         if self.initial is not None and (self.kept or self.initial == self.name):
             raise ValueError(f"model {self.name!r}: initial={self.initial!r} needs an exchanged model other than itself")
+        if self.initial_scale != 1.0 and self.kept:
+            raise ValueError(f"model {self.name!r}: initial_scale={self.initial_scale} needs an exchanged model")
 
 
 @dataclass(frozen=True)
