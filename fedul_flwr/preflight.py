@@ -65,7 +65,7 @@ from fedul_flwr.models import MODELS, check_input_size
 from fedul_flwr.privacy.accounting import check_numbers
 from fedul_flwr.registry import closest
 from fedul_flwr.strategies import STRATEGIES
-from fedul_flwr.strategies.contract import MISSING_CONTRACT, dp_refusal
+from fedul_flwr.strategies.contract import MISSING_CONTRACT, dp_refusal, strategy_refusal
 
 __all__ = [
     "aggregation_contract",
@@ -203,7 +203,9 @@ def aggregation_contract(cfg: RunConfig) -> Any:
 
 
 def check_aggregation_contract(cfg: RunConfig) -> None:
-    """``differential-privacy``, ``dp-noise-multiplier`` and ``aggregation-weights`` against how
+    """The run's strategy against the method's aggregation (a strategy the method's contract
+    refuses, :func:`fedul_flwr.strategies.contract.strategy_refusal`), then
+    ``differential-privacy``, ``dp-noise-multiplier`` and ``aggregation-weights`` against how
     the run's strategy and method combine the replies and what they send
     (:func:`fedul_flwr.strategies.contract.dp_refusal`).
 
@@ -212,8 +214,10 @@ def check_aggregation_contract(cfg: RunConfig) -> None:
     ConfigError
         In one line naming the keys, their values and why the combination is refused.
     """
-    why = dp_refusal(cfg.differential_privacy, cfg.aggregation_weights, cfg.strategy, cfg.method,
-                     aggregation_contract(cfg), cfg.dp_noise_multiplier, cfg.as_dict())  # fmt: skip
+    contract = aggregation_contract(cfg)
+    why = strategy_refusal(cfg.strategy, cfg.method, contract) or dp_refusal(
+        cfg.differential_privacy, cfg.aggregation_weights, cfg.strategy, cfg.method, contract,
+        cfg.dp_noise_multiplier, cfg.as_dict())  # fmt: skip
     _check(why is None, str(why))
 
 

@@ -48,6 +48,7 @@ __all__ = [
     "STRATEGY_CONTRACTS",
     "contract_table",
     "dp_refusal",
+    "strategy_refusal",
 ]
 
 
@@ -94,10 +95,15 @@ class Contract:
     how : str
         What it does to one client's influence, as the refusal line says it, e.g. ``"krum
         selects one client's update"``.
+    refuses : tuple[Combining, ...]
+        For a method's contract: the kinds of strategy its aggregation cannot compose with
+        (e.g. a method that sets the replies' weights, under a strategy that ignores weights);
+        :func:`strategy_refusal` refuses them before round 1.
     """
 
     combines: Combining
     how: str
+    refuses: tuple[Combining, ...] = ()
 
 
 STRATEGY_CONTRACTS: dict[str, Contract] = {
@@ -149,6 +155,37 @@ def _combining_refusal(
     if why is None:
         why = field_refusal(mode, strategy, method, options)
     return why
+
+
+def strategy_refusal(strategy: str, method: str, method_contract: Contract | None) -> str | None:
+    """Why ``strategy`` cannot run ``method``'s aggregation, in one line; ``None`` when it can.
+
+    Parameters
+    ----------
+    strategy : str
+        ``strategy`` (a key of :data:`STRATEGY_CONTRACTS`).
+    method : str
+        ``method``, for the message.
+    method_contract : Contract | None
+        The method's aggregation contract (``None``: it aggregates as the strategy does).
+
+    Returns
+    -------
+    str | None
+        The refusal naming both keys, how the strategy combines the replies and how the method
+        does, when the strategy's kind is in the method's :attr:`Contract.refuses`.
+
+    Raises
+    ------
+    KeyError
+        If ``strategy`` declares no contract.
+    """
+    ours = STRATEGY_CONTRACTS[strategy]
+    if method_contract is None or ours.combines not in method_contract.refuses:
+        return None
+    return (f"strategy={strategy!r} with method={method!r}: {ours.how} ({ours.combines.value}) and ignores the "
+            f"replies' weights, where {method_contract.how}; use a strategy that averages the replies' updates "
+            "(e.g. strategy='fedavg')")  # fmt: skip
 
 
 def dp_refusal(
@@ -335,6 +372,14 @@ METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
         Treatment(Exposure.REFUSED, "DMA reweighs the clients by it"),
         Treatment(Exposure.REFUSED, "DMA's weights depend on it unnoised, so the released model is no "
                   "post-processing of noised replies"))),
+    "rscfed": (
+        _metric("num-labeled", "the node's labeled examples (a client with labels weighs more in its sub-set)",
+                local=_SIZE),
+        _metric("pseudo-label-share", "the share of the node's unlabeled images whose teacher prediction passed "
+                "the threshold (0 without unlabeled images)"),
+        _metric("pseudo-label-correct-share", "in simulation, the share also of their true class (a diagnostic)",
+                always=False),
+    ),
     "hassle": (
         *_PSEUDO,
         _metric("pseudo-label-classes", "per class, the share of the node's unlabeled images kept with it (K floats)"),
