@@ -21,6 +21,7 @@ from fedul_flwr.outputs import check_unused, run_folder
 from fedul_flwr.preflight import (
     check_clients,
     check_dataset,
+    check_labels_at_server,
     check_federation_size,
     check_label_layout,
     check_node_counts,
@@ -71,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
         started = time.monotonic()
         images = check_dataset(cfg)
         read = f"; read {images} images of dataset={cfg.dataset!r} in {time.monotonic() - started:.1f}s"
+        server = check_labels_at_server(cfg, args.simulation)
+        if server is not None:
+            read += f", the server's {len(server.labeled or ())} labeled images"
         if args.simulation:
             laid_out = laid_out_clients(cfg)
             clients = num_nodes if num_nodes is not None else None if laid_out is None else laid_out[1]

@@ -48,6 +48,8 @@ from fedul_flwr.config import (
     describe_sources,
 )
 from fedul_flwr.data.annotation import parse_layout
+from fedul_flwr.data.client_data import ClientData, MissingPartError
+from fedul_flwr.data.node_folder.layout import NodeDataError
 from fedul_flwr.data.datasets import DATASETS, run_dataset, run_dataset_info
 from fedul_flwr.data.image_dataset import DatasetError
 from fedul_flwr.data.partition import PARTITIONS
@@ -59,6 +61,7 @@ from fedul_flwr.data.simulated import (
     client_rows,
     load_client,
 )
+from fedul_flwr.data.sources import server_data
 from fedul_flwr.data.usets import PRIOR_SCHEMES
 from fedul_flwr.methods import METHODS, get_method
 from fedul_flwr.models import MODELS, check_input_size
@@ -74,6 +77,7 @@ __all__ = [
     "check_clients",
     "check_dataset",
     "check_label_layout",
+    "check_labels_at_server",
     "check_federation_size",
     "check_setting",
     "check_node_counts",
@@ -233,6 +237,32 @@ def method_settings(method: type) -> tuple[str, ...]:
         return declared
     needed = set(method.requires)
     return tuple(name for name, parts in SETTING_PARTS.items() if needed <= set(parts))
+
+
+def check_labels_at_server(cfg: RunConfig, simulation: bool) -> ClientData | None:
+    """The server's labeled images (:func:`~fedul_flwr.data.sources.server_data`), checked
+    against the method before anything is written: a server that holds labels needs a method
+    that trains on them, and a deployment of ``client-setting=labels-at-server`` needs
+    ``server-data-dir``. Reads the folder (or the dataset); writes nothing.
+
+    Raises
+    ------
+    ConfigError
+        In one line naming the key, the value, the folder or the method.
+    """
+    if not simulation and cfg.client_setting == "labels-at-server" and not cfg.server_data_dir:
+        raise ConfigError("client-setting='labels-at-server' in a deployment: the server reads its labeled images from "
+                          "server-data-dir (a node folder with labeled images; docs/deployment.md)")  # fmt: skip
+    try:
+        server = server_data(cfg, simulation)
+    except (NodeDataError, MissingPartError) as exc:
+        raise ConfigError(f"server-data-dir={cfg.server_data_dir!r}: {exc}") from None
+    if server is not None and not get_method(cfg.method).trains_on_server:
+        trainers = sorted(n for n in METHODS.names() if METHODS.get(n).trains_on_server)
+        source = f"server-data-dir={cfg.server_data_dir!r}" if cfg.server_data_dir else "client-setting='labels-at-server'"
+        raise ConfigError(f"method={cfg.method!r} with {source}: the method does not train on the server's labeled "
+                          f"images; methods that do: {trainers}")  # fmt: skip
+    return server
 
 
 def check_simulation(cfg: RunConfig) -> None:

@@ -159,7 +159,9 @@ def server_data(cfg: RunConfig, simulation: bool) -> ClientData | None:
         facts = run_dataset_info(cfg.as_dict())
         path = str(Path(cfg.server_data_dir).expanduser().resolve())
         folder = _load_node(facts, cfg.image_size > 0, path, _dir_fingerprint(path))
-        folder.require(f"{cfg.method} (the server's labeled images, server-data-dir)", ["labeled"])
+        if folder.labeled is None or not len(folder.labeled):
+            raise MissingPartError(f"the server's folder {path} holds no labeled images (a labeled/ part), only "
+                                   f"{list(folder.parts()) or 'nothing'}")  # fmt: skip
         return ClientData(node=f"the server's folder {path}", class_names=folder.class_names, mean=folder.mean,
                           std=folder.std, labeled=folder.labeled, flip=folder.flip)  # fmt: skip
     if not simulation or cfg.client_setting != "labels-at-server":
