@@ -22,7 +22,8 @@ from fedul_flwr.config import ConfigError
 from fedul_flwr.inprocess import InProcessGrid
 from fedul_flwr.methods import RoundContext, get_method
 from fedul_flwr.methods.rscfed.consensus import ConsensusAggregation, consensus_weights, draw_subsets, subset_weights
-from fedul_flwr.methods.rscfed.teacher import consistency_loss, ema_update, sharpen, teacher_decay
+from fedul_flwr.methods.mixmatch import sharpen
+from fedul_flwr.methods.rscfed.teacher import consistency_loss, ema_update, teacher_decay
 from fedul_flwr.models import build_model
 from fedul_flwr.preflight import resolve_config
 from fedul_flwr.rng import model_seed

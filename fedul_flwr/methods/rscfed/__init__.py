@@ -64,6 +64,7 @@ code was read in full):
   = ``rscfed-lambda`` = 0.02 (its lambda_u; its ramp-up is off, 0 warm-up epochs).
 - **Learning rates**: the code's unlabeled clients step at 0.021 and the labeled at 0.03;
   here a client without labels steps at ``rscfed-unlabeled-lr-factor`` (0.7) times ``lr``.
+  SCAFFOLD's option II divides by the run's ``lr``: with it, set the factor to 1.
 - **An epoch** is a pass over the client's larger part (labeled or unlabeled), B images of each
   part per step (the code's batch size for both); the reply's n_i is n_L + n_U (the code
   weighs a client by all its images).
@@ -90,7 +91,8 @@ from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, RoundContext, Stream, register_method
 from fedul_flwr.methods.rscfed.consensus import ConsensusAggregation
 from fedul_flwr.methods.rscfed.settings import OPTIONS
-from fedul_flwr.methods.rscfed.teacher import consistency_loss, ema_update, sharpen, teacher_decay
+from fedul_flwr.methods.mixmatch import sharpen
+from fedul_flwr.methods.rscfed.teacher import consistency_loss, ema_update, teacher_decay
 from fedul_flwr.models import build_model
 from fedul_flwr.rng import model_seed
 

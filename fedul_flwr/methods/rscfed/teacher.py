@@ -1,5 +1,6 @@
-"""The mean teacher of RSCFed's clients without labels: the teacher's weight EMA, the
-sharpening of its prediction, and the consistency loss.
+"""The mean teacher of RSCFed's clients without labels: the teacher's weight EMA and the
+consistency loss (the teacher's prediction is sharpened by MixMatch's
+:func:`fedul_flwr.methods.mixmatch.sharpen`).
 
 Tarvainen and Valpola, "Mean teachers are better role models", NeurIPS 2017, as RSCFed's
 clients run it (Liang et al., CVPR 2022, Sec. 3.1; the authors' code): the teacher predicts on
@@ -20,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["consistency_loss", "ema_update", "sharpen", "teacher_decay"]
+__all__ = ["consistency_loss", "ema_update", "teacher_decay"]
 
 
 def teacher_decay(decay: float, updates: float) -> float:
@@ -58,25 +59,6 @@ def ema_update(teacher: nn.Module, student: nn.Module, decay: float) -> None:
     torch._foreach_lerp_([p.data for p in mine], [p.data.to(p.dtype) for p in theirs], 1.0 - decay)
     for b, s in zip(teacher.buffers(), student.buffers(), strict=True):
         b.copy_(s)
-
-
-def sharpen(probs: torch.Tensor, temperature: float) -> torch.Tensor:
-    """p^(1/T) renormalised over the classes (MixMatch's sharpening).
-
-    Parameters
-    ----------
-    probs : torch.Tensor
-        ``[B, K]`` class probabilities.
-    temperature : float
-        T > 0 (T < 1 sharpens).
-
-    Returns
-    -------
-    torch.Tensor
-        ``[B, K]``, rows summing to 1.
-    """
-    powered = probs ** (1.0 / temperature)
-    return powered / powered.sum(dim=1, keepdim=True)
 
 
 def consistency_loss(student_logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
