@@ -236,7 +236,9 @@ def test_fedul_check_accepts_each_method_in_its_settings(capsys: pytest.CaptureF
         assert fedul(["check", "--run-config", values, "--federation-config", "num-supernodes=2"]) == 0
         capsys.readouterr()
         assert fedul(["check", "--run-config", f"method='{method}' client-setting='usets'"]) == 1
-        assert "is defined for client-setting in ('labels-at-clients', 'annotation-heterogeneity')" in capsys.readouterr().err
+        assert ("is defined for client-setting in ('labels-at-clients', 'annotation-heterogeneity', 'labels-at-server')"
+                in capsys.readouterr().err)  # fmt: skip
+        assert fedul(["check", "--run-config", f"method='{method}' client-setting='labels-at-server'"]) == 0
 
 
 # --------------------------------------------------------------------------- federations
@@ -258,3 +260,22 @@ def test_three_rounds_train_above_chance(method: str, extra: dict, tmp_path: Pat
     if method == "uda":
         assert all(0.0 <= r["pseudo-label-share"] <= 1.0 for r in rows[1:]) and rows[-1]["pseudo-label-share"] > 0
         assert all(0.0 <= r["pseudo-label-correct-share"] <= r["pseudo-label-share"] for r in rows[1:])
+
+
+@pytest.mark.parametrize("method", ["mixmatch", "uda"])
+def test_labels_at_server_the_server_trains_and_the_clients_train_their_unlabeled_term(
+    method: str, tmp_path: Path, small_test_set: None
+) -> None:
+    """labels-at-server: the clients hold unlabeled images only (the unlabeled stream alone), the
+    server trains on its labels before round 1 and after every aggregation; the round-0 model
+    is already above chance, and the clients' replies change the model."""
+    rc = {"method": method, "client-setting": "labels-at-server", "num-labeled": 100, "samples-per-client": 100,
+          "batch-size": 16, "num-rounds": 2, "uda-mu": 2, "output-dir": str(tmp_path), "run-name": method}  # fmt: skip
+    cfg = resolve_config(rc)
+    client = simulated.load_client(cfg, 1, 2, frozenset({"unlabeled"}))
+    assert client.parts() == ("unlabeled",)
+    assert list(method_class(method)(cfg).local_task(client, _models(client), RoundContext(0, 2, 1)).streams) == ["unlabeled"]
+    out = server_app.run_federation(InProcessGrid(client_app, 2, rc), cfg)
+    rows = [out.rows[r] for r in sorted(out.rows)]
+    assert rows[0]["test-accuracy"] > 0.2 and all(math.isfinite(r["server-train-loss"]) for r in rows[1:])
+    assert all(math.isfinite(r["train-loss"]) for r in rows[1:])

@@ -6,8 +6,12 @@ and unlabeled images and lets the run's strategy (FedAvg) average the models. Th
 
 - **the parts and settings**: no part is required; a client trains on the labeled images
   (``labeled``: uint8 ``[n_L, C, H, W]``, int64 ``[n_L]``) and the unlabeled images
-  (``unlabeled``: uint8 ``[n_U, C, H, W]``) it holds, in the ``labels-at-clients`` and the
-  ``annotation-heterogeneity`` settings; a client with neither sits the round out;
+  (``unlabeled``: uint8 ``[n_U, C, H, W]``) it holds, in the ``labels-at-clients``, the
+  ``annotation-heterogeneity`` and the ``labels-at-server`` settings; a client with neither
+  sits the round out;
+- **the server's task** in the ``labels-at-server`` setting (clients with unlabeled images
+  only): the mean cross-entropy of f on the weak views of the server's labeled images after
+  every aggregation (:meth:`LocalSSL.server_task`);
 - **the views**: the weak augmentation alpha (crop and, where the dataset allows, flip) of
   the labeled images and the weak and strong (RandAugment, Cutout) views of the unlabeled ones
   (:mod:`fedul_flwr.augment`); the run's ``augment`` does not apply;
@@ -36,11 +40,11 @@ from torch import nn
 
 from fedul_flwr.augment import Augmentation
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import Batch, LocalTask, Method, Stream
+from fedul_flwr.methods.base import Batch, LocalTask, Method, ServerRoundContext, Stream
 
 __all__ = ["SSL_SETTINGS", "LocalSSL", "UnlabeledTerm", "mixup"]
 
-SSL_SETTINGS = ("labels-at-clients", "annotation-heterogeneity")
+SSL_SETTINGS = ("labels-at-clients", "annotation-heterogeneity", "labels-at-server")
 """The client settings of the local semi-supervised methods."""
 
 UnlabeledTerm = Callable[[torch.Tensor | None, torch.Tensor, dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
@@ -78,6 +82,7 @@ class LocalSSL(Method):
     uses = ("labeled", "unlabeled")
     setting = "labels-at-clients"
     settings = SSL_SETTINGS
+    trains_on_server = True
 
     def sits_out(self, client: ClientData) -> bool:
         """A client with neither labeled nor unlabeled images (or without a required part)."""
@@ -118,6 +123,15 @@ class LocalSSL(Method):
         if "unlabeled" in client.parts():
             streams["unlabeled"] = unlabeled()
         return streams
+
+    def server_task(self, server: ClientData, models: nn.ModuleDict, ctx: ServerRoundContext) -> LocalTask:
+        """L_s on the server's labeled images (labels-at-server): the mean cross-entropy of f on
+        their weak views (:meth:`labeled_stream`), B images per step."""
+
+        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
+            return F.cross_entropy(models["f"](batch["labeled"]["weak"]), batch["labeled"]["y"])
+
+        return LocalTask({"labeled": self.labeled_stream(server)}, loss)
 
     # ---------------------------------------------------------------- the consistency step
     def reset_counts(self) -> None:

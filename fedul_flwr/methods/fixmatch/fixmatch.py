@@ -68,8 +68,9 @@ from torch import nn
 
 from fedul_flwr.augment import Augmentation
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import Batch, LocalTask, Method, RoundContext, ServerRoundContext, Stream, register_method
+from fedul_flwr.methods.base import LocalTask, RoundContext, Stream, register_method
 from fedul_flwr.methods.fixmatch.settings import OPTIONS
+from fedul_flwr.methods.local_ssl import LocalSSL
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
@@ -99,43 +100,18 @@ def unlabeled_loss(strong_logits: torch.Tensor, targets: torch.Tensor, mask: tor
 
 
 @register_method
-class FixMatch(Method):
-    """FixMatch on each client's labeled and unlabeled images (module docstring)."""
+class FixMatch(LocalSSL):
+    """FixMatch on each client's labeled and unlabeled images (module docstring); the parts,
+    settings, views, labeled stream, one-pass step and server task are those of
+    :class:`~fedul_flwr.methods.local_ssl.LocalSSL`."""
 
     name = "fixmatch"
-    requires = ()
-    uses = ("labeled", "unlabeled")
-    setting = "labels-at-clients"
-    settings = ("labels-at-clients", "annotation-heterogeneity", "labels-at-server")
     recorded_metrics = ("pseudo-label-share", "pseudo-label-correct-share")
     options = OPTIONS
-    trains_on_server = True
-
-    def sits_out(self, client: ClientData) -> bool:
-        """A client with neither labeled nor unlabeled images (or without a required part)."""
-        return super().sits_out(client) or not {"labeled", "unlabeled"} & set(client.parts())
 
     def views(self, client: ClientData) -> tuple[Augmentation, Augmentation]:
         """The weak and the strong augmentation of this client's images."""
-        side = client.image_shape[1]
-        strong = self.option("fixmatch-strong-augment")
-        return Augmentation("weak", side, client.flip), Augmentation(strong, side, client.flip)
-
-    def labeled_stream(self, client: ClientData) -> Stream:
-        """The labeled images (``x``, ``y``) with their weak views, B per step."""
-        assert client.labeled is not None
-        weak, _ = self.views(client)
-        return Stream({"x": client.labeled.x, "y": client.labeled.y}, self.cfg.batch_size, images=(),
-                      views={"weak": ("x", weak)})  # fmt: skip
-
-    def server_task(self, server: ClientData, models: nn.ModuleDict, ctx: ServerRoundContext) -> LocalTask:
-        """L_s on the server's labeled images (labels-at-server): the mean cross-entropy of f on
-        their weak views, B images per step."""
-
-        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
-            return F.cross_entropy(models["f"](batch["labeled"]["weak"]), batch["labeled"]["y"])
-
-        return LocalTask({"labeled": self.labeled_stream(server)}, loss)
+        return self.weak_view(client), self.strong_view(client, self.option("fixmatch-strong-augment"))
 
     def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
         """The unlabeled images (``x``) with their weak and strong views; FixMatch computes
@@ -178,31 +154,13 @@ class FixMatch(Method):
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Streams ``labeled`` (weak view, y; drives the epoch) and ``unlabeled`` (weak and
         strong views), those the client holds; loss = L_s + lambda L_u (module docstring)."""
-        streams: dict[str, Stream] = {}
-        if "labeled" in client.parts():
-            streams["labeled"] = self.labeled_stream(client)
-        if "unlabeled" in client.parts():
-            streams["unlabeled"] = self.unlabeled_stream(client, models, ctx)
-        lam = float(self.option("fixmatch-lambda"))
 
-        def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
-            lb, ub = batch.get("labeled", {}), batch.get("unlabeled", {})
-            n_l, n_w = len(lb["y"]) if lb else 0, len(ub["weak"]) if "weak" in ub else 0
-            parts = [t for t in (lb.get("weak"), ub.get("weak"), ub.get("strong")) if t is not None]
-            logits = models["f"](torch.cat(parts))
-            total = F.cross_entropy(logits[:n_l], lb["y"]) if n_l else logits.sum() * 0
-            self._labeled_rows += n_l
-            if ub:
-                targets, mask = self.pseudo_labels(logits[n_l : n_l + n_w] if n_w else None, ub)
-                self._kept = self._kept + mask.sum()  # a tensor: no device sync per step
-                self._seen += len(mask)
-                if "classes" in ub:
-                    self._correct = self._correct + (mask & (targets == ub["classes"])).sum()
-                total = total + lam * unlabeled_loss(logits[n_l + n_w :], targets, mask)
-            return total
+        def term(weak_logits: torch.Tensor | None, strong_logits: torch.Tensor, batch: dict[str, torch.Tensor]):  # type: ignore[no-untyped-def]
+            targets, mask = self.pseudo_labels(weak_logits, batch)
+            return unlabeled_loss(strong_logits, targets, mask), targets, mask
 
-        self._kept = self._seen = self._correct = self._labeled_rows = 0
-        return LocalTask(streams, loss)
+        streams = self.ssl_streams(client, lambda: self.unlabeled_stream(client, models, ctx))
+        return self.consistency_task(streams, float(self.option("fixmatch-lambda")), term)
 
     def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
         """The shared loop on :meth:`local_task`; the reply's count is the ``fixmatch-weight``
@@ -232,7 +190,4 @@ class FixMatch(Method):
         knows the unlabeled images' true classes (simulation), ``pseudo-label-correct-share``:
         the share whose pseudo-label passed and is the true class (a diagnostic; its ratio to
         ``pseudo-label-share`` is the accuracy of the pseudo-labels trained on)."""
-        out = {"pseudo-label-share": float(self._kept) / max(self._seen, 1)}
-        if client.unlabeled_classes is not None:
-            out["pseudo-label-correct-share"] = float(self._correct) / max(self._seen, 1)
-        return out
+        return self.pseudo_label_uploads(client)

@@ -54,6 +54,10 @@ Choices, and where the paper and the authors' code (google-research/mixmatch) di
   and trains lambda_U L_U alone (its unlabeled stream, B images a step, then drives the local
   epoch); one with neither sits out. The reply's weight is n_L where the client has labels,
   else n_U.
+- **Labels at the server** (``client-setting=labels-at-server``): the clients hold unlabeled
+  images only and train lambda_U L_U alone (as above); the server trains on its labeled images
+  after every aggregation as a labeled-only client does (Alg. 1 with U empty: L_X on its
+  labeled rows mixed among themselves; :meth:`MixMatch.server_task`).
 - No upload beyond the common ones: MixMatch keeps every guessed label (no threshold).
 
 The paper's numbers to compare with: HASSLE's Tables 1 and 7 report FedAvg+MixMatch on
@@ -69,7 +73,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import Batch, LocalTask, RoundContext, Stream, register_method
+from fedul_flwr.methods.base import Batch, LocalTask, RoundContext, ServerRoundContext, Stream, register_method
 from fedul_flwr.methods.local_ssl import LocalSSL, mixup
 from fedul_flwr.methods.mixmatch.settings import OPTIONS
 
@@ -170,11 +174,11 @@ def mixmatch_loss(logits: torch.Tensor, targets: torch.Tensor, n_labeled: int) -
 
 
 def ramp_weight(weight: float, server_round: int, num_rounds: int, ramp: float) -> float:
-    """lambda_U in round ``server_round`` (from 1): ``weight min(1, (r - 1) / (ramp num_rounds))``;
-    ``weight`` itself where ``ramp`` is 0."""
+    """lambda_U in round ``server_round`` (from 1): ``weight min(1, (r - 1) / (ramp num_rounds))``
+    (0 before round 1); ``weight`` itself where ``ramp`` is 0."""
     if ramp <= 0:
         return weight
-    return weight * min(1.0, (server_round - 1) / (ramp * num_rounds))
+    return weight * min(1.0, max(0.0, (server_round - 1) / (ramp * num_rounds)))
 
 
 @register_method
@@ -220,3 +224,9 @@ class MixMatch(LocalSSL):
 
         streams = self.ssl_streams(client, lambda: self.unlabeled_stream(client))
         return LocalTask(streams, loss)
+
+    def server_task(self, server: ClientData, models: nn.ModuleDict, ctx: ServerRoundContext) -> LocalTask:
+        """The server's training on its labeled images (labels-at-server): the task of a
+        labeled-only client (L_X on the labeled rows mixed among themselves), drawing from the
+        server's generators."""
+        return self.local_task(server, models, ctx)

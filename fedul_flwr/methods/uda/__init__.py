@@ -39,6 +39,10 @@ Choices:
   holds: the CE alone on labeled images, lambda times the consistency term alone on
   unlabeled ones (the unlabeled stream, mu B images a step, then drives the epoch); one with
   neither sits out. The reply's weight is n_L where the client has labels, else n_U.
+- **Labels at the server** (``client-setting=labels-at-server``): the clients hold unlabeled
+  images only and train lambda times the consistency term alone; the server trains the CE on
+  the weak views of its labeled images after every aggregation
+  (:meth:`~fedul_flwr.methods.local_ssl.LocalSSL.server_task`), FedMatch's protocol.
 - Uploads, as FixMatch's: ``pseudo-label-share`` (the share of the round's unlabeled images
   that passed beta) and, in simulation, ``pseudo-label-correct-share`` (passed, and the
   target's argmax is the true class).
