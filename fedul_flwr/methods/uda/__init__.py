@@ -47,7 +47,7 @@ Choices:
   that passed beta) and, in simulation, ``pseudo-label-correct-share`` (passed, and the
   target's argmax is the true class).
 
-The paper's numbers to compare with: FedPU's Table 5 (Lin et al., IJCAI 2022) reports UDA
+The paper's numbers to compare with: FedPU's Table 5 (Lin et al., ICML 2022) reports UDA
 under FedMatch's protocol on CIFAR-10; they are not transcribed into this package yet, and no
 grid here reproduces that protocol.
 """
