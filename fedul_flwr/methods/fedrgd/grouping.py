@@ -131,7 +131,7 @@ def blend(aggregate: ArrayRecord, server: ArrayRecord, share: float) -> ArrayRec
         if np.issubdtype(a.dtype, np.floating):
             s = server[key].numpy().astype(np.float64)
             a = (share * s + (1.0 - share) * a.astype(np.float64)).astype(a.dtype)
-        out[key] = Array(np.ascontiguousarray(a))
+        out[key] = Array(np.array(a, order="C"))  # keeps 0-d arrays 0-d
     return ArrayRecord(out)
 
 
