@@ -76,7 +76,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedul_flwr.augment import Augmentation
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, NothingToTrain, RoundContext, ServerRoundContext, Stream, register_method
 from fedul_flwr.methods.feddb.dpl import predict_weak
@@ -159,9 +158,7 @@ class SemiFL(FixMatch):
         NothingToTrain
             For a client without labels none of whose pseudo-labels passes tau.
         """
-        side = client.image_shape[1]
-        weak = Augmentation("weak", side, client.flip)
-        strong = Augmentation(self.option("fixmatch-strong-augment"), side, client.flip)
+        weak, strong = self.views(client)
         streams: dict[str, Stream] = {}
         if "labeled" in client.parts():
             streams["labeled"] = self.labeled_stream(client)
@@ -201,7 +198,7 @@ class SemiFL(FixMatch):
                 self._kept += len(fb["y"])
             return total
 
-        self._kept = self._seen = self._correct = self._labeled_rows = 0
+        self.reset_counts()
         return LocalTask(streams, loss)
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
