@@ -13,7 +13,7 @@ divergence among clients".
   0.95), is the target of the strong view (:class:`~fedul_flwr.methods.fixmatch.fixmatch.FixMatch`,
   whose local step this reuses: L = CE(labeled) + lambda L_u where the client holds labels,
   lambda L_u alone where it does not). The pseudo-labels of a batch come from
-  :meth:`FedRGD.pseudo_labels_from` (softmax probabilities in, targets and mask out).
+  ``pseudo_labels_from`` (:class:`~fedul_flwr.methods.pseudo_labels.ThresholdedPseudoLabels`) (softmax probabilities in, targets and mask out).
 - **Server** (``labels-at-server``): trains on its labeled images after every aggregation and
   once before round 1 (FixMatch's server task: CE of the weak views, ``server-epochs``).
 - **Aggregation**: the grouping-based averaging of
@@ -46,12 +46,13 @@ from fedul_flwr.methods.base import register_method
 from fedul_flwr.methods.fedrgd.grouping import SERVER_SHARE, GroupedAveraging
 from fedul_flwr.methods.fedrgd.settings import OPTIONS
 from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
+from fedul_flwr.methods.pseudo_labels import ThresholdedPseudoLabels
 
 __all__ = ["FedRGD"]
 
 
 @register_method
-class FedRGD(FixMatch):
+class FedRGD(ThresholdedPseudoLabels, FixMatch):
     """FixMatch clients, the server's training on its labels and grouping-based averaging
     (module docstring)."""
 
@@ -60,24 +61,6 @@ class FedRGD(FixMatch):
     options = FixMatch.options + OPTIONS
     recorded_metrics = (*FixMatch.recorded_metrics, SERVER_SHARE)
     trains_on_server = True
-
-    def pseudo_labels_from(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Hard pseudo-labels: argmax of each row and whether its maximum reaches tau
-        (``fixmatch-threshold``). The one place the pseudo-labels are made (a debiasing
-        plug-in wraps it).
-
-        Parameters
-        ----------
-        probs : torch.Tensor
-            ``[n, K]`` softmax predictions on the weak views (no gradient).
-
-        Returns
-        -------
-        (torch.Tensor, torch.Tensor)
-            int64 ``[n]`` pseudo-labels and bool ``[n]`` mask.
-        """
-        confidence, targets = probs.max(dim=1)
-        return targets, confidence >= self.option("fixmatch-threshold")
 
     def pseudo_labels(self, weak_logits: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """FixMatch's per-batch pseudo-labels through :meth:`pseudo_labels_from` on the softmax

@@ -40,15 +40,15 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedul_flwr import wire
 from fedul_flwr.rng import numpy_generator
 from fedul_flwr.strategies.contract import Combining, Contract
+from fedul_flwr.strategies.per_model import PerModelAggregation
 
 __all__ = ["SERVER_SHARE", "GroupedAveraging", "blend", "draw_groups", "group_weights", "with_weight"]
 
@@ -62,12 +62,10 @@ def draw_groups(seed: int, server_round: int, num_clients: int, groups: int) -> 
 
     Parameters
     ----------
-    seed : int
-        The run's seed.
-    server_round : int
-        The round (from 1).
+    seed, server_round : int
+        The run's seed and the round the groups are for.
     num_clients : int
-        n >= 1, the replies that sent a model.
+        n >= 1: how many replies carry a model.
     groups : int
         S >= 1.
 
@@ -144,8 +142,10 @@ def with_weight(reply: Message, key: str, weight: float) -> Message:
     return view
 
 
-class GroupedAveraging:
-    """Mixin for Flower strategies: FedRGD's grouping-based averaging (module docstring).
+class GroupedAveraging(PerModelAggregation):
+    """Mixin for Flower strategies: FedRGD's grouping-based averaging (module docstring), on
+    :class:`~fedul_flwr.strategies.per_model.PerModelAggregation` (whose ``configure_train``
+    keeps the round's global arrays, w_s).
 
     Attributes
     ----------
@@ -164,11 +164,6 @@ class GroupedAveraging:
     """Reweighted (:mod:`fedul_flwr.strategies.contract`): a client's weight depends on its
     group's size, and the release includes the server's model."""
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any:
-        """The strategy's train messages; remembers the global arrays of the round (w_s)."""
-        self.round_arrays = arrays
-        return super().configure_train(server_round, arrays, config, grid)  # type: ignore[misc]
-
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -178,7 +173,7 @@ class GroupedAveraging:
         ok = [r for r in replies if not r.has_error() and len(r.content[wire.ARRAYS])]
         if not ok:
             return None, None  # the global model stays
-        server: ArrayRecord | None = getattr(self, "round_arrays", None)
+        server: ArrayRecord | None = getattr(self, "global_arrays", None)  # the round's, kept by configure_train
         with_server = getattr(self, "server_step", None) is not None and server is not None
         groups = draw_groups(self.seed, server_round, len(ok), self.groups)
         omega, share = group_weights(groups, len(ok), with_server)

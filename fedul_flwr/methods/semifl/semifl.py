@@ -16,7 +16,8 @@ Each round (``client-setting=labels-at-server``, the paper's own setting):
 2. **Client, once per round before training.** The received global model predicts every
    unlabeled image's weak view in eval mode (the server's sBN statistics):
    p_n = softmax(f(alpha(u_n))), yhat_n = argmax p_n, kept where max p_n >= tau
-   (:meth:`SemiFL.pseudo_labels_from`, tau = ``fixmatch-threshold``, 0.95). The pseudo-labels
+   (``pseudo_labels_from`` of
+   :class:`~fedul_flwr.methods.pseudo_labels.ThresholdedPseudoLabels`, tau = ``fixmatch-threshold``, 0.95). The pseudo-labels
    stay fixed for the round's local epochs. D_fix holds the confident images, D_mix all the
    unlabeled images with their pseudo-labels.
 3. **Client training**, per step on a batch (x_f, y_f) of D_fix and a batch (x_m, y_m) drawn
@@ -81,6 +82,7 @@ from fedul_flwr.methods.base import Batch, LocalTask, NothingToTrain, RoundConte
 from fedul_flwr.methods.feddb.dpl import predict_weak
 from fedul_flwr.methods.fedpl import mixup_loss
 from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
+from fedul_flwr.methods.pseudo_labels import ThresholdedPseudoLabels
 from fedul_flwr.methods.semifl.sbn import static_batch_norm
 from fedul_flwr.methods.semifl.settings import OPTIONS
 
@@ -110,7 +112,7 @@ def with_replacement(num_rows: int, batch_size: int) -> Callable[[torch.Generato
 
 
 @register_method
-class SemiFL(FixMatch):
+class SemiFL(ThresholdedPseudoLabels, FixMatch):
     """SemiFL's clients (fix and mix losses on once-per-round pseudo-labels) and server
     (fine-tuning on the labels, static batch norm); module docstring."""
 
@@ -118,24 +120,6 @@ class SemiFL(FixMatch):
     settings = ("labels-at-server", "labels-at-clients", "annotation-heterogeneity")
     options = FixMatch.options + OPTIONS
     trains_on_server = True
-
-    def pseudo_labels_from(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """SemiFL's hard pseudo-labels: argmax of each row and whether its maximum reaches tau
-        (``fixmatch-threshold``). The one place the pseudo-labels are made (a debiasing
-        plug-in wraps it).
-
-        Parameters
-        ----------
-        probs : torch.Tensor
-            ``[n, K]`` softmax predictions of the received global model on the weak views.
-
-        Returns
-        -------
-        (torch.Tensor, torch.Tensor)
-            int64 ``[n]`` pseudo-labels and bool ``[n]`` mask.
-        """
-        confidence, targets = probs.max(dim=1)
-        return targets, confidence >= self.option("fixmatch-threshold")
 
     def server_update(
         self, server: ClientData, models: nn.ModuleDict, ctx: ServerRoundContext, loop: LocalLoop
