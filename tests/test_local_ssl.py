@@ -203,6 +203,19 @@ def test_uda_step_forwards_once_and_counts_the_mask() -> None:
     assert set(sent) <= declared and "pseudo-label-share" in always
 
 
+def test_uda_target_view_original_is_the_image_itself() -> None:
+    """``uda-target-view = "original"``: the target view is the unaugmented image (Eq. 1's
+    p(y | x)), ``weak``: a random crop of it; the strong view is RandAugment in both."""
+    for view, same in (("original", True), ("weak", False)):
+        cfg, client = _client({"method": "uda", "client-setting": "labels-at-clients", "num-labeled": 100,
+                               "uda-target-view": view}, 1, 4)  # fmt: skip
+        stream = method_class("uda")(cfg).unlabeled_stream(client)
+        images = client.unlabeled[:64]
+        target = stream.views["weak"][1](images, torch.Generator().manual_seed(0))
+        assert torch.equal(target, images) == same
+        assert not torch.equal(stream.views["strong"][1](images, torch.Generator().manual_seed(0)), images)
+
+
 @pytest.mark.parametrize("method", ["mixmatch", "uda"])
 def test_one_part_clients_train_what_they_hold(method: str) -> None:
     """annotation-heterogeneity with a labeled and an unlabeled client: the labeled one trains
