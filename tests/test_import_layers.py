@@ -64,6 +64,10 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "FedDB declares its server-side debiased model aggregation (DMA), part of the method",
     ("fedul_flwr.methods.feddb.settings", "fedul_flwr.strategies.dma"):
         "FedDB's keys declare the DMA's losses as the choices of dma-loss (DMA_LOSSES)",
+    ("fedul_flwr.methods.fedrgd.grouping", "fedul_flwr.strategies.per_model"):
+        "FedRGD's grouping-based averaging is a per-model aggregation mixin (it keeps the round's global arrays)",
+    ("fedul_flwr.methods.fedrgd.grouping", "fedul_flwr.strategies.contract"):
+        "FedRGD declares its aggregation contract (reweighted: group shares and the server's model)",
     ("fedul_flwr.methods.hassle", "fedul_flwr.strategies.per_model"):
         "HASSLE declares the per-model aggregation of its partial replies",
     ("fedul_flwr.methods.hassle", "fedul_flwr.strategies.contract"):
