@@ -22,7 +22,7 @@ lr 1e-3, B = 128: the cpu profile's model and optimiser) this script measures:
     differs.
 
 It prints the tables and writes them, with the command in the first line, to ``--out``
-(default ``docs/reproduce/vat-scale.md``). Offline; about 10 minutes on 2 busy CPU cores with
+(default ``docs/reproduce/vat-scale.md``). Offline; about 6 minutes on 2 busy CPU cores with
 the defaults (``--pairs`` and ``--rounds`` trade coverage for time).
 
 Usage::
