@@ -185,10 +185,21 @@ def test_fedul_check_accepts_rscfed_in_its_setting_and_refuses_robust_strategies
                         "differential-privacy": "server-fixed"})  # fmt: skip
 
 
-def test_three_rounds_on_the_embedded_sample_train_above_chance(tmp_path: Path, small_test_set: None) -> None:
+def test_three_rounds_on_the_embedded_sample_train_above_chance(
+    tmp_path: Path, small_test_set: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A fully labeled, a partially labeled and an unlabeled client, 3 rounds: the test accuracy
-    passes 0.2 (chance: 0.1), every client replies with n_L + n_U and its n_L, and the
-    unlabeled clients' teacher predictions are recorded."""
+    passes 0.2 (chance: 0.1) and the teacher's predictions are recorded. The two clients with
+    unlabeled images start their teacher from the global model in round 1 only: the node keeps
+    it across rounds."""
+    fresh: list[tuple[int, int, bool]] = []
+    original = get_method("rscfed").fresh_teacher
+
+    def recording(self, client, models, ctx):  # type: ignore[no-untyped-def]
+        fresh.append((ctx.server_round, ctx.node_key, original(self, client, models, ctx)))
+        return fresh[-1][2]
+
+    monkeypatch.setattr(get_method("rscfed"), "fresh_teacher", recording)
     rc = {"method": "rscfed", "client-setting": "annotation-heterogeneity", "label-layout": "L,P,U", "labeled-share": 0.4,
           "samples-per-client": 200, "batch-size": 32, "num-rounds": 3, "min-available-nodes": 3, "min-train-nodes": 3,
           "lr": 0.05, "local-optimizer": "sgd", "local-momentum": 0.9, "rscfed-subset-size": 2,
@@ -198,3 +209,4 @@ def test_three_rounds_on_the_embedded_sample_train_above_chance(tmp_path: Path, 
     assert [r["round"] for r in rows] == [0, 1, 2, 3]
     assert rows[-1]["test-accuracy"] > 0.2
     assert all(math.isfinite(r["train-loss"]) and 0 < r["pseudo-label-share"] <= 1 for r in rows[1:])
+    assert sorted(fresh) == [(1, 1, True), (1, 2, True), (2, 1, False), (2, 2, False), (3, 1, False), (3, 2, False)]
