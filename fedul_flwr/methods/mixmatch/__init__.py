@@ -33,7 +33,10 @@ Choices, and where the paper and the authors' code (google-research/mixmatch) di
   linearly from 0 over the first 16,384 of their 1,048,576 steps (the code's
   ``warmup_kimg = 1024`` at batch 64), 1/64 of the run. Here lambda_U(r) = lambda_U
   min(1, (r - 1) / (ramp num-rounds)) in round r: the same share of the run's rounds, constant
-  within a round; round 1 trains L_X alone. 0 turns the ramp off.
+  within a round; round 1 trains L_X alone. 0 turns the ramp off. A short run needs a longer
+  ramp: lambda_U = 100 after one or two rounds collapsed 3-round runs on the embedded sample to
+  one class (measured in docs/baselines/mixmatch.md; the ``mixmatch-cpu`` preset ramps over half
+  its rounds).
 - **Mixup partners** come from all of W, labeled and unlabeled alike: the paper's
   W = Shuffle(Concat(X, U)) and the code's default ``mixmode = "xxy.yxy"`` agree. The weights
   are drawn per row (the code's ``Beta(beta, beta).sample([batch, 1, 1, 1])``; the paper
