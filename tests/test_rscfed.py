@@ -127,6 +127,40 @@ def test_the_strategy_averages_with_the_consensus_weights() -> None:
     assert momentum == pytest.approx(got, rel=1e-6)
 
 
+@pytest.mark.parametrize("strategy", ["fedprox", "fednova", "fedavgm", "fedadam", "fedyogi", "fedadagrad"])
+def test_every_averaging_strategy_releases_from_the_consensus_weights(strategy: str) -> None:
+    """The run's strategy does the arithmetic on the consensus weights: FedProx and FedNova (all
+    clients took the same steps) release sum alpha_i w_i as FedAvg does; the server optimizers
+    step from the global model towards it (its pseudo-gradient has the consensus' sign)."""
+    from fedul_flwr.methods.rscfed.consensus import ConsensusAggregation as _Mixin
+    from fedul_flwr.strategies import build_strategy
+
+    settings = {"subsets": 2, "subset_size": 3, "beta": LN2, "beta_labeled": LN2, "labeled_factor": 1.0}
+    cfg = resolve_config({"method": "rscfed", "client-setting": "annotation-heterogeneity", "strategy": strategy,
+                          "min-train-nodes": 1, "min-available-nodes": 3})  # fmt: skip
+    strategy_object = build_strategy(cfg, type("ConsensusAggregation", (_Mixin,), settings), 3)
+    current = ArrayRecord({"f.w": Array(np.zeros(2, dtype=np.float32))})
+    replies = {1: _reply(1, [0.0, 0.0], 1), 2: _reply(2, [4.0, 0.0], 1), 3: _reply(3, [1.0, 0.0], 2)}
+    for content in replies.values():  # what the run's reply door asks of every rscfed reply
+        content["metrics"].update({"num-steps": 5, "train-loss": 1.0, "pseudo-label-share": 1.0})
+
+    app = ClientApp()
+
+    @app.train()
+    def _answer(msg: Message, context: Context) -> Message:
+        return Message(replies[context.node_id], reply_to=msg)
+
+    grid = InProcessGrid(app, 3, {})
+    msgs = list(grid.send_and_receive(strategy_object.configure_train(1, current, ConfigRecord(), grid)))
+    got = strategy_object.aggregate_train(1, msgs)[0]["f.w"].numpy()
+    fedavg = _aggregate(FedAvg, settings, replies, current)["f.w"].numpy()
+    assert fedavg[0] > 1.0  # the consensus: the far client [4, 0] weighs less than n_i / sum n says (3/2)
+    if strategy in ("fedprox", "fednova"):
+        assert got == pytest.approx(fedavg, rel=1e-5)
+    else:
+        assert got[0] > 0 and got[1] == pytest.approx(0.0)
+
+
 def test_teacher_ema_and_sharpening_by_hand() -> None:
     """d_s = min(d, 1 - 1/(s+1)): 0 at s = 0 (the teacher becomes the student), 1/2 at s = 1,
     d from s = 1/(1-d) - 1 on. theta' = [1, 1], theta = [3, 5], d = 0.75: [1.5, 2]. sharpen([0.6,
