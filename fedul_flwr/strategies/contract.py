@@ -366,6 +366,8 @@ _POSITIVE = Treatment(Exposure.PUBLIC, "which classes each node labels, told to 
 
 METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
     "fixmatch": _PSEUDO,
+    "semifl": _PSEUDO,
+    "fedrgd": _PSEUDO,
     "fixmatch-dpl": (*_PSEUDO, _metric("app-u", "the node's average prediction on its unlabeled images (K floats)")),
     "feddb": (*_PSEUDO, _metric(
         "app-u", "the node's average prediction on its unlabeled images (K floats); DMA weighs the clients by it",
@@ -412,6 +414,9 @@ METHOD_SERVER_FIELDS: dict[str, tuple[Field, ...]] = {
                          Treatment(Exposure.REFUSED, "computed from the unnoised APP-U"),
                          Treatment(Exposure.REFUSED, "computed from the unnoised APP-U"))
                    for k in ("dma-beta", "dma-loss-uniform", "dma-loss")),
+    "fedrgd": (Field("server:metrics.json", "fedrgd-server-share", "the server model's share of the grouped average",
+                     *(Treatment(Exposure.PUBLIC, "a function of how many clients trained and of the seeded "
+                                 "groups: outside the epsilon, as who trained"),) * 2),),
 }  # fmt: skip
 """What a method's aggregation adds to the record (also logged each round)."""
 
