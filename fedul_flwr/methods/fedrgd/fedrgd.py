@@ -13,7 +13,8 @@ divergence among clients".
   0.95), is the target of the strong view (:class:`~fedul_flwr.methods.fixmatch.fixmatch.FixMatch`,
   whose local step this reuses: L = CE(labeled) + lambda L_u where the client holds labels,
   lambda L_u alone where it does not). The pseudo-labels of a batch come from
-  ``pseudo_labels_from`` (:class:`~fedul_flwr.methods.pseudo_labels.ThresholdedPseudoLabels`) (softmax probabilities in, targets and mask out).
+  ``pseudo_labels_from`` of :class:`~fedul_flwr.methods.pseudo_labels.ThresholdedPseudoLabels`
+  (softmax probabilities in, targets and mask out).
 - **Server** (``labels-at-server``): trains on its labeled images after every aggregation and
   once before round 1 (FixMatch's server task: CE of the weak views, ``server-epochs``).
 - **Aggregation**: the grouping-based averaging of

@@ -16,10 +16,10 @@ Each round (``client-setting=labels-at-server``, the paper's own setting):
 2. **Client, once per round before training.** The received global model predicts every
    unlabeled image's weak view in eval mode (the server's sBN statistics):
    p_n = softmax(f(alpha(u_n))), yhat_n = argmax p_n, kept where max p_n >= tau
-   (``pseudo_labels_from`` of
-   :class:`~fedul_flwr.methods.pseudo_labels.ThresholdedPseudoLabels`, tau = ``fixmatch-threshold``, 0.95). The pseudo-labels
-   stay fixed for the round's local epochs. D_fix holds the confident images, D_mix all the
-   unlabeled images with their pseudo-labels.
+   (``pseudo_labels_from`` of :class:`~fedul_flwr.methods.pseudo_labels.ThresholdedPseudoLabels`,
+   tau = ``fixmatch-threshold``, 0.95). The pseudo-labels stay fixed for the round's local
+   epochs. D_fix holds the confident images, D_mix all the unlabeled images with their
+   pseudo-labels.
 3. **Client training**, per step on a batch (x_f, y_f) of D_fix and a batch (x_m, y_m) drawn
    with replacement from D_mix (as many rows):
 
