@@ -72,6 +72,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "HASSLE declares the per-model aggregation of its partial replies",
     ("fedul_flwr.methods.hassle", "fedul_flwr.strategies.contract"):
         "HASSLE declares its aggregation contract (partial replies, combining)",
+    ("fedul_flwr.methods.rscfed.consensus", "fedul_flwr.strategies.contract"):
+        "RSCFed declares its consensus aggregation's contract (reweighted; the robust strategies refused)",
     ("fedul_flwr.methods.hassle", "fedul_flwr.training"):
         "HASSLE's local update runs the one training loop (LocalLoop) once per model it trains",
     ("fedul_flwr.methods.hassle", "fedul_flwr.acceleration"):
