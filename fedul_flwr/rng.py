@@ -109,6 +109,7 @@ STREAMS: Mapping[str, Stream] = MappingProxyType({
     "server-method-torch": _S(25, ("round",), "keyed", "run", "labels-at-server: a method's own torch draws in the server's training"),
     "server-method-numpy": _S(26, ("round",), "keyed", "run", "labels-at-server: a method's own numpy draws in the server's training"),
     "consensus": _S(61, ("round",), "keyed", "run", "rscfed: the random sub-sets of a round's replies (the server)"),
+    "fedmatch-probe": _S(71, (), "keyed", "run", "fedmatch: the fixed random input the server embeds client models with (the helpers' choice)"),
     "fedrgd-groups": _S(63, ("round",), "keyed", "run", "fedrgd: the random groups of a round's replies (the server)"),
     "model": _S(31, ("index",), "keyed", "run", "initial weights of the exchanged model number index >= 1 (index 0: the run seed)"),
     "node-model": _S(32, ("index", "node"), "keyed", "run", "initial weights of a model kept on a node (never exchanged)"),
