@@ -1,12 +1,14 @@
 """The run-config keys FedMatch owns: defaults, rules, meaning.
 
-The defaults are the paper's values where it gives them (Jeong et al., ICLR 2021, Sec. 5: H = 2
-helpers, tau = 0.85, lambda_s = 10, lambda_ICCS = 1e-2, lambda_L1 = 1e-4, lambda_L2 = 10), the
-authors' code's elsewhere (``config.py``: psi starts at 0.2 sigma, psi entries at or below
-5e-6 are cut before sending, helpers every 10th round). Where the code differs from the paper
-the code's value is one switch away: ``fedmatch-threshold = 0.75`` (the code's confidence) and,
-in its labels-at-server configuration, ``fedmatch-lambda-l1 = 1e-5`` and
-``fedmatch-sparsity-threshold = 1e-5``.
+The defaults: H = 2 helpers and tau = 0.85 from the paper (Jeong et al., ICLR 2021); the weights
+lambda_s = 10, lambda_ICCS = 1e-2 (the code's lambda_i and lambda_a), lambda_L1 = 1e-4 and
+lambda_L2 = 10 as the authors' code sets them for labels-at-clients (``config.py``); and the
+code's psi = 0.2 sigma at first, the cut of psi's entries at or below 5e-6 before sending, and
+helpers every 10th round. Where the code differs, its value is one switch away:
+``fedmatch-threshold = 0.75`` (the code's confidence) and, in its labels-at-server
+configuration, ``fedmatch-lambda-l1 = 1e-5`` and ``fedmatch-sparsity-threshold = 1e-5``. These
+weights go with the authors' plain SGD at lr 1e-3; the presets rescale them to a longer step
+(``presets/fedmatch.yaml``).
 """
 
 from __future__ import annotations
