@@ -195,3 +195,6 @@ def test_fedul_check_accepts_each_in_its_settings(method: str, setting: str, cap
     values = f'method="{method}" client-setting="{setting}" num-labeled=200'
     assert fedul(["check", "--run-config", values]) == 0, capsys.readouterr().err
     assert fedul(["check", "--run-config", f'method="{method}" client-setting="usets"']) == 1
+    if setting == "labels-at-clients":  # and the annotation-heterogeneity setting's 20 clients
+        values = f'method="{method}" client-setting="annotation-heterogeneity"'
+        assert fedul(["check", "--run-config", values, "--federation-config", "num-supernodes=20"]) == 0
