@@ -64,6 +64,10 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "FedDB declares its server-side debiased model aggregation (DMA), part of the method",
     ("fedul_flwr.methods.feddb.settings", "fedul_flwr.strategies.dma"):
         "FedDB's keys declare the DMA's losses as the choices of dma-loss (DMA_LOSSES)",
+    ("fedul_flwr.methods.fedmatch.helpers", "fedul_flwr.strategies.per_model"):
+        "FedMatch's server side is a per-model aggregation mixin (sigma by n_L, psi by n_U, the helpers per client)",
+    ("fedul_flwr.methods.fedmatch.helpers", "fedul_flwr.strategies.contract"):
+        "FedMatch declares its aggregation contract (partial replies; each psi forwarded as a helper)",
     ("fedul_flwr.methods.fedrgd.grouping", "fedul_flwr.strategies.per_model"):
         "FedRGD's grouping-based averaging is a per-model aggregation mixin (it keeps the round's global arrays)",
     ("fedul_flwr.methods.fedrgd.grouping", "fedul_flwr.strategies.contract"):
