@@ -366,6 +366,7 @@ _POSITIVE = Treatment(Exposure.PUBLIC, "which classes each node labels, told to 
 
 METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
     "fixmatch": _PSEUDO,
+    "uda": _PSEUDO,
     "semifl": _PSEUDO,
     "fedrgd": _PSEUDO,
     "fixmatch-dpl": (*_PSEUDO, _metric("app-u", "the node's average prediction on its unlabeled images (K floats)")),
