@@ -47,9 +47,10 @@ Choices:
   that passed beta) and, in simulation, ``pseudo-label-correct-share`` (passed, and the
   target's argmax is the true class).
 
-The paper's numbers to compare with: FedPU's Table 5 (Lin et al., ICML 2022) reports UDA
-under FedMatch's protocol on CIFAR-10; they are not transcribed into this package yet, and no
-grid here reproduces that protocol.
+The paper's numbers to compare with (test accuracy, %): FedPU's Table 5 (Lin et al., ICML
+2022), CIFAR-10 in FedMatch's protocol (100 clients, 5 labeled images per class each): UDA
+47.45 IID and 46.31 non-IID (FixMatch 47.2 / 46.2, FedMatch 52.13 / 52.25, FedPU 58.25 / 55.2).
+The grid ``fedpu-table5-cifar10`` runs that table.
 """
 
 from __future__ import annotations
