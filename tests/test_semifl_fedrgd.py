@@ -195,6 +195,9 @@ def test_fedul_check_accepts_each_in_its_settings(method: str, setting: str, cap
     values = f'method="{method}" client-setting="{setting}" num-labeled=200'
     assert fedul(["check", "--run-config", values]) == 0, capsys.readouterr().err
     assert fedul(["check", "--run-config", f'method="{method}" client-setting="usets"']) == 1
+    if method == "fedrgd":  # a strategy that ignores the replies' weights would drop the groups
+        assert fedul(["check", "--run-config", f'{values} strategy="fedmedian"']) == 1
+        assert "ignores the replies' weights" in capsys.readouterr().err
     if setting == "labels-at-clients":  # and the annotation-heterogeneity setting's 20 clients
         values = f'method="{method}" client-setting="annotation-heterogeneity"'
         assert fedul(["check", "--run-config", values, "--federation-config", "num-supernodes=20"]) == 0

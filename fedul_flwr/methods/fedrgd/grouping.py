@@ -159,10 +159,11 @@ class GroupedAveraging(PerModelAggregation):
     seed: ClassVar[int] = 0
     contract: ClassVar[Contract] = Contract(
         Combining.REWEIGHTED, "fedrgd weighs each client by 1 / (S (|G| + 1)), the share of its random group, and "
-        "mixes in the server's model"
+        "mixes in the server's model", refuses=(Combining.ROBUST_SELECTION,),
     )  # fmt: skip
     """Reweighted (:mod:`fedul_flwr.strategies.contract`): a client's weight depends on its
-    group's size, and the release includes the server's model."""
+    group's size, and the release includes the server's model. The robust strategies, which
+    ignore the replies' weights and would drop the groups silently, are refused."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
