@@ -139,6 +139,11 @@ def validate_config(cfg: RunConfig) -> RunConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     method.check_options(cfg)
+    plugin = {o.key for o in method.options}
+    takers = sorted(n for n in METHODS.names() if "dpl" in {o.key for o in METHODS.get(n).options})
+    _check("dpl" in plugin or not dict(cfg.extra).get("dpl"),
+           f"dpl=true: method={cfg.method!r} takes no debiased pseudo-labels plug-in; the methods that do: {takers} "
+           "(FixMatch with them is method='fixmatch-dpl')")  # fmt: skip
     if cfg.test_prior:  # () is uniform
         classes = len(_dataset_facts(cfg).class_names)
         _check(

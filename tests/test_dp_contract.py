@@ -32,7 +32,8 @@ CHEAP = {"samples-per-client": 200, "batch-size": 64, "min-available-nodes": 3, 
 # Written out by hand from how each strategy combines replies (not read from the contract): the
 # strategies whose release is a uniform mean of clipped updates, or a server step on it.
 SERVER_DP_STRATEGIES = {"fedavg", "fedprox", "fedavgm", "fedadam", "fedyogi", "fedadagrad"}
-SERVER_DP_REFUSING_METHODS = {"feddb": "reweighted", "hassle": "partial replies"}
+SERVER_DP_REFUSING_METHODS = {"feddb": "reweighted", "hassle": "partial replies", "fedmatch": "partial replies",
+                              "fedrgd": "reweighted", "rscfed": "reweighted"}  # fmt: skip
 # what no DP mode covers: SCAFFOLD's control variates, FedDB's APP-U that DMA weighs the clients by
 NO_DP_STRATEGIES = {"scaffold"}
 NO_DP_METHODS = {"feddb"}

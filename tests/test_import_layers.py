@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, int], ...] = (
     ("fedul_flwr.data.user_datasets", 1), ("fedul_flwr.data.synthetic", 1),
     # 2 partition: a dataset cut into clients, U sets, priors, labels per client
     ("fedul_flwr.data.partition", 2), ("fedul_flwr.data.usets", 2), ("fedul_flwr.data.prior_noise", 2),
-    ("fedul_flwr.data.labels_at_clients", 2), ("fedul_flwr.data.annotation", 2), ("fedul_flwr.data.pu", 2),
+    ("fedul_flwr.data.labels_at_clients", 2), ("fedul_flwr.data.labels_at_server", 2), ("fedul_flwr.data.annotation", 2), ("fedul_flwr.data.pu", 2),
     # 3 client setting: the parts a client holds (ClientData) and the settings that build them in simulation
     ("fedul_flwr.data.client_data", 3), ("fedul_flwr.data.simulated", 3),
     # 4 client data: where one client's data comes from (a simulated setting or its node's folder)

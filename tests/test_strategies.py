@@ -154,9 +154,9 @@ def test_every_strategy_name_builds_a_strict_flower_strategy() -> None:
         strategy = build_strategy(_named(name))
         assert type(strategy).__name__.startswith("Strict")
         base = STRATEGIES.get(name)(_named(name))[0]
-        # Strict, 3 mixins, the registered strategy class (FedAvg: after the participation and noised-mean
-        # mixins that sit right above it)
-        assert base in type(strategy).__mro__[4:8]
+        # Strict, 4 mixins (the round numbering, the server's training, the checks, the order), the
+        # registered strategy class (FedAvg: after the participation and noised-mean mixins right above it)
+        assert base in type(strategy).__mro__[5:9]
     assert _strategy(strategy="fedprox", **{"proximal-mu": 0.1}).proximal_mu == 0.1
     fedadam = _strategy(strategy="fedadam")
     assert (fedadam.eta, fedadam.beta_1, fedadam.beta_2, fedadam.tau) == (0.1, 0.9, 0.99, 1e-3)  # Flower's defaults
@@ -246,7 +246,7 @@ def test_a_method_aggregation_mixin_runs_on_checked_ordered_replies_before_the_s
 
     strategy = build_strategy(resolve_config({"min-available-nodes": 3}), Recording)
     mro = type(strategy).__mro__
-    assert mro[4] is Recording and FedAvg in mro[5:9]  # after the checks and the ordering, before the strategy
+    assert mro[5] is Recording and FedAvg in mro[6:10]  # after the checks and the ordering, before the strategy
     assert type(strategy) is strict(FedAvg, Recording) and strict(FedAvg, Recording) is not strict(FedAvg)
     replies = {node: RecordDict({wire.ARRAYS: ArrayRecord({"f.w": Array(np.full(3, float(key), dtype=np.float32))}),
                                  wire.METRICS: MetricRecord({wire.NUM_EXAMPLES: 1, wire.UNIFORM_WEIGHT: 1, wire.NUM_STEPS: 1,

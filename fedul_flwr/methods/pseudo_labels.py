@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import torch
 
+from fedul_flwr.methods.feddb.debias import FedDPL
+
 __all__ = ["ThresholdedPseudoLabels"]
 
 
-class ThresholdedPseudoLabels:
+class ThresholdedPseudoLabels(FedDPL):
     """Mixin for a :class:`~fedul_flwr.methods.base.Method` that reads ``fixmatch-threshold``:
     the argmax of each prediction, kept where its probability reaches tau (FixMatch's rule,
-    Sohn et al., NeurIPS 2020, Eq. 4; SemiFL's, Diao et al., NeurIPS 2022, Sec. 3)."""
+    Sohn et al., NeurIPS 2020, Eq. 4; SemiFL's, Diao et al., NeurIPS 2022, Sec. 3); with
+    ``dpl = true`` of the debiased prediction (FedDB's plug-in, :class:`~fedul_flwr.methods.feddb.debias.FedDPL`:
+    the threshold applies to the debiased posterior, as in FedDB)."""
 
     def pseudo_labels_from(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Hard pseudo-labels and their mask: argmax of each row and whether its maximum
@@ -28,5 +32,5 @@ class ThresholdedPseudoLabels:
         (torch.Tensor, torch.Tensor)
             int64 ``[n]`` pseudo-labels and bool ``[n]`` mask, on ``probs``' device.
         """
-        confidence, targets = probs.max(dim=1)
+        confidence, targets = self.debiased(probs).max(dim=1)
         return targets, confidence >= self.option("fixmatch-threshold")  # type: ignore[attr-defined]

@@ -364,11 +364,14 @@ _PSEUDO = (
 _POSITIVE = Treatment(Exposure.PUBLIC, "which classes each node labels, told to the server and every client: "
                       "outside the epsilon, and it shows the other clients which class sets take part")  # fmt: skip
 
+_DPL = _metric("app-u", "with dpl=true (FedDB's plug-in): the node's average prediction on its unlabeled images (K "
+                "floats)", always=False)  # fmt: skip
+
 METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
     "fixmatch": _PSEUDO,
+    "semifl": (*_PSEUDO, _DPL),
+    "fedrgd": (*_PSEUDO, _DPL),
     "uda": _PSEUDO,
-    "semifl": _PSEUDO,
-    "fedrgd": _PSEUDO,
     "fixmatch-dpl": (*_PSEUDO, _metric("app-u", "the node's average prediction on its unlabeled images (K floats)")),
     "feddb": (*_PSEUDO, _metric(
         "app-u", "the node's average prediction on its unlabeled images (K floats); DMA weighs the clients by it",
@@ -382,6 +385,13 @@ METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
                 "the threshold (0 without unlabeled images)"),
         _metric("pseudo-label-correct-share", "in simulation, the share also of their true class (a diagnostic)",
                 always=False),
+    ),
+    "fedmatch": (
+        *_PSEUDO,
+        _metric("psi-nonzero-share", "the share of the node's psi entries it sends non-zero (psi's sparsity)"),
+        _metric("num-labeled", "the node's labeled examples (sigma's weight)", local=_SIZE),
+        _metric("num-unlabeled", "the node's unlabeled examples (psi's weight)", local=_SIZE),
+        _DPL,
     ),
     "hassle": (
         *_PSEUDO,

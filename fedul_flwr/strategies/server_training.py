@@ -11,7 +11,10 @@ with ``Aggregate`` whatever the run's strategy does (FedAvg, FedProx, FedAvgM, F
 with the method's aggregation mixin) and ``ServerUpdate`` the method's
 :meth:`~fedul_flwr.methods.base.Method.server_update` (``server-epochs`` epochs of the shared
 loop). The server also trains once before round 1 (:mod:`fedul_flwr.server_app`), so the
-clients' first pseudo-labels come from a model that has seen the labels.
+clients' first pseudo-labels come from a model that has seen the labels, and in a round where no
+client trained (every reply idle, e.g. no pseudo-label passed the threshold) it trains the
+global model it sent, as SemiFL's code fine-tunes every round: otherwise such a run could stall
+for good.
 
 A strategy that keeps the global model between rounds (FedAvgM's ``current_arrays``, from
 which its next pseudo-gradient is taken) is given the server-trained model: the server's
@@ -52,13 +55,22 @@ class ServerTraining:
     """
 
     server_step: ServerStep | None = None
+    _sent: ArrayRecord | None = None  # the global arrays of the round being trained
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Iterable[Message]:
+        self._sent = arrays
+        return super().configure_train(server_round, arrays, *args, **kwargs)  # type: ignore[misc]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)  # type: ignore[misc]
-        if self.server_step is None or arrays is None:
+        if self.server_step is None:
             return arrays, metrics
+        if arrays is None:  # no client trained (all idle): the server still trains the global model, as SemiFL does
+            if self._sent is None:
+                return arrays, metrics
+            arrays = self._sent
         arrays, extra = self.server_step(arrays, server_round)
         current: Any = getattr(self, "current_arrays", None)
         if isinstance(current, ArrayRecord):  # FedAvgM: its next pseudo-gradient starts from the server's model

@@ -40,102 +40,18 @@ Choices the paper leaves open:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedul_flwr.augment import Augmentation
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import LocalTask, RoundContext, Stream, register_method
+from fedul_flwr.methods.feddb.debias import APP_U, DebiasedPseudoLabels, debias, debiased_pseudo_labels, predict_weak
 from fedul_flwr.methods.feddb.settings import DPL_OPTIONS
 from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
 
-__all__ = ["APP_U", "FixMatchDPL", "debias", "debiased_pseudo_labels"]
-
-APP_U = "app-u"
-"""Reply metric: the client's APP-U pbar, K floats."""
-
-
-def debias(probs: torch.Tensor, app_u: torch.Tensor) -> torch.Tensor:
-    """Eq. 14: ``probs [n, K]`` divided by ``app_u [K]`` per class, renormalised per row.
-
-    Raises
-    ------
-    ValueError
-        If an entry of ``app_u`` is not > 0 (a class the model never predicts at all).
-    """
-    if not bool((app_u > 0).all()):
-        raise ValueError(f"APP-U must be > 0 in every class, got {app_u.tolist()}")
-    ratio = probs / app_u
-    return ratio / ratio.sum(dim=1, keepdim=True)
-
-
-def debiased_pseudo_labels(probs: torch.Tensor, app_u: torch.Tensor, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """argmax and mask (max > tau) of the debiased posteriors (Eq. 14).
-
-    Parameters
-    ----------
-    probs : torch.Tensor
-        ``[n, K]`` softmax predictions p_n.
-    app_u : torch.Tensor
-        ``[K]`` pbar.
-    tau : float
-        Threshold in [0, 1].
-
-    Returns
-    -------
-    (torch.Tensor, torch.Tensor)
-        int64 ``[n]`` pseudo-labels and bool ``[n]`` mask.
-    """
-    confidence, targets = debias(probs, app_u).max(dim=1)
-    return targets, confidence > tau
-
-
-@torch.no_grad()
-def predict_weak(
-    f: Callable[[torch.Tensor], torch.Tensor], module: nn.Module, images: torch.Tensor, weak: Augmentation,
-    generator: torch.Generator, to_input: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
-    batch_size: int,
-) -> torch.Tensor:  # fmt: skip
-    """softmax(f(alpha(u))) for every image, in eval mode (restored afterwards).
-
-    Parameters
-    ----------
-    f : Callable
-        The classifier's forward (float inputs -> ``[B, K]`` logits).
-    module : nn.Module
-        The module whose train/eval mode to switch.
-    images : torch.Tensor
-        uint8 ``[n, C, H, W]`` (CPU).
-    weak : Augmentation
-        The weak view.
-    generator : torch.Generator
-        Source of the views.
-    to_input : Callable
-        uint8 -> float model inputs.
-    device : torch.device
-        Where the forward passes run.
-    batch_size : int
-        Images per pass.
-
-    Returns
-    -------
-    torch.Tensor
-        float32 ``[n, K]`` on ``device``.
-    """
-    was_training = module.training
-    module.eval()
-    try:
-        out = [
-            F.softmax(f(to_input(weak(images[i : i + batch_size].to(device), generator))).float(), dim=1)
-            for i in range(0, len(images), batch_size)
-        ]
-    finally:
-        module.train(was_training)
-    return torch.cat(out)
-
+__all__ = ["APP_U", "DebiasedPseudoLabels", "FixMatchDPL", "debias", "debiased_pseudo_labels", "predict_weak"]
 
 @register_method
 class FixMatchDPL(FixMatch):

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -69,12 +70,16 @@ from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import (
     Batch, LocalTask, Method, ModelSpec, Predictor, RoundContext, ServerRoundContext, Stream, register_method,
 )  # fmt: skip
+from fedul_flwr.methods.feddb.settings import DPL_PLUGIN_OPTIONS
+from fedul_flwr.methods.feddb.debias import APP_U, FedDPL
 from fedul_flwr.methods.fedmatch.helpers import HELPERS_SENT, NUM_LABELED, NUM_UNLABELED, FedMatchAggregation, helper_name
 from fedul_flwr.methods.fedmatch.losses import (
     Decomposed, agreement_pseudo_labels, consistency, masked_mean, sparsify, sparsity_and_distance, theta_state,
 )  # fmt: skip
 from fedul_flwr.methods.fedmatch.settings import OPTIONS
-from fedul_flwr.training import LocalLoop, TrainResult
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fedul_flwr.training import LocalLoop, TrainResult
 
 __all__ = ["DECOMPOSED", "FedMatch"]
 
@@ -83,7 +88,7 @@ DECOMPOSED = "decomposed"
 
 
 @register_method
-class FedMatch(Method):
+class FedMatch(FedDPL, Method):
     """FedMatch (module docstring)."""
 
     name = "fedmatch"
@@ -91,10 +96,10 @@ class FedMatch(Method):
     uses = ("labeled", "unlabeled")
     setting = "labels-at-clients"
     settings = ("labels-at-clients", "annotation-heterogeneity", "labels-at-server")
-    options = OPTIONS
+    options = OPTIONS + DPL_PLUGIN_OPTIONS
     trains_on_server = True
     batched_cohort = False
-    recorded_metrics = ("pseudo-label-share", "pseudo-label-correct-share", "psi-nonzero-share")
+    recorded_metrics = ("pseudo-label-share", "pseudo-label-correct-share", "psi-nonzero-share", APP_U)
 
     # ------------------------------------------------------------------ models
     @property
@@ -142,7 +147,12 @@ class FedMatch(Method):
         (torch.Tensor, torch.Tensor)
             int64 ``[n]`` targets and bool ``[n]`` mask.
         """
-        return agreement_pseudo_labels(probs, helper_probs, float(self.option("fedmatch-threshold")))
+        return agreement_pseudo_labels(self.debiased(probs), helper_probs, float(self.option("fedmatch-threshold")))
+
+    def dpl_forward(self, models: nn.ModuleDict) -> nn.Module:
+        """The local classifier sigma + psi, whose pseudo-labels ``dpl`` debiases (the helpers'
+        predictions stay as they are: APP-U is the client's own model's bias)."""
+        return models[DECOMPOSED] if DECOMPOSED in models else Decomposed(models["sigma"], models["psi"])
 
     # ------------------------------------------------------------------ the client's round
     @staticmethod
@@ -156,7 +166,9 @@ class FedMatch(Method):
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Streams ``labeled`` (x, y; drives the epoch) and ``unlabeled`` (x and its strong view),
-        those the client holds; the loss of the module docstring."""
+        those the client holds; the loss of the module docstring (with ``dpl``, FedDB's debiased
+        pseudo-labels: :class:`~fedul_flwr.methods.feddb.debias.FedDPL`)."""
+        self.begin_dpl(client, models, ctx)
         streams: dict[str, Stream] = {}
         b = self.cfg.batch_size
         if self._has(client, "labeled"):
@@ -200,7 +212,7 @@ class FedMatch(Method):
             return total
 
         self._kept = self._seen = self._correct = 0
-        return LocalTask(streams, loss)
+        return self.with_dpl(LocalTask(streams, loss))
 
     def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
         """The helpers become sigma + their psi, then one loop over sigma (with labels) and psi
@@ -239,6 +251,7 @@ class FedMatch(Method):
             NUM_UNLABELED: float(len(client.unlabeled)) if self._has(client, "unlabeled") else 0.0,  # type: ignore[arg-type]
             "pseudo-label-share": float(self._kept) / max(self._seen, 1),
             "psi-nonzero-share": float(self._density),
+            **self.dpl_uploads(),
         }
         if client.unlabeled_classes is not None:
             out["pseudo-label-correct-share"] = float(self._correct) / max(self._seen, 1)

@@ -42,8 +42,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from fedul_flwr.methods.base import register_method
+from fedul_flwr.data.client_data import ClientData
+from fedul_flwr.methods.base import LocalTask, RoundContext, register_method
+from fedul_flwr.methods.feddb.settings import DPL_PLUGIN_OPTIONS
+from fedul_flwr.methods.feddb.debias import APP_U
 from fedul_flwr.methods.fedrgd.grouping import SERVER_SHARE, GroupedAveraging
 from fedul_flwr.methods.fedrgd.settings import OPTIONS
 from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
@@ -59,9 +63,19 @@ class FedRGD(ThresholdedPseudoLabels, FixMatch):
 
     name = "fedrgd"
     settings = ("labels-at-server", "labels-at-clients", "annotation-heterogeneity")
-    options = FixMatch.options + OPTIONS
-    recorded_metrics = (*FixMatch.recorded_metrics, SERVER_SHARE)
+    options = FixMatch.options + OPTIONS + DPL_PLUGIN_OPTIONS
+    recorded_metrics = (*FixMatch.recorded_metrics, SERVER_SHARE, APP_U)
     trains_on_server = True
+
+    def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
+        """FixMatch's task, with FedDB's debiased pseudo-labels where ``dpl`` is set
+        (:class:`~fedul_flwr.methods.feddb.debias.FedDPL`)."""
+        self.begin_dpl(client, models, ctx)
+        return self.with_dpl(super().local_task(client, models, ctx))
+
+    def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
+        """FixMatch's uploads, and ``app-u`` where ``dpl`` is set."""
+        return {**super().uploads(client, models, ctx), **self.dpl_uploads()}
 
     def pseudo_labels(self, weak_logits: torch.Tensor | None, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """FixMatch's per-batch pseudo-labels through :meth:`pseudo_labels_from` on the softmax

@@ -79,7 +79,8 @@ from torch import nn
 
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, NothingToTrain, RoundContext, ServerRoundContext, Stream, register_method
-from fedul_flwr.methods.feddb.dpl import predict_weak
+from fedul_flwr.methods.feddb.settings import DPL_PLUGIN_OPTIONS
+from fedul_flwr.methods.feddb.debias import APP_U, predict_weak
 from fedul_flwr.methods.fedpl import mixup_loss
 from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
 from fedul_flwr.methods.pseudo_labels import ThresholdedPseudoLabels
@@ -118,7 +119,8 @@ class SemiFL(ThresholdedPseudoLabels, FixMatch):
 
     name = "semifl"
     settings = ("labels-at-server", "labels-at-clients", "annotation-heterogeneity")
-    options = FixMatch.options + OPTIONS
+    options = FixMatch.options + OPTIONS + DPL_PLUGIN_OPTIONS
+    recorded_metrics = (*FixMatch.recorded_metrics, APP_U)
     trains_on_server = True
 
     def server_update(
@@ -142,6 +144,7 @@ class SemiFL(ThresholdedPseudoLabels, FixMatch):
         NothingToTrain
             For a client without labels none of whose pseudo-labels passes tau.
         """
+        self.begin_dpl(client, models, ctx)  # FedDB's plug-in (dpl): APP-U of the received model
         weak, strong = self.views(client)
         streams: dict[str, Stream] = {}
         if "labeled" in client.parts():
@@ -183,13 +186,13 @@ class SemiFL(ThresholdedPseudoLabels, FixMatch):
             return total
 
         self.reset_counts()
-        return LocalTask(streams, loss)
+        return self.with_dpl(LocalTask(streams, loss))
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """``pseudo-label-share``: the share of the client's unlabeled images whose pseudo-label
         passed tau at the start of the round (0 without unlabeled images); in simulation also
         ``pseudo-label-correct-share``, the share kept with their true class (a diagnostic)."""
-        out: dict[str, float | list[float]] = {"pseudo-label-share": self.kept_share}
+        out: dict[str, float | list[float]] = {"pseudo-label-share": self.kept_share, **self.dpl_uploads()}
         if self.correct_share is not None:
             out["pseudo-label-correct-share"] = self.correct_share
         return out
