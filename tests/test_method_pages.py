@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from flwr.common.config import parse_config_args
 
-from fedul_flwr.preflight import check_simulation, resolve_config
+from fedul_flwr.preflight import check_simulation, laid_out_clients, resolve_config
 from fedul_flwr.config import preset_files
 
 REPO = Path(__file__).resolve().parent.parent
-METHOD_PAGES = ("fedul.md", "fedpu.md", "feddb.md", "hassle.md")
+METHOD_PAGES = ("fedul.md", "fedpu.md", "feddb.md", "hassle.md", *(f"baselines/{m}.md" for m in ("mixmatch", "uda", "rscfed", "semifl", "fedrgd", "fedmatch")))
 PLACEHOLDER = "/path/to/torchvision-root"
 
 
@@ -72,8 +72,9 @@ def test_every_command_passes_the_checks_before_round_one(page, argv, tmp_path):
     preset = str(run_config.get("preset", ""))
     if preset and preset_supernodes(preset) is not None:
         assert nodes == preset_supernodes(preset), f"{page}: preset {preset!r} asks for {preset_supernodes(preset)} SuperNodes"
-    if cfg.client_setting == "annotation-heterogeneity":
-        assert nodes == 20  # the named label layouts are 20 clients
+    laid_out = laid_out_clients(cfg)  # a label layout lays out its clients one by one (the named ones: 20)
+    if laid_out is not None:
+        assert nodes == laid_out[1], f"{page}: {laid_out[0]} lays out {laid_out[1]} clients"
 
 
 @pytest.mark.slow
