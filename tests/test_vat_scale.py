@@ -25,12 +25,7 @@ sys.modules["vat_scale"] = vat_scale  # its dataclass resolves its module's anno
 _SPEC.loader.exec_module(vat_scale)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+from tests.test_methods import _one_thread  # noqa: F401,E402 (the module-wide one-thread fixture)
 
 
 @pytest.fixture(scope="module")
