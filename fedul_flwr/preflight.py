@@ -262,6 +262,9 @@ def check_labels_at_server(cfg: RunConfig, simulation: bool) -> ClientData | Non
         server = server_data(cfg, simulation)
     except (NodeDataError, MissingPartError) as exc:
         raise ConfigError(f"server-data-dir={cfg.server_data_dir!r}: {exc}") from None
+    _check(server is not None or cfg.server_epochs == 1,
+           f"server-epochs={cfg.server_epochs}: the server holds no labeled images to train on (client-setting="
+           f"{cfg.client_setting!r}, no server-data-dir); it applies to client-setting='labels-at-server'")  # fmt: skip
     if server is not None and not get_method(cfg.method).trains_on_server:
         trainers = sorted(n for n in METHODS.names() if METHODS.get(n).trains_on_server)
         source = f"server-data-dir={cfg.server_data_dir!r}" if cfg.server_data_dir else "client-setting='labels-at-server'"

@@ -70,6 +70,8 @@ def test_refusals_name_the_key_before_anything_is_written(tmp_path: Path, capsys
         check_labels_at_server(resolve_config({"method": "supervised", "server-data-dir": str(written[-1])}), True)
     with pytest.raises(ConfigError, match=r"server-data-dir='.*node-0'.*labeled"):  # a folder without labels
         check_labels_at_server(resolve_config({**LAS, "server-data-dir": str(written[0])}), simulation=False)
+    with pytest.raises(ConfigError, match=r"^server-epochs=3: the server holds no labeled images to train on"):
+        check_labels_at_server(resolve_config({**LAS, "client-setting": "labels-at-clients", "server-epochs": 3}), True)
     with pytest.raises(ConfigError, match="server-data-dir='server' must be absolute"):
         resolve_config({**LAS, "server-data-dir": "server"})
     assert fedul(["check", "--run-config", "method='fedul' client-setting='labels-at-server'"]) == 1

@@ -184,7 +184,9 @@ CORE_OPTIONS: dict[str, tuple[Option, ...]] = {
     "Method, model and augmentation": (
         Option("method", "fedul", "learning method: `fedul`, `fedpu` (with `client-setting=pu`), `fixmatch`, "
                "`fixmatch-dpl`, `feddb` (with `client-setting=labels-at-clients`), `hassle` (with "
-               "`client-setting=annotation-heterogeneity`), or the baselines `fedpl`, `fedllp`, `fedllp-vat`, "
+               "`client-setting=annotation-heterogeneity`), the compared methods `mixmatch`, `uda`, `rscfed`, "
+               "`semifl`, `fedrgd`, `fedmatch` ([their settings](methods.md#the-methods-of-the-package)), or the "
+               "baselines `fedpl`, `fedllp`, `fedllp-vat`, "
                "`supervised`; or `module:Class`, a method class of your own ([the method interface](methods.md))"),
         Option("model", "small-cnn", "`small-cnn` (LeNet, the FedUL paper's Sec. 4.1 MNIST backbone; ~0.43M "
                "parameters, CPU-friendly), `paper-cnn` (Table D.2, ~14M), `resnet18` (Table D.3, from scratch), "
