@@ -32,10 +32,13 @@ def test_every_run_is_the_papers_protocol_and_passes_the_checks(grid, tmp_path):
     specs = _specs(grid)
     g = grids.load_grid(grid)
     preset_name, clients = g.for_profile("paper")
-    assert GRIDS == ("feddb-cifar100", "feddb-svhn", "hassle-cifar100")
+    assert GRIDS == ("feddb-baselines-cifar10", "feddb-cifar100", "feddb-svhn", "fedpu-table5-cifar10",
+                     "hassle-baselines-cifar10", "hassle-cifar100")  # fmt: skip
     assert len(specs) == len(g.rows) * len(g.columns) * 3
     labels = {"feddb-svhn": {"IID": 1000, "Dir(0.3)": 4000, "Dir(0.1)": 4000},
-              "feddb-cifar100": {"IID": 10_000, "Dir(0.3)": 10_000, "Dir(0.1)": 10_000}}.get(grid)  # fmt: skip
+              "feddb-cifar100": {"IID": 10_000, "Dir(0.3)": 10_000, "Dir(0.1)": 10_000},
+              "feddb-baselines-cifar10": {"IID": 4000, "Dir(0.3)": 4000, "Dir(0.1)": 4000},
+              "fedpu-table5-cifar10": {"IID": 5000, "non-IID": 5000}}.get(grid)  # fmt: skip
     for spec in specs:
         rc = reproduce.run_config_of(spec, reproduce.PROFILES["paper"], str(tmp_path), tmp_path / "out", {})
         cfg = resolve_config(rc)
@@ -46,9 +49,10 @@ def test_every_run_is_the_papers_protocol_and_passes_the_checks(grid, tmp_path):
         if labels:
             assert cfg.num_labeled == labels[spec.row]
             assert (cfg.partition, cfg.dirichlet_alpha if cfg.partition == "dirichlet" else None) == {
-                "IID": ("iid", None), "Dir(0.3)": ("dirichlet", 0.3), "Dir(0.1)": ("dirichlet", 0.1)}[spec.row]
+                "IID": ("iid", None), "Dir(0.3)": ("dirichlet", 0.3), "Dir(0.1)": ("dirichlet", 0.1),
+                "non-IID": ("noniid", None)}[spec.row]  # fmt: skip
         else:
-            assert cfg.client_setting == "annotation-heterogeneity" and cfg.dataset == "cifar100"
+            assert cfg.client_setting == "annotation-heterogeneity" and cfg.dataset == preset["dataset"]
 
 
 @pytest.mark.parametrize("grid", GRIDS)
