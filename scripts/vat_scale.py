@@ -57,6 +57,7 @@ from fedul_flwr.methods.base import RoundContext
 from fedul_flwr.methods.fedllp import proportion_loss, set_stratified_batches
 from fedul_flwr.methods.fedllp_vat import vat_loss
 from fedul_flwr.preflight import resolve_config
+from fedul_flwr.store import write_atomic
 
 __all__ = ["BatchScale", "batch_scale", "client_batches", "main", "run_config"]
 
@@ -288,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ])  # fmt: skip
     print(report)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(report)
+    write_atomic(args.out, report)
     print(f"written: {args.out}")
 
 

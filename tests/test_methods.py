@@ -320,10 +320,11 @@ def test_fedpl_loss_draws_only_from_the_round_context() -> None:
 
 def test_labels_reach_only_the_supervised_method_and_the_methods_of_labeled_settings() -> None:
     # FedPU requires the labeled positives of the PU setting, FixMatch and FedDB the labeled
-    # images of the labels-at-clients setting, HASSLE those of the clients that have labels;
-    # every U-set method is label-free
+    # images of the labels-at-clients setting, HASSLE and the compared methods those of the
+    # clients that have labels; every U-set method is label-free
     labeled = [n for n, cls in METHODS.items() if "labeled" in cls.requires + cls.uses]
-    assert sorted(labeled) == ["feddb", "fedpu", "fixmatch", "fixmatch-dpl", "hassle", "supervised"]
+    assert sorted(labeled) == ["feddb", "fedmatch", "fedpu", "fedrgd", "fixmatch", "fixmatch-dpl", "hassle", "mixmatch",
+                               "rscfed", "semifl", "supervised", "uda"]  # fmt: skip
     assert all(METHODS.get(n).setting != "usets" for n in labeled if n != "supervised")
     label_free = [n for n in METHODS.names() if n not in labeled and METHODS.get(n).setting == "usets"]
     assert label_free and all({"unlabeled", "usets"} <= set(METHODS.get(n).requires) for n in label_free)
