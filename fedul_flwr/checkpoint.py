@@ -63,7 +63,10 @@ STRATEGY_STATE_ATTRIBUTES: tuple[str, ...] = ("current_arrays", "momentum_vector
 """Attributes of Flower's FedAvgM (``current_arrays``, ``momentum_vector``) and FedOpt
 strategies (``current_arrays``, ``m_t``, ``v_t``) that carry state from round to round, and
 the clients' kept optimiser states (``client_states``,
-:class:`~fedul_flwr.strategies.kept_state.KeptOptimizerStates`)."""
+:class:`~fedul_flwr.strategies.kept_state.KeptOptimizerStates`). A method's aggregation mixin
+adds its own in ``checkpoint_attributes`` (FedMatch's kept psi and embeddings,
+:class:`~fedul_flwr.methods.fedmatch.helpers.FedMatchAggregation`): an ArrayRecord, a dict of
+ArrayRecords or of numpy arrays keyed by strings, or a list of numpy arrays."""
 
 
 class CheckpointError(RuntimeError):
@@ -135,11 +138,13 @@ def _arrays(saved: dict[str, Any]) -> Any:
 
 
 def strategy_state(strategy: object) -> dict[str, Any]:
-    """The strategy's cross-round state (:data:`STRATEGY_STATE_ATTRIBUTES` that are set) as
+    """The strategy's cross-round state (:data:`STRATEGY_STATE_ATTRIBUTES` and the attributes
+    a method's aggregation mixin names in its ``checkpoint_attributes``, those that are set) as
     tensors, bit-exact, loadable with ``torch.load(weights_only=True)``."""
+    names = (*STRATEGY_STATE_ATTRIBUTES, *getattr(strategy, "checkpoint_attributes", ()))
     return {
         name: _tensors(getattr(strategy, name))
-        for name in STRATEGY_STATE_ATTRIBUTES
+        for name in names
         if getattr(strategy, name, None) is not None and (not isinstance(getattr(strategy, name), dict) or getattr(strategy, name))
     }
 

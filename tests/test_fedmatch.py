@@ -1,7 +1,7 @@
 """FedMatch (fedul_flwr/methods/fedmatch): the decomposition and its losses by hand on tiny
 tensors, the helpers' choice by hand, the server's helpers per client and theta = sigma + psi
 in real train messages, and short federations on the embedded sample in each setting that
-train above chance."""
+train above chance (a resumed run: tests/test_baselines_resume.py)."""
 
 from __future__ import annotations
 
@@ -164,16 +164,19 @@ def test_the_server_sends_each_client_its_helpers_and_theta_is_sigma_plus_psi() 
         assert torch.allclose(v, expected_theta[k], atol=1e-6)
     net = build_model(cfg.model, info.channels, len(info.class_names), info.image_size).double().eval()
     probe = probe_image(cfg.seed, info.channels, info.image_size, info.mean, info.std).double()
-    embeddings, psis = {}, {}
+    embeddings, psis, keys = {}, {}, {}  # by node key (the partition id), as the server keeps them
     for reply in replies:
+        key = int(reply.content[wire.NODE_RECORD][wire.NODE_KEY])
+        keys[reply.metadata.src_node_id] = key
         sent = {k: torch.from_numpy(a.numpy()).double() for k, a in reply.content[wire.ARRAYS].items()}
         net.load_state_dict(theta_state(part("sigma", sent), part("psi", sent), parameters))
         with torch.no_grad():
-            embeddings[reply.metadata.src_node_id] = torch.softmax(net(probe), dim=1)[0].float()
-        psis[reply.metadata.src_node_id] = part("psi", sent)
+            embeddings[key] = torch.softmax(net(probe), dim=1)[0].float()
+        psis[key] = part("psi", sent)
+    assert sorted(keys.values()) == [0, 1, 2]
     second = list(strategy.configure_train(2, arrays, settings, grid))
     for msg in second:
-        node = msg.metadata.dst_node_id
+        node = keys[msg.metadata.dst_node_id]
         chosen = choose_helpers(embeddings, node, 2)
         assert len(chosen) == 2 and node not in chosen
         assert msg.content[wire.CONFIG][HELPERS_SENT] == 2

@@ -30,7 +30,7 @@ from flwr.serverapp import Grid
 
 from fedul_flwr import wire
 
-__all__ = ["KeptOptimizerStates"]
+__all__ = ["KeptOptimizerStates", "ask_node_keys"]
 
 
 class KeptOptimizerStates:
@@ -90,13 +90,34 @@ class KeptOptimizerStates:
         unknown = [n for n in nodes if n not in self._node_keys]
         if not unknown or not set(self.client_states) - {str(k) for k in self._node_keys.values()}:
             return
-        question = ConfigRecord({key: config[key] for key in wire.RUN_SETTINGS if key in config})
-        messages = [Message(content=RecordDict({wire.CONFIG: question}), dst_node_id=n, message_type=MessageType.QUERY,
-                            group_id="node-key") for n in unknown]  # fmt: skip
-        for reply in grid.send_and_receive(messages):
-            if reply.has_error() or wire.NODE_RECORD not in reply.content.config_records:
-                log(WARNING, "local-optimizer-state=kept: node %s did not tell its key (%s); it starts from a fresh "
-                    "optimizer", reply.metadata.src_node_id, reply.error.reason if reply.has_error() else "no key")  # fmt: skip
-                continue
-            self._node_keys[reply.metadata.src_node_id] = int(reply.content[wire.NODE_RECORD][wire.NODE_KEY])
-        log(INFO, "local-optimizer-state=kept: the keys of nodes %s", {n: self._node_keys.get(n) for n in unknown})
+        self._node_keys.update(ask_node_keys(grid, unknown, config, "local-optimizer-state=kept"))
+
+
+def ask_node_keys(grid: Grid, nodes: list[int], config: ConfigRecord, why: str) -> dict[int, int]:
+    """The stable node keys of ``nodes`` (node id -> key), asked with one *query* message each
+    (the ClientApp answers with its ``node-key``); a node that does not answer is left out
+    with a warning.
+
+    Parameters
+    ----------
+    grid : Grid
+        The run's grid.
+    nodes : list[int]
+        Node ids whose key the server does not know.
+    config : ConfigRecord
+        The round's train config: its run settings go with the question.
+    why : str
+        What keeps state by node key (the log lines' prefix, e.g. ``"local-optimizer-state=kept"``).
+    """
+    question = ConfigRecord({key: config[key] for key in wire.RUN_SETTINGS if key in config})
+    messages = [Message(content=RecordDict({wire.CONFIG: question}), dst_node_id=n, message_type=MessageType.QUERY,
+                        group_id="node-key") for n in nodes]  # fmt: skip
+    keys: dict[int, int] = {}
+    for reply in grid.send_and_receive(messages):
+        if reply.has_error() or wire.NODE_RECORD not in reply.content.config_records:
+            log(WARNING, "%s: node %s did not tell its key (%s); it starts from a fresh state", why,
+                reply.metadata.src_node_id, reply.error.reason if reply.has_error() else "no key")  # fmt: skip
+            continue
+        keys[reply.metadata.src_node_id] = int(reply.content[wire.NODE_RECORD][wire.NODE_KEY])
+    log(INFO, "%s: the keys of nodes %s", why, {n: keys.get(n) for n in nodes})
+    return keys

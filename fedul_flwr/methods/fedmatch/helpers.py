@@ -7,12 +7,23 @@ output ``[K]`` of theta_c = sigma_c + psi_c (the client's sigma under labels-at-
 round's global sigma when the client sends psi alone) on one fixed random input, a truncated
 Gaussian image (pixel mean 125, sd 125, cut to [0, 255], as the authors' code's ``rgauss``;
 drawn once per run from the ``fedmatch-probe`` stream of :mod:`fedul_flwr.rng`). It keeps the
-newest psi and embedding of every client it has heard from. In a round t with t % I == 0
-(``fedmatch-helper-interval`` I; the code's h_interval), a client with an embedding gets the
-psi of the H clients whose embeddings are nearest its own in Euclidean distance (ties: the
-smaller node id), as the code's KD-tree query does (an exact nearest-neighbour search gives
-the same neighbours; here a brute-force one over at most the federation's nodes); a client
-the server has not heard from yet gets none.
+newest psi and embedding of every client it has heard from, by the client's stable node key
+(partition id in simulation, a hash of the data folder in deployment; the reply's
+``node-key``), since node ids change when a run is resumed or a SuperNode restarts. In a round
+t with t % I == 0 (``fedmatch-helper-interval`` I; the code's h_interval), a client with an
+embedding gets the psi of the H clients whose embeddings are nearest its own in Euclidean
+distance (ties: the smaller node key), as the code's KD-tree query does (an exact
+nearest-neighbour search gives the same neighbours; here a brute-force one over at most the
+federation's nodes); a client the server has not heard from yet gets none.
+
+**Resume.** The kept psi and embeddings are part of the run's checkpoint (the mixin's
+``checkpoint_attributes``, :func:`fedul_flwr.checkpoint.strategy_state`), so a resumed run
+chooses and sends the helpers an uninterrupted one does. The node ids of a resumed run are new:
+in a round with helpers due, a sampled node whose key the server has not learnt from a reply of
+this run is asked for it with one query message
+(:func:`~fedul_flwr.strategies.kept_state.ask_node_keys`). A checkpoint written before the
+helper state was saved still loads; that run then has helpers again once its clients have sent
+psi (one log line says so).
 
 **Wire.** Helpers are per client, so each train message carries its own: the H helper models
 are exchanged models of the method (``helper1`` ... ``helperH``, never trained, never sent
@@ -33,18 +44,20 @@ labels-at-server the server trains sigma afterwards and sets theta again
 **Privacy.** The replies are partial (sigma and psi weighted by different counts, the helpers
 never sent back) and each client's psi goes on to other clients as it came: server-side DP
 covers neither, so the contract admits ``none`` and ``client-local`` only (under client-local
-DP a forwarded psi is a noised reply: post-processing). The kept psi and embeddings are not in
-the checkpoint: a resumed run has helpers again one round after it resumes.
+DP a forwarded psi is a noised reply: post-processing). The checkpoint holds the kept psi as
+they came (the run folder is the server's).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from logging import INFO
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from torch import nn
 
@@ -55,6 +68,7 @@ from fedul_flwr.methods.fedmatch.losses import theta_state
 from fedul_flwr.models import build_model
 from fedul_flwr.rng import numpy_generator
 from fedul_flwr.strategies.contract import Combining, Contract
+from fedul_flwr.strategies.kept_state import ask_node_keys
 from fedul_flwr.strategies.per_model import PerModelAggregation
 
 __all__ = ["HELPERS_SENT", "NUM_LABELED", "NUM_UNLABELED", "FedMatchAggregation", "choose_helpers", "helper_name",
@@ -124,15 +138,31 @@ class FedMatchAggregation(PerModelAggregation):
 
     Built for one run by :meth:`FedMatch.aggregation`, which sets :attr:`run_config`,
     :attr:`helpers` and :attr:`helper_interval`.
+
+    Attributes
+    ----------
+    helper_psi : dict[str, ArrayRecord]
+        Node key (as a string) -> the client's newest psi (its ``psi.*`` arrays as it sent them).
+    helper_embeddings : dict[str, np.ndarray]
+        Node key (as a string) -> the ``[K]`` float32 embedding of the client's newest theta.
     """
 
     model_weight_keys = {"sigma": NUM_LABELED, "psi": NUM_UNLABELED}
     contract = Contract(Combining.PARTIAL_REPLIES, "fedmatch's clients send sigma weighted by n_L and psi weighted "
                         "by n_U, and the server forwards each client's psi unnoised to other clients as a helper")  # fmt: skip
+    checkpoint_attributes = ("helper_psi", "helper_embeddings")
+    """The helper state the run's checkpoint holds (:func:`fedul_flwr.checkpoint.strategy_state`)."""
     run_config: ClassVar[RunConfig | None] = None
     helpers: ClassVar[int] = 0
     helper_interval: ClassVar[int] = 1
     threshold: ClassVar[float] = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.helper_psi: dict[str, ArrayRecord] = {}
+        self.helper_embeddings: dict[str, np.ndarray] = {}
+        self._node_keys: dict[int, int] = {}  # node id -> node key, learnt in this run (never checkpointed)
+        self._resume_checked = False
 
     # ------------------------------------------------------------------ the run's architecture
     def _architecture(self) -> tuple[nn.Module, set[str], torch.Tensor]:
@@ -167,14 +197,14 @@ class FedMatchAggregation(PerModelAggregation):
 
     # ------------------------------------------------------------------ helpers
     def _remember(self, replies: list[Message]) -> None:
-        """Keep each psi sent this round and its client's embedding (module doc)."""
+        """Keep each psi sent this round and its client's embedding, by node key (module doc)."""
         module, parameters, probe = self._architecture()
-        kept: dict[int, dict[str, Array]] = self.__dict__.setdefault("_psi", {})
-        embeddings: dict[int, torch.Tensor] = self.__dict__.setdefault("_embeddings", {})
         global_sigma = _tensors(self.global_arrays, "sigma")
         for reply in replies:
-            if reply.has_error():
+            if reply.has_error() or wire.NODE_RECORD not in reply.content.config_records:
                 continue
+            key = int(reply.content[wire.NODE_RECORD][wire.NODE_KEY])
+            self._node_keys[reply.metadata.src_node_id] = key
             arrays = reply.content[wire.ARRAYS]
             psi_keys = [k for k in arrays.keys() if wire.model_of(k) == "psi"]
             if not psi_keys:
@@ -184,13 +214,24 @@ class FedMatchAggregation(PerModelAggregation):
             module.load_state_dict(theta)
             with torch.no_grad():
                 embedding = torch.softmax(module(probe), dim=1)[0].float()
-            node = reply.metadata.src_node_id
-            kept[node] = {k: arrays[k] for k in psi_keys}
-            embeddings[node] = embedding
+            self.helper_psi[str(key)] = ArrayRecord({k: arrays[k] for k in psi_keys})
+            self.helper_embeddings[str(key)] = embedding.numpy()
+
+    def _learn_keys(self, grid: Grid, nodes: list[int], config: ConfigRecord) -> None:
+        """Ask the sampled nodes whose key this run has not learnt for it, while helper state of
+        clients not matched to a node id is held (the first round with helpers after a resume)."""
+        unknown = [n for n in nodes if n not in self._node_keys]
+        if unknown and set(self.helper_embeddings) - {str(k) for k in self._node_keys.values()}:
+            self._node_keys.update(ask_node_keys(grid, unknown, config, "fedmatch helpers"))
 
     def helpers_of(self, node: int) -> list[int]:
-        """The nodes whose psi ``node`` gets as helpers now (:func:`choose_helpers`)."""
-        return choose_helpers(getattr(self, "_embeddings", {}), node, self.helpers)
+        """The node keys whose psi the node with id ``node`` gets as helpers now
+        (:func:`choose_helpers` over the kept embeddings); none while its key is unknown."""
+        key = self._node_keys.get(node)
+        if key is None:
+            return []
+        embeddings = {int(k): torch.from_numpy(v) for k, v in self.helper_embeddings.items()}
+        return choose_helpers(embeddings, key, self.helpers)
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any:
         """The strategy's train messages, each with its client's helpers in place of the helper
@@ -199,16 +240,25 @@ class FedMatchAggregation(PerModelAggregation):
         messages = list(super().configure_train(server_round, arrays, config, grid))
         if not self.helpers:
             return messages
+        if not self._resume_checked:
+            self._resume_checked = True
+            resumed_after = int(getattr(self, "round_offset", 0))  # ResumedRounds: the checkpoint's round
+            if resumed_after and not self.helper_embeddings:
+                log(INFO, "fedmatch: the checkpoint of round %d holds no helper state (written before it was saved, or "
+                    "no client had sent psi): clients get helpers again once they have sent psi", resumed_after)  # fmt: skip
         due = server_round % self.helper_interval == 0
+        if due:
+            self._learn_keys(grid, [m.metadata.dst_node_id for m in messages], config)
         for msg in messages:
             chosen = self.helpers_of(msg.metadata.dst_node_id) if due else []
             content = msg.content
             sent = content[wire.ARRAYS]
             if chosen:
                 swap: dict[str, Array] = {}
-                for j, node in enumerate(chosen, start=1):
+                for j, key in enumerate(chosen, start=1):
                     prefix, target = wire.model_prefix("psi"), wire.model_prefix(helper_name(j))
-                    swap.update({target + k[len(prefix):]: a for k, a in self._psi[node].items()})
+                    kept = self.helper_psi[str(key)]
+                    swap.update({target + k[len(prefix):]: kept[k] for k in kept.keys()})
                 sent = ArrayRecord({k: swap.get(k, sent[k]) for k in sent.keys()})
             records = RecordDict({name: record for name, record in content.items()})
             records[wire.ARRAYS] = sent
