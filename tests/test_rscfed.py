@@ -244,3 +244,40 @@ def test_three_rounds_on_the_embedded_sample_train_above_chance(
     assert rows[-1]["test-accuracy"] > 0.2
     assert all(math.isfinite(r["train-loss"]) and 0 < r["pseudo-label-share"] <= 1 for r in rows[1:])
     assert sorted(fresh) == [(1, 1, True), (1, 2, True), (2, 1, False), (2, 2, False), (3, 1, False), (3, 2, False)]
+
+
+def test_the_teacher_counts_every_earlier_update_of_its_node_when_clients_skip_rounds(
+    tmp_path: Path, small_test_set: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Four clients, two a round, four rounds: a kept teacher's warm-up counts the updates it
+    had in the rounds its node trained, whichever rounds those were. In every round a node
+    trains, the count it starts from (s of the round's first update) is the sum of the steps of
+    its earlier trained rounds of the run, 0 in its first; at least one node skips a round after
+    training, where the expected share (t - 1) * fraction-train * steps would be off."""
+    seen: list[tuple[int, int, float, int]] = []  # (node key, round, updates before the round, updates in it)
+    original = get_method("rscfed").local_update
+
+    def recording(self, client, models, ctx, loop):  # type: ignore[no-untyped-def]
+        result = original(self, client, models, ctx, loop)
+        if "unlabeled" in client.parts():
+            seen.append((ctx.node_key, ctx.server_round, self._earlier, self._steps))
+        return result
+
+    monkeypatch.setattr(get_method("rscfed"), "local_update", recording)
+    rc = {"method": "rscfed", "client-setting": "annotation-heterogeneity", "label-layout": "L,P,U,U", "labeled-share": 0.4,
+          "samples-per-client": 120, "batch-size": 32, "num-rounds": 4, "fraction-train": 0.5, "min-available-nodes": 4,
+          "min-train-nodes": 1, "lr": 0.05, "local-optimizer": "sgd", "rscfed-subset-size": 2,
+          "output-dir": str(tmp_path), "run-name": "skips", "device": "cpu"}  # fmt: skip
+    server_app.run_federation(InProcessGrid(client_app, 4, rc), resolve_config(rc))
+    by_node: dict[int, list[tuple[int, float, int]]] = {}
+    for node, server_round, earlier, steps in sorted(seen):
+        by_node.setdefault(node, []).append((server_round, earlier, steps))
+    skipped = False
+    for rounds in by_node.values():
+        done = 0
+        for i, (server_round, earlier, steps) in enumerate(rounds):
+            assert earlier == done, (rounds, server_round)
+            assert steps > 0
+            done += steps
+            skipped |= i > 0 and server_round - rounds[i - 1][0] > 1 or i == 0 and server_round > 1
+    assert skipped, by_node

@@ -50,12 +50,21 @@ code was read in full):
   node trains on unlabeled images and then stays on the node across rounds (``rscfed-teacher =
   "kept"``); ``"round"`` restarts it from the received global model every round. Its decay
   warms up as the code's, d_s = min(d, 1 - 1/(s + 1)) over its updates s (:mod:`.teacher`;
-  d = ``rscfed-ema-decay`` = 0.999). A node keeps only models between rounds here, not the
-  count s of its earlier steps: it is estimated as the node's expected share of the earlier
-  rounds, (t - 1) * ``fraction-train`` times its steps per round (exact where every client
-  trains every round, as in the code's runs), and is 0 for a new teacher. Whether the teacher
-  is new is read from its weights: a kept model the node never stored holds its seeded
-  initial weights (:meth:`RSCFed.fresh_teacher`).
+  d = ``rscfed-ema-decay`` = 0.999). A node keeps only models between rounds, so the server
+  counts the teacher's earlier updates s for it, the summed local steps of the node's trained
+  rounds of the run, and sends the count in its train message
+  (:class:`~fedul_flwr.methods.rscfed.teacher.TeacherUpdateCounts`): the true count whichever
+  rounds the node was sampled in or sat out (the expected share (t - 1) * ``fraction-train``
+  times the steps per round, used before, was exact only where every client trains every
+  round). A new teacher starts from 0. Whether the teacher is new is read from its weights: a
+  kept model the node never stored holds its seeded initial weights
+  (:meth:`RSCFed.fresh_teacher`).
+- **Resume** (``resume=true``): the teacher lives in the node's state, and a resumed run is a
+  new Flower run whose nodes start with empty states: with ``rscfed-teacher = "kept"`` every
+  teacher starts again from the global model (s = 0) in the node's first round after the
+  resume, so the resumed rounds differ from an uninterrupted run's (the server's checkpoint
+  cannot hold what the nodes keep). With ``"round"`` nothing outlives a round on the node and
+  a resumed run repeats the uninterrupted one (``tests/test_baselines_resume.py``).
 - **Views**: the code's teacher and student see two independent weak views (crop and flip),
   ``rscfed-student-view = "weak"``; ``"strong"`` gives the student RandAugment.
 - **Pseudo-labels**: the code sharpens with T = 0.5 and trains on every image (its confidence
@@ -92,7 +101,7 @@ from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, RoundCo
 from fedul_flwr.methods.rscfed.consensus import ConsensusAggregation
 from fedul_flwr.methods.rscfed.settings import OPTIONS
 from fedul_flwr.methods.mixmatch import sharpen
-from fedul_flwr.methods.rscfed.teacher import consistency_loss, ema_update, teacher_decay
+from fedul_flwr.methods.rscfed.teacher import TEACHER_UPDATES, TeacherUpdateCounts, consistency_loss, ema_update, teacher_decay
 from fedul_flwr.models import build_model
 from fedul_flwr.rng import model_seed
 
@@ -189,13 +198,14 @@ class RSCFed(Method):
 
         self._kept = self._correct = 0
         self._seen = self._steps = 0
-        self._earlier, self._training = 0.0, False
+        self._earlier, self._training = 0, False
         return LocalTask(streams, loss)
 
     def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
         """The shared loop on :meth:`local_task` over ``f``: the teacher first starts from the
-        received ``f`` where it is new (or every round with ``rscfed-teacher = "round"``), and
-        follows the last step after the loop; a client without labels steps at
+        received ``f`` where it is new (or every round with ``rscfed-teacher = "round"``), its
+        update count from 0 then and from the server's count (``rscfed-teacher-updates``)
+        otherwise, and follows the last step after the loop; a client without labels steps at
         ``rscfed-unlabeled-lr-factor`` times the lr. The reply's count is n_L + n_U."""
         parts = client.parts()
         new = "unlabeled" in parts and (self.option("rscfed-teacher") == "round" or self.fresh_teacher(client, models, ctx))
@@ -204,9 +214,7 @@ class RSCFed(Method):
         if "labeled" not in parts:
             loop = dataclasses.replace(loop, lr=loop.lr * float(self.option("rscfed-unlabeled-lr-factor")))
         task = self.local_task(client, models, ctx)
-        first = next(iter(task.streams.values()))
-        per_round = loop.epochs * -(-first.num_rows // first.batch_size)
-        self._earlier = 0.0 if new else (ctx.server_round - 1) * float(self.cfg.fraction_train) * per_round
+        self._earlier = 0 if new else int(ctx.broadcast.get(TEACHER_UPDATES, 0))  # the server's count (teacher.py)
         self._training = True
         try:
             result = loop.run(models, task, trained=["f"])
@@ -231,11 +239,13 @@ class RSCFed(Method):
 
     def aggregation(self) -> type | None:
         """:class:`~fedul_flwr.methods.rscfed.consensus.ConsensusAggregation` with this run's
-        seed and options."""
+        seed and options, and with a kept teacher
+        :class:`~fedul_flwr.methods.rscfed.teacher.TeacherUpdateCounts` (the teachers' counts)."""
         settings = {
             "seed": int(self.cfg.seed), "subsets": int(self.option("rscfed-subsets")),
             "subset_size": int(self.option("rscfed-subset-size")), "beta": float(self.option("rscfed-beta")),
             "beta_labeled": float(self.option("rscfed-beta-labeled")),
             "labeled_factor": float(self.option("rscfed-labeled-factor")), "distance": self.option("rscfed-distance"),
         }  # fmt: skip
-        return type("ConsensusAggregation", (ConsensusAggregation,), settings)
+        counted = (TeacherUpdateCounts,) if self.option("rscfed-teacher") == "kept" else ()  # "round": always s = 0
+        return type("ConsensusAggregation", (*counted, ConsensusAggregation), settings)

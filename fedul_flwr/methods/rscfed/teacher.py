@@ -13,15 +13,39 @@ weights follow the student's,
 s counting the teacher's updates from 0 (Tarvainen and Valpola's warm-up, the authors' code's
 ``update_ema_variables``): the first update copies the student, and until s = 1 / (1 - d) - 1
 the teacher is the plain mean of the student's weights so far.
+
+**The count s across rounds.** A node keeps its teacher's weights between rounds
+(``context.state``), not a counter, so the server counts for it
+(:class:`TeacherUpdateCounts`): the teacher takes one update per local step of a round the node
+trains (its steps all draw an unlabeled batch: the other streams cycle, :mod:`fedul_flwr.training`),
+so the updates before round t are the sum of the ``num-steps`` of the node's trained replies of
+the run so far, whichever rounds the node was sampled in, sat idle or failed (an idle or failed
+round stores no teacher and sends no steps). The server sends that sum in the node's train
+message (``rscfed-teacher-updates``). The count is the true one wherever the node's state lives
+as long as its node id, as in Flower's runtimes (a restarted SuperNode gets a new id and a new
+state): only a reply lost after the node stored its teacher would leave it behind. It is not
+in the checkpoint: a resumed run is a new Flower run, whose nodes start with empty states, so
+every teacher is new again (s = 0) after a resume.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
 from torch import nn
 
-__all__ = ["consistency_loss", "ema_update", "teacher_decay"]
+from fedul_flwr import wire
+
+__all__ = ["TEACHER_UPDATES", "TeacherUpdateCounts", "consistency_loss", "ema_update", "teacher_decay"]
+
+TEACHER_UPDATES = "rscfed-teacher-updates"
+"""Train-config key of one message: the updates its node's kept teacher has had in the run so
+far (:class:`TeacherUpdateCounts`)."""
 
 
 def teacher_decay(decay: float, updates: float) -> float:
@@ -32,7 +56,7 @@ def teacher_decay(decay: float, updates: float) -> float:
     decay : float
         d in [0, 1).
     updates : float
-        s >= 0, the updates before this one (may be an estimate, hence a float).
+        s >= 0, the teacher's updates before this one.
 
     Returns
     -------
@@ -82,3 +106,40 @@ def consistency_loss(student_logits: torch.Tensor, targets: torch.Tensor, mask: 
         return student_logits.sum() * 0
     squared = ((F.softmax(student_logits.float(), dim=1) - targets.float()) ** 2).sum(dim=1)
     return (squared * mask.to(squared.dtype)).mean()
+
+
+class TeacherUpdateCounts:
+    """Mixin for Flower strategies: count each node's teacher updates and send the count in its
+    train messages (module docstring, "The count s across rounds").
+
+    Attributes
+    ----------
+    teacher_updates : dict[int, int]
+        Node id -> the summed ``num-steps`` of its trained replies in this run.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.teacher_updates: dict[int, int] = {}
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any:
+        """The strategy's train messages, each with its node's count in its config."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
+        for msg in messages:
+            records = RecordDict({name: record for name, record in msg.content.items()})
+            count = self.teacher_updates.get(msg.metadata.dst_node_id, 0)
+            records[wire.CONFIG] = ConfigRecord({**dict(msg.content[wire.CONFIG]), TEACHER_UPDATES: count})
+            msg.content = records
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Add each trained reply's ``num-steps`` to its node's count, then aggregate."""
+        replies = list(replies)
+        for reply in replies:
+            if not reply.has_error() and len(reply.content[wire.ARRAYS]):
+                node = reply.metadata.src_node_id
+                steps = int(reply.content[wire.METRICS].get(wire.NUM_STEPS, 0))
+                self.teacher_updates[node] = self.teacher_updates.get(node, 0) + steps
+        return super().aggregate_train(server_round, replies)  # type: ignore[misc]
