@@ -1,8 +1,9 @@
 """Resumed runs of the compared methods that keep state between rounds: a run stopped after
 round k and resumed (``resume=true``) records the rounds an uninterrupted run records and ends
 with its weights, bit for bit -- FedMatch, whose server keeps every client's psi and embedding
-to choose helpers (in the checkpoint), and RSCFed, whose consensus sub-sets are drawn per round
-and whose mean teacher's update count is the true one."""
+to choose helpers (in the checkpoint), and RSCFed with teachers restarted every round, whose
+consensus sub-sets are drawn per round. RSCFed's kept teachers live in the nodes' states, which
+a resumed run does not have: the resumed run says so and starts them anew."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from fedul_flwr.checkpoint import CHECKPOINT_FILE, load_checkpoint
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.inprocess import InProcessGrid
+from fedul_flwr.methods import get_method
 from fedul_flwr.methods.fedmatch.helpers import HELPERS_SENT, FedMatchAggregation
 from fedul_flwr.outputs import read_metrics
 from fedul_flwr.preflight import resolve_config
@@ -108,3 +110,30 @@ def test_rscfed_resumed_after_round_one_records_the_rounds_of_the_uninterrupted_
                                          **{"fraction-train": 0.5, "rscfed-teacher": "round"})  # fmt: skip
     assert _learned(resumed.path) == _learned(full.path)
     assert _digest(resumed.path) == _digest(full.path)
+
+
+def test_rscfed_with_kept_teachers_says_a_resume_starts_them_anew(
+    tmp_path: Path, small_test_set: None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kept teachers live in the nodes' states, which a resumed run does not have: the
+    resumed run warns once, and in its first round every node with unlabeled images starts a
+    new teacher from the global model with the count 0, as in round 1 of the run."""
+    method = get_method("rscfed")
+    original = method.local_update
+    seen: list[tuple[int, int, bool, int]] = []  # (round, node key, new teacher, updates before the round)
+
+    def recording(self, client, models, ctx, loop):  # type: ignore[no-untyped-def]
+        new = self.fresh_teacher(client, models, ctx) if "unlabeled" in client.parts() else False
+        result = original(self, client, models, ctx, loop)
+        if "unlabeled" in client.parts():
+            seen.append((ctx.server_round, ctx.node_key, new, self._earlier))
+        return result
+
+    monkeypatch.setattr(method, "local_update", recording)
+    _run(tmp_path, RSCFED, 4, **{"num-rounds": 2, "run-name": "kept"})
+    with caplog.at_level("WARNING"):
+        _run(tmp_path, RSCFED, 4, **{"num-rounds": 3, "run-name": "kept", "resume": True})
+    assert sum("mean teachers do not outlive" in r.getMessage() for r in caplog.records) == 1
+    rounds = {r: sorted((node, new, earlier) for rr, node, new, earlier in seen if rr == r) for r in (1, 2, 3)}
+    assert rounds[3] == [(node, True, 0) for node, _, _ in rounds[1]] and rounds[1]
+    assert all(not new and earlier > 0 for _, new, earlier in rounds[2])

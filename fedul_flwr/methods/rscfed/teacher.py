@@ -25,17 +25,20 @@ message (``rscfed-teacher-updates``). The count is the true one wherever the nod
 as long as its node id, as in Flower's runtimes (a restarted SuperNode gets a new id and a new
 state): only a reply lost after the node stored its teacher would leave it behind. It is not
 in the checkpoint: a resumed run is a new Flower run, whose nodes start with empty states, so
-every teacher is new again (s = 0) after a resume.
+every teacher is new again (s = 0) after a resume, which the resumed run's first round says
+in one warning line.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import WARNING
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.logger import log
 from flwr.serverapp import Grid
 from torch import nn
 
@@ -121,9 +124,17 @@ class TeacherUpdateCounts:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.teacher_updates: dict[int, int] = {}
+        self._resume_told = False
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Any:
-        """The strategy's train messages, each with its node's count in its config."""
+        """The strategy's train messages, each with its node's count in its config (and, in the
+        first round of a resumed run, one warning line: the nodes' teachers start anew)."""
+        resumed_after = int(getattr(self, "round_offset", 0))  # ResumedRounds: the checkpoint's round
+        if resumed_after and not self._resume_told:
+            self._resume_told = True
+            log(WARNING, "rscfed-teacher='kept': the nodes' mean teachers do not outlive the run that stopped after round "
+                "%d; each node starts a new one from the global model when it next trains, so the resumed rounds differ "
+                "from an uninterrupted run's", resumed_after)  # fmt: skip
         messages = list(super().configure_train(server_round, arrays, config, grid))  # type: ignore[misc]
         for msg in messages:
             records = RecordDict({name: record for name, record in msg.content.items()})
