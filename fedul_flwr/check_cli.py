@@ -27,6 +27,7 @@ from fedul_flwr.preflight import (
     check_node_counts,
     check_simulation,
     laid_out_clients,
+    unread_options,
     validate_config,
 )
 from fedul_flwr.resume import check_resume
@@ -90,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"ok: {describe_sources(composed, sources)}{note}")
+    for line in unread_options(composed, sources):
+        print(f"warning: {line}", file=sys.stderr)
     return 0
 
 

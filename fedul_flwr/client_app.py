@@ -196,37 +196,37 @@ def train(msg: Message, context: Context) -> Message:
     models = _models(c, msg, context.state)
     specs = method.model_specs()
     shared = [s.name for s in specs if s.exchanged and s.trained]
-    update = prepare_client_update(
-        msg.content,
-        context.state,
-        models,
-        shared,
-        lambda: method.local_task(c.data, models, ctx),
-        lr=cfg.lr_of(server_round),
-        device=c.device,
-        to_input=c.data.to_input,
-    )
-    kept = cfg.local_optimizer_state == "kept"  # the state the server kept for this client (none at first)
-    states = OptimizerStates.from_record(msg.content.array_records.get(wire.OPTIMIZER_STATE)) if kept else None
-    loop = LocalLoop(
-        epochs=cfg.local_epochs_of(c.key),
-        lr=cfg.lr_of(server_round),
-        l1_weight=cfg.l1_weight,
-        optimizer=cfg.local_optimizer,
-        momentum=cfg.local_momentum,
-        seed=ctx.batch_seed,
-        device=c.device,
-        to_input=c.data.to_input,
-        hooks=update.hooks,
-        acceleration=c.acceleration,
-        augment=build_augmentation(cfg.augment, c.data.image_shape[1], c.data.flip),
-        batchable=method.batched_cohort,
-        weight_decay=cfg.weight_decay,
-        nesterov=cfg.nesterov,
-        grad_clip_norm=cfg.grad_clip_norm,
-        optimizer_states=states,
-    )
-    try:
+    try:  # SCAFFOLD option I builds the local task in prepare_client_update: it may have nothing to train too
+        update = prepare_client_update(
+            msg.content,
+            context.state,
+            models,
+            shared,
+            lambda: method.local_task(c.data, models, ctx),
+            lr=cfg.lr_of(server_round),
+            device=c.device,
+            to_input=c.data.to_input,
+        )
+        kept = cfg.local_optimizer_state == "kept"  # the state the server kept for this client (none at first)
+        states = OptimizerStates.from_record(msg.content.array_records.get(wire.OPTIMIZER_STATE)) if kept else None
+        loop = LocalLoop(
+            epochs=cfg.local_epochs_of(c.key),
+            lr=cfg.lr_of(server_round),
+            l1_weight=cfg.l1_weight,
+            optimizer=cfg.local_optimizer,
+            momentum=cfg.local_momentum,
+            seed=ctx.batch_seed,
+            device=c.device,
+            to_input=c.data.to_input,
+            hooks=update.hooks,
+            acceleration=c.acceleration,
+            augment=build_augmentation(cfg.augment, c.data.image_shape[1], c.data.flip),
+            batchable=method.batched_cohort,
+            weight_decay=cfg.weight_decay,
+            nesterov=cfg.nesterov,
+            grad_clip_norm=cfg.grad_clip_norm,
+            optimizer_states=states,
+        )
         result = method.local_update(c.data, models, ctx, loop)
     except NothingToTrain as idle:
         log(INFO, "%s has nothing to train in round %d: %s", c.data.node, server_round, idle)

@@ -48,6 +48,7 @@ import torch
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
+from fedul_flwr.methods import get_method
 from fedul_flwr.privacy.accounting import neighbours
 from fedul_flwr.store import FolderLock, RunFolderInUse, read_json, sweep_temporary, utc_stamp, write_atomic
 
@@ -269,12 +270,15 @@ class RunOutputs:
     def record_replies(self, replies: RoundReplies) -> None:
         """Record a round's training replies (:class:`fedul_flwr.strategies.RoundReplies`): the
         counts ``failed-replies`` and ``idle-replies``, ``failed-nodes`` (``[node id, error
-        type]`` pairs) and ``trained-nodes`` (node ids). The summary reads them back
-        from the table, so a resumed run's summary counts its earlier rounds too."""
+        type]`` pairs), ``trained-nodes`` (node ids) and ``trained-clients`` (their clients'
+        stable ``node-key``, which a resumed simulation keeps while its node ids are new). The
+        summary reads them back from the table, so a resumed run's summary counts its earlier
+        rounds too."""
         counts = {"failed-replies": len(replies.failed), "idle-replies": len(replies.idle)}
         self._row(replies.server_round).update(
             counts, **{"failed-nodes": [[int(node), str(kind)] for node, kind in replies.failed],
-                       "trained-nodes": sorted(int(n) for n in replies.trained)}  # fmt: skip
+                       "trained-nodes": sorted(int(n) for n in replies.trained),
+                       "trained-clients": sorted(int(k) for k in replies.clients)}  # fmt: skip
         )
         self._write_tables()
         self._scalars(replies.server_round, counts)
@@ -376,12 +380,17 @@ class RunOutputs:
                 + ("unnoised-train-metrics=published " if published else ""))  # fmt: skip
 
     def summary(self) -> str:
-        """One line: method, dataset, clients (the distinct nodes that trained), sets, rounds,
+        """One line: method, preset, dataset, partition, client setting, clients (the distinct
+        clients that trained, by their stable ``node-key``; by node id in a run recorded before
+        the key was), sets (methods on U sets), ``dpl=true`` (FedDB's debiased pseudo-labels as
+        a plug-in), ``server-epochs`` (where the server trained on its labeled images), rounds,
         the training replies (failed ones: their count and, per failed node, its id and error
         types; idle ones: their count), final and best test accuracy (and the final accuracy of
         every other predictor), wall time, run folder, and ``status=ok``, or ``status=failed
-        reason=...`` or ``status=stopped reason=...`` (:meth:`finish`; ``status=running`` before). Written to ``summary.txt`` by
-        :meth:`finish`."""
+        reason=...`` or ``status=stopped reason=...`` (:meth:`finish`; ``status=running``
+        before), and ``warning=no-client-trained`` where rounds ran but no client ever sent a
+        model (the global model is the initial one, or the server's training alone). Written to
+        ``summary.txt`` by :meth:`finish`."""
         acc = {r: row["test-accuracy"] for r, row in self.rows.items() if "test-accuracy" in row}
         last = max(acc) if acc else 0
         best = max(acc, key=lambda r: acc[r]) if acc else 0
@@ -390,11 +399,18 @@ class RunOutputs:
             for node, kind in row.get("failed-nodes", []):
                 failures.setdefault(int(node), set()).add(kind)
         failed = ",".join(f"{node}({'/'.join(sorted(kinds))})" for node, kinds in sorted(failures.items()))
-        clients = {int(n) for row in self.rows.values() for n in row.get("trained-nodes", [])}
+        keyed = any("trained-clients" in row for row in self.rows.values())
+        clients = {int(n) for row in self.rows.values() for n in row.get("trained-clients" if keyed else "trained-nodes", [])}
         total = {key: sum(int(row.get(key, 0)) for row in self.rows.values()) for key in ("failed-replies", "idle-replies")}
+        method = _method_class(self.cfg.method)
+        server_trained = any("server-train-loss" in row for row in self.rows.values())
         line = (
             f"fedul-flwr: method={self.cfg.method} preset={self.cfg.preset or 'none'} dataset={self.cfg.dataset} partition={self.cfg.partition} "
-            f"clients={len(clients)} sets={','.join(map(str, self.cfg.num_sets))} rounds={last} "
+            f"setting={self.cfg.client_setting} clients={len(clients)} "
+            + (f"sets={','.join(map(str, self.cfg.num_sets))} " if method is None or "usets" in method.requires else "")
+            + ("dpl=true " if dict(self.cfg.extra).get("dpl") is True else "")
+            + (f"server-epochs={self.cfg.server_epochs} " if server_trained else "")
+            + f"rounds={last} "
             f"failed-replies={total['failed-replies']} "
             + (f"failed-nodes={failed} " if failed else "")
             + f"final-test-accuracy={100 * acc.get(last, math.nan):.2f}% "
@@ -404,8 +420,18 @@ class RunOutputs:
             + self._privacy(self.rows.get(last, {}))
             + f"wall-time={(self.ended or time.time()) - self.started:.1f}s run-dir={self.path} status={self.status}"
             + (f" reason={self.reason}" if self.reason else "")
+            + (" warning=no-client-trained" if last > 0 and not clients and self.status != "running" else "")
         )
         return line
+
+
+def _method_class(name: str) -> type | None:
+    """The method class of ``name`` (``None`` where it does not resolve, e.g. a record of a
+    method since removed)."""
+    try:
+        return get_method(name)
+    except (ValueError, ImportError, AttributeError):
+        return None
 
 
 class RunFolderExists(ConfigError, FileExistsError):

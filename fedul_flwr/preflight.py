@@ -45,7 +45,9 @@ from fedul_flwr.config import (
     RunConfig,
     compose_config,
     config_from_values,
+    default_config,
     describe_sources,
+    load_preset,
 )
 from fedul_flwr.data.annotation import parse_layout
 from fedul_flwr.data.client_data import ClientData, MissingPartError
@@ -88,6 +90,7 @@ __all__ = [
     "method_settings",
     "registry_choices",
     "resolve_config",
+    "unread_options",
     "validate_config",
 ]
 
@@ -169,6 +172,43 @@ def validate_config(cfg: RunConfig) -> RunConfig:
         "resumed exactly",
     )
     return cfg
+
+
+def unread_options(values: Mapping[str, Any], sources: Mapping[str, str]) -> list[str]:
+    """The method options the user typed that the run's method does not read (e.g.
+    ``hassle-gamma`` with ``method=fedul``), one line each: they change nothing. An option is a
+    method's when the method declares it (``Method.options``; FixMatch's options are also
+    FedRGD's, SemiFL's and FedDB's). A typed value equal to the preset's (else the default) is
+    left out: it changes nothing either way, and a grid hands its runs' whole settings over as
+    typed. These are warnings, not refusals: a grid's row may set an option for all its columns,
+    of which only some read it. An unknown ``method`` or preset gives none (the checks refuse
+    it).
+
+    Parameters
+    ----------
+    values : Mapping[str, Any]
+        The composed settings by dashed key (:func:`fedul_flwr.config.compose_config`).
+    sources : Mapping[str, str]
+        Where each key's value came from; ``"user"``: typed.
+
+    Returns
+    -------
+    list[str]
+        ``"<key>=<value>: an option of method(s) [...]; method='<m>' does not read it"`` per
+        key, sorted by key.
+    """
+    try:
+        read = {o.key for o in get_method(str(values["method"])).options}
+        baseline = {**default_config(), **load_preset(str(values.get("preset", "none")))}
+    except (ValueError, ConfigError):
+        return []
+    owners: dict[str, list[str]] = {}
+    for name in METHODS.names():
+        for option in METHODS.get(name).options:
+            owners.setdefault(option.key, []).append(name)
+    typed = (k for k, source in sources.items() if source == "user" and k in owners and k not in read)
+    return [f"{key}={values.get(key)!r}: an option of method(s) {sorted(owners[key])}; method={values['method']!r} "
+            "does not read it" for key in sorted(k for k in typed if values.get(k) != baseline.get(k))]  # fmt: skip
 
 
 def resolve_config(

@@ -22,7 +22,7 @@ from torch import nn
 
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
-from fedul_flwr.preflight import check_before_round_one, check_labels_at_server, is_simulation
+from fedul_flwr.preflight import check_before_round_one, check_labels_at_server, is_simulation, unread_options
 from fedul_flwr.resume import check_resume, check_resumed_federation
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
 from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
@@ -335,6 +335,8 @@ def main(grid: Grid, context: Context) -> None:
         cfg = config_from_values(values)
         set_verbose(cfg.verbose)
         log(INFO, "fedul-flwr: %s", describe_sources(values, sources))
+        for line in unread_options(values, sources):
+            log(WARNING, "fedul-flwr: %s", line)
         outputs = run_federation(grid, cfg)
     except (ConfigError, CheckpointError, RunFolderInUse) as exc:
         log(ERROR, "fedul-flwr: run refused before round 1, nothing written: %s", exc)

@@ -53,6 +53,9 @@ def test_the_server_trains_before_round_one_and_after_every_aggregation_and_repe
         return {k: v for k, v in r.items() if "loss" in k or "accuracy" in k or "share" in k}
 
     assert [learned(again.rows[r]) for r in sorted(again.rows)] == [learned(r) for r in rows]  # seeded server draws
+    summary, other = ((run.path / "summary.txt").read_text().rstrip() for run in (first, plain))
+    assert " setting=labels-at-server clients=3 server-epochs=1 " in summary and summary.endswith("status=ok"), summary
+    assert " setting=labels-at-clients clients=3 rounds=2 " in other and "server-epochs" not in other, other
 
 
 def test_the_servers_folder_is_read_in_place_of_the_pool(tmp_path: Path) -> None:
@@ -91,3 +94,6 @@ def test_the_server_trains_in_a_round_where_every_client_is_idle(tmp_path: Path)
     assert all(r["idle-replies"] == 3 for r in rows[1:]), rows
     assert all(np.isfinite(r["server-train-loss"]) for r in rows[1:])
     assert len({r["test-loss"] for r in rows}) == len(rows)  # the global model moved every round
+    summary = (out.path / "summary.txt").read_text().rstrip()  # says that the server trained alone
+    assert " setting=labels-at-server clients=0 server-epochs=1 rounds=2 " in summary, summary
+    assert " sets=" not in summary and summary.endswith(" status=ok warning=no-client-trained"), summary

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fedul_flwr.checkpoint import CheckpointError
-from fedul_flwr.preflight import resolve_config
+from fedul_flwr.preflight import resolve_config, unread_options
 from fedul_flwr.resume import RESUME_FREE_KEYS, resume_conflicts
 from fedul_flwr.cli import main as fedul
 from fedul_flwr.client_app import app as client_app
@@ -222,3 +222,18 @@ def test_fedul_check_refuses_more_available_nodes_than_simulated_in_one_line(
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and err.startswith("error: min-available-nodes=6 with a simulated federation of 5 nodes")
     assert fedul(["check", "--run-config", values, "--federation-config", "num-supernodes=6"]) == 0
+
+
+def test_a_typed_option_the_method_does_not_read_is_named_in_a_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    """``hassle-gamma`` changes nothing under FedUL: ``fedul check`` says so (and the ServerApp
+    logs the same line); the method's own options, and a foreign one at the preset's value (a
+    grid hands its runs' whole settings over as typed), give no warning."""
+    assert fedul(["check", "--run-config", 'method="fedul" hassle-gamma=0.5']) == 0
+    err = capsys.readouterr().err
+    assert "warning: hassle-gamma=0.5: an option of method(s) ['hassle']; method='fedul' does not read it" in err, err
+    assert fedul(["check", "--run-config", 'method="fedrgd" client-setting="labels-at-clients" num-labeled=200 fixmatch-threshold=0.9 fedrgd-groups=2']) == 0
+    assert "warning" not in capsys.readouterr().err
+    values, sources = compose_config({"method": "fedul", "preset": "hassle", "hassle-gamma": 100.0, "lr": 0.1})
+    assert unread_options(values, sources) == []  # the hassle preset's own value
+    assert unread_options(*compose_config({"method": "fedul", "dpl": True})) == [
+        "dpl=True: an option of method(s) ['fedmatch', 'fedrgd', 'semifl']; method='fedul' does not read it"]

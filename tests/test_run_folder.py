@@ -253,11 +253,30 @@ def test_failed_nodes_stay_consistent_after_a_resume(tmp_path: Path) -> None:
     settings = {"run-name": "resumed", "min-train-nodes": 1, "max-failure-fraction": 1.0}
     grid = InProcessGrid(client_app, 3, _settings(tmp_path), node_configs=_BROKEN)
     _run(tmp_path, 3, grid, **{"num-rounds": 1, **settings})
-    grid = InProcessGrid(client_app, 3, _settings(tmp_path), node_configs=[_BROKEN[0], _BROKEN[0], _BROKEN[1]])
+    repaired = {"partition-id": 1, "num-partitions": 3}
+    grid = InProcessGrid(client_app, 3, _settings(tmp_path), node_configs=[_BROKEN[0], repaired, _BROKEN[1]])
     resumed = _run(tmp_path, 3, grid, **{"num-rounds": 2, "resume": True, **settings})
     summary = (resumed.path / "summary.txt").read_text()
     assert "failed-replies=3 failed-nodes=2(ValueError),3(ValueError) " in summary, summary
-    assert "clients=2 " in summary  # node 1 in both rounds, node 2 in round 2
+    assert "clients=2 " in summary  # partition 0 in both rounds, partition 1 in round 2
+
+
+def test_clients_counts_the_clients_that_trained_not_the_node_ids_of_a_resumed_simulation(tmp_path: Path) -> None:
+    """A resumed simulation draws new node ids (Flower's engine does on every start): here the
+    partitions 0 and 1 train on nodes 1 and 2, then, resumed, on nodes 3 and 4 (nodes 1 and 2
+    fail). ``clients=`` counts the two clients by their stable ``node-key``; before, it counted
+    the four node ids."""
+    settings = {"run-name": "moved", "min-train-nodes": 1, "max-failure-fraction": 1.0}
+    two = [{"partition-id": p, "num-partitions": 2} for p in (0, 1)]
+    _run(tmp_path, 2, InProcessGrid(client_app, 2, _settings(tmp_path), node_configs=two), **{"num-rounds": 1, **settings})
+    broken = {"partition-id": 9, "num-partitions": 2}
+    grid = InProcessGrid(client_app, 4, _settings(tmp_path), node_configs=[broken, broken, *two])
+    resumed = _run(tmp_path, 4, grid, **{"num-rounds": 2, "resume": True, **settings})
+    rows = json.loads((resumed.path / "metrics.json").read_text())
+    assert [r.get("trained-nodes") for r in rows] == [None, [1, 2], [3, 4]]
+    assert [r.get("trained-clients") for r in rows] == [None, [0, 1], [0, 1]]
+    summary = (resumed.path / "summary.txt").read_text()
+    assert " clients=2 " in summary and "failed-nodes=1(ValueError),2(ValueError) " in summary, summary
 
 
 def test_a_client_error_under_ray_keeps_its_type(tmp_path: Path) -> None:

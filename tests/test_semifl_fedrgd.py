@@ -201,3 +201,15 @@ def test_fedul_check_accepts_each_in_its_settings(method: str, setting: str, cap
     if setting == "labels-at-clients":  # and the annotation-heterogeneity setting's 20 clients
         values = f'method="{method}" client-setting="annotation-heterogeneity"'
         assert fedul(["check", "--run-config", values, "--federation-config", "num-supernodes=20"]) == 0
+
+
+def test_a_semifl_client_with_nothing_to_train_under_scaffold_option_one_sits_out(tmp_path: Path) -> None:
+    """SCAFFOLD's option I builds the local task before the update (its control variate is the
+    gradient at the global model), and SemiFL's task has nothing to train when no pseudo-label
+    reaches tau = 1: the client is idle there too, not failed (before, each such client counted
+    against max-failure-fraction and stopped the run)."""
+    rc = {"method": "semifl", "client-setting": "labels-at-server", "num-labeled": 100, "samples-per-client": 100,
+          "batch-size": 16, "fixmatch-threshold": 1.0, "strategy": "scaffold", "scaffold-option": "I",
+          "num-rounds": 1, "output-dir": str(tmp_path), "run-name": "idle"}  # fmt: skip
+    outputs = server_app.run_federation(InProcessGrid(client_app, 2, rc), resolve_config(rc))
+    assert outputs.rows[1]["failed-replies"] == 0 and outputs.rows[1]["idle-replies"] == 2, outputs.rows[1]

@@ -118,12 +118,17 @@ class RoundReplies:
         (node id, error type) of each failed reply: the node the instruction was sent to,
         not the error reply's source (the SuperLink answers for a node it lost), and the type
         of :func:`error_type`.
+    clients : list[int]
+        The ``node-key`` of each trained reply (ascending): the client's stable key (partition
+        id in simulation, a hash of the data folder in deployment), which, unlike the node id,
+        a resumed simulation keeps. The node's own claim, as in :func:`reply_order`.
     """
 
     server_round: int
     trained: list[int] = field(default_factory=list)
     idle: list[int] = field(default_factory=list)
     failed: list[tuple[int, str]] = field(default_factory=list)
+    clients: list[int] = field(default_factory=list)
 
 
 class RequireReplies:
@@ -207,7 +212,8 @@ class RequireReplies:
         idle = [m for m in replies if is_idle(m)]
         trained = [m for m in replies if not m.has_error() and not is_idle(m)]
         self.last_replies = RoundReplies(server_round, sorted(node(m) for m in trained), sorted(node(m) for m in idle),
-                                         sorted((node(m), error_type(m.error)) for m in failed))  # fmt: skip
+                                         sorted((node(m), error_type(m.error)) for m in failed),
+                                         sorted(key for keyed, key, _ in map(reply_order, trained) if keyed == 0))  # fmt: skip
         ok = len(replies) - len(failed)
         needed = max(1, int(getattr(self, "min_train_nodes", 1)))
         if getattr(self, "participation", "fixed-size") == "poisson":  # a random cohort: min-train-nodes is no floor

@@ -415,7 +415,7 @@ SERVER_FIELDS: tuple[Field, ...] = (
     Field("server:metrics.json", "privacy-*", "epsilon, delta; server-adaptive: the round's clipping norm (set by "
           "earlier rounds' noised counts)", _ACCOUNT, _ACCOUNT),
     *(Field("server:metrics.json", k, "the round's replies by node", _OPERATIONAL, _OPERATIONAL)
-      for k in ("trained-nodes", "failed-nodes", "idle-replies", "failed-replies")),
+      for k in ("trained-nodes", "trained-clients", "failed-nodes", "idle-replies", "failed-replies")),
 )  # fmt: skip
 """What the server records and prints beyond the model (``metrics.json``/``.csv``, the
 progress and summary lines). A recorded aggregate of a reply metric (``train-loss``, a method's

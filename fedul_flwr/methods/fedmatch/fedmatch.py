@@ -222,7 +222,7 @@ class FedMatch(FedDPL, Method):
         trained = [m for m, part in (("sigma", "labeled"), ("psi", "unlabeled")) if self._has(client, part)]
         run = nn.ModuleDict({"sigma": models["sigma"], "psi": models["psi"],
                              DECOMPOSED: Decomposed(models["sigma"], models["psi"]), **{h: models[h] for h in helpers}})  # fmt: skip
-        result = loop.run(run, self.local_task(client, models, ctx), trained=trained)
+        result = loop.run(run, self.local_task(client, models, ctx), trained=[*trained, DECOMPOSED])  # its mode: training
         self._density = sparsify(models["psi"], float(self.option("fedmatch-sparsity-threshold")))
         self._sent = tuple(trained)
         n = sum(len(p) for p in (client.labeled, client.unlabeled) if p is not None)
@@ -275,7 +275,7 @@ class FedMatch(FedDPL, Method):
         sparsity threshold) in ``models``."""
         run = nn.ModuleDict({"sigma": models["sigma"], "psi": models["psi"],
                              DECOMPOSED: Decomposed(models["sigma"], models["psi"])})  # fmt: skip
-        result = loop.run(run, self.server_task(server, models, ctx), trained=["sigma"])
+        result = loop.run(run, self.server_task(server, models, ctx), trained=["sigma", DECOMPOSED])
         with torch.no_grad():
             parameters = {k for k, _ in models["sigma"].named_parameters()}
             theta = theta_state(models["sigma"].state_dict(), models["psi"].state_dict(), parameters,

@@ -38,7 +38,10 @@ class Decomposed(nn.Module):
     its own: whoever trains them names the two modules, and switching this module between
     train and eval leaves theirs alone). The forward runs ``sigma``'s module with every
     parameter replaced by the sum of the two; buffers (batch-norm statistics) are sigma's, and
-    a training-mode forward updates them.
+    a training-mode forward updates them. The forward runs sigma in this module's mode
+    (``train()`` / ``eval()`` of the ``Decomposed``, which the loop sets as a trained model's),
+    whatever sigma's own mode is: a client that trains psi alone still trains in training mode
+    (batch statistics, dropout), and an evaluation pass leaves sigma's statistics alone.
 
     Parameters
     ----------
@@ -75,7 +78,12 @@ class Decomposed(nn.Module):
         for name, s in sigma.named_parameters():
             p = psis[name]
             params[name] = (s.detach() if frozen == "sigma" else s) + (p.detach() if frozen == "psi" else p)
-        return functional_call(sigma, params, (x,))
+        was = sigma.training  # sigma is no child of this module: its mode follows this one's for the call
+        sigma.train(self.training)
+        try:
+            return functional_call(sigma, params, (x,))
+        finally:
+            sigma.train(was)
 
 
 def theta_state(sigma: dict[str, torch.Tensor], psi: dict[str, torch.Tensor], parameters: set[str],
