@@ -68,6 +68,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
         "FedMatch's server side is a per-model aggregation mixin (sigma by n_L, psi by n_U, the helpers per client)",
     ("fedul_flwr.methods.fedmatch.helpers", "fedul_flwr.strategies.contract"):
         "FedMatch declares its aggregation contract (partial replies; each psi forwarded as a helper)",
+    ("fedul_flwr.methods.fedmatch.helpers", "fedul_flwr.strategies.kept_state"):
+        "FedMatch's server keeps each client's psi by node key and asks a resumed run's nodes theirs (ask_node_keys)",
     ("fedul_flwr.methods.fedrgd.grouping", "fedul_flwr.strategies.per_model"):
         "FedRGD's grouping-based averaging is a per-model aggregation mixin (it keeps the round's global arrays)",
     ("fedul_flwr.methods.fedrgd.grouping", "fedul_flwr.strategies.contract"):
