@@ -103,17 +103,22 @@ def probe_image(seed: int, channels: int, size: int, mean: Iterable[float], std:
 
 def choose_helpers(embeddings: Mapping[int, torch.Tensor], node: int, h: int) -> list[int]:
     """The H nodes other than ``node`` whose embeddings are nearest ``node``'s (Euclidean),
-    nearest first, ties to the smaller node id; fewer if fewer others are known, none if
+    nearest first, ties to the smaller node key; fewer if fewer others are known, none if
     ``node`` has no embedding.
 
     Parameters
     ----------
     embeddings : Mapping[int, torch.Tensor]
-        Node id -> ``[K]`` embedding.
+        Node key -> ``[K]`` embedding.
     node : int
-        The client being served.
+        The key of the client being served.
     h : int
         H >= 0.
+
+    Returns
+    -------
+    list[int]
+        The helpers' node keys.
     """
     if node not in embeddings or h <= 0:
         return []
