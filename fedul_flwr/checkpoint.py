@@ -23,7 +23,11 @@ FedAdam / FedYogi / FedAdagrad their moments m_t, v_t (Reddi et al., ICLR 2021),
 :func:`strategy_state` saves and :func:`restore_strategy_state` puts back. For these
 strategies (:data:`RESUMABLE_STRATEGIES`) a resumed run ends with exactly the weights of an
 uninterrupted one (``tests/test_checkpoint.py``). SCAFFOLD is refused: its client control
-variates c_i live in the clients' state, which a server checkpoint cannot hold.
+variates c_i live in the clients' state, which a server checkpoint cannot hold. A method's
+aggregation mixin adds its cross-round state through ``checkpoint_attributes`` (FedMatch's
+kept psi and embeddings, so a resumed run sends the same helpers). A method's models kept on
+the nodes (``ModelSpec.kept``: RSCFed's mean teachers) live in the nodes' states, which a
+resumed run (a new Flower run) does not have: they start anew after a resume.
 """
 
 from __future__ import annotations
