@@ -80,3 +80,28 @@ def test_a_method_without_the_plug_in_refuses_dpl_in_one_line() -> None:
                                           r"'fedmatch', 'fedrgd', 'semifl'.*method='fixmatch-dpl'\)$"):
         resolve_config({**SSL, "method": "fixmatch", "dpl": True})
     resolve_config({**SSL, "method": "fixmatch", "dpl": False})
+
+
+def test_semifl_debiases_by_the_mean_of_its_own_pseudo_labelling_pass() -> None:
+    """SemiFL-FedDPL: APP-U is the mean of the round's one pass that pseudo-labels (Eq. 8), so
+    SemiFL and SemiFL-FedDPL see the same weak views for one seed, and no extra pass or
+    per-epoch update is made (the pseudo-labels are fixed for the round)."""
+    from fedul_flwr.augment import Augmentation
+    from fedul_flwr.methods.feddb.debias import predict_weak
+
+    tasks, apps = {}, {}
+    for dpl in (False, True):
+        method, cfg = _method("semifl", dpl)
+        client = load_client(cfg, 0, 2, frozenset({"labeled", "unlabeled"}))
+        models = nn.ModuleDict({"f": build_model("small-cnn", 1, 10, 28, seed=0)})
+        ctx = RoundContext(cfg.seed, 1, 0)
+        tasks[dpl] = method.local_task(client, models, ctx)
+        apps[dpl] = method.dpl_uploads().get(APP_U)
+        after = torch.rand(3, generator=ctx.generator)  # the generator's state after the task was built
+        again = RoundContext(cfg.seed, 1, 0)
+        probs = predict_weak(models["f"], models["f"], client.unlabeled, Augmentation("weak", 28, client.flip),
+                             again.generator, client.to_input, again.device, cfg.eval_batch_size)  # fmt: skip
+        assert torch.equal(after, torch.rand(3, generator=again.generator))  # one pass, no draw besides it
+        if dpl:
+            assert torch.allclose(torch.tensor(apps[dpl]), probs.mean(dim=0), atol=1e-6)
+    assert apps[False] is None and tasks[True].before_epoch is None and tasks[False].before_epoch is None

@@ -116,6 +116,10 @@ def _extra_metric(c: RecordDict) -> None:
     c[wire.METRICS] = MetricRecord({**c[wire.METRICS], "secret": 1.0})
 
 
+def _list_metric(c: RecordDict) -> None:  # Flower's metric averaging raised on a list beside numbers
+    c[wire.METRICS] = MetricRecord({**c[wire.METRICS], wire.TRAIN_LOSS: [0.5, 0.5]})
+
+
 def _missing_metric(c: RecordDict) -> None:
     c[wire.METRICS] = MetricRecord({k: v for k, v in c[wire.METRICS].items() if k != wire.TRAIN_LOSS})
 
@@ -123,7 +127,7 @@ def _missing_metric(c: RecordDict) -> None:
 MALFORMED = {"shape": {"shape": _shape}, "dtype": {"dtype": _dtype}, "missing-key": {"missing": _missing_key},
              "extra-key": {"extra": _extra_key}, "extra-record": {"record": _extra_record},
              "no-metrics": {"metrics": _no_metrics}, "extra-metric": {"metric": _extra_metric},
-             "missing-metric": {"metric": _missing_metric}, "negative-weight": {"weight": -2.999},
+             "missing-metric": {"metric": _missing_metric}, "list-metric": {"metric": _list_metric}, "negative-weight": {"weight": -2.999},
              "zero-weight": {"weight": 0}, "nan-weight": {"weight": float("nan")}, "inf-weight": {"weight": float("inf")},
              "list-weight": {"weight": [1.0, 2.0]}}  # fmt: skip
 MODES = [(s, "none") for s in STRATEGIES.names()] + [(s, m) for s in SERVER_DP_STRATEGIES
@@ -182,3 +186,37 @@ def test_an_undeclared_metric_key_refuses_that_reply_not_the_honest_one(
     row = json.loads((tmp_path / "door" / "metrics.json").read_text())[-1]
     assert row["round"] == 1 and row["failed-replies"] == 1
     assert row["failed-nodes"] == [[grid.hostile, "MalformedReplyError"]] and row["trained-nodes"] == [honest]
+
+
+class _ForgedMetric(InProcessGrid):
+    """The in-process federation in which the lowest node id replaces its training replies'
+    metric ``key`` by ``value``."""
+
+    def __init__(self, *args: object, key: str, value: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.hostile, self.key, self.value = min(self.get_node_ids()), key, value
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        replies = list(super().pull_messages(message_ids))
+        for reply in replies:
+            if reply.metadata.src_node_id == self.hostile and not reply.has_error() and len(reply.content[wire.ARRAYS]):
+                reply.content[wire.METRICS] = MetricRecord({**reply.content[wire.METRICS], self.key: self.value})
+        return replies
+
+
+@pytest.mark.parametrize(("method", "key", "value"), [("rscfed", "num-labeled", [1.0, 2.0]),
+                                                      ("semifl", "app-u", 0.1)])  # fmt: skip
+def test_a_metric_of_the_wrong_kind_is_that_nodes_failed_reply(method: str, key: str, value: object, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """RSCFed's aggregation reads each reply's ``num-labeled`` (one number; a list made it raise
+    in the middle of the round) and FedDB's plug-in uploads ``app-u`` (K floats): a reply whose
+    declared metric is of the other kind is refused at the door, named, and the run goes on."""
+    from fedul_flwr.server_app import run_federation
+
+    rc = {"method": method, "client-setting": "labels-at-clients", "num-labeled": 60, "samples-per-client": 60,
+          "batch-size": 16, "num-rounds": 1, "min-train-nodes": 1, "min-available-nodes": 3, "dpl": method == "semifl",
+          "fixmatch-threshold": 0.0, "output-dir": str(tmp_path), "run-name": "kind"}  # fmt: skip
+    grid = _ForgedMetric(client_app, 3, rc, key=key, value=value)
+    outputs = run_federation(grid, resolve_config(rc))
+    row = outputs.rows[1]
+    assert row["failed-nodes"] == [[grid.hostile, "MalformedReplyError"]] and len(row["trained-nodes"]) == 2, row
+    assert outputs.status == "ok"

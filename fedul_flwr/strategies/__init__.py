@@ -62,7 +62,7 @@ from fedul_flwr import wire
 from fedul_flwr.config import RunConfig
 from fedul_flwr.registry import Registry
 from fedul_flwr.strategies.admission import admit
-from fedul_flwr.strategies.contract import train_metric_keys
+from fedul_flwr.strategies.contract import train_metric_keys, vector_metric_keys
 from fedul_flwr.strategies.fednova import FedNova
 from fedul_flwr.strategies.kept_state import KeptOptimizerStates
 from fedul_flwr.strategies.participation import Participation
@@ -154,6 +154,10 @@ class RequireReplies:
     """(declared, always sent) train metric keys of the run's contract
     (:func:`~fedul_flwr.strategies.contract.train_metric_keys`; set by :func:`build_strategy`):
     the door's reference for each reply's metric keys."""
+    vector_metrics: frozenset[str] | None = None
+    """The declared train metric keys whose value is a list
+    (:func:`~fedul_flwr.strategies.contract.vector_metric_keys`); every other declared key carries
+    one number. ``None``: not checked (no declaration)."""
     whole_replies: bool = False
     """Whether every reply must carry every exchanged model (server-side DP clips whole-model
     updates; :func:`fedul_flwr.privacy.server.with_server_dp` sets it)."""
@@ -184,7 +188,8 @@ class RequireReplies:
         checked = iter(admit(server_round, fresh, expected, getattr(self, "_instructions", ()),
                              weight_keys={m: per_model.get(m, self.weighted_by_key) for m in models},  # type: ignore[attr-defined]
                              side_records=side, whole=self.whole_replies,
-                             declared_metrics=getattr(self, "declared_metrics", None)))  # fmt: skip
+                             declared_metrics=getattr(self, "declared_metrics", None),
+                             vector_metrics=getattr(self, "vector_metrics", None)))  # fmt: skip
         out = [next(checked) if id(r) not in self._admitted else r for r in replies]
         self._admitted.update(id(r) for r in out)
         return out
@@ -452,6 +457,7 @@ def build_strategy(cfg: RunConfig, method_mixin: type | None = None, num_nodes: 
     # a method given by import path ("module:Class") is outside the contract: its keys are not judged
     declared = ":" not in cfg.method
     strategy.declared_metrics = train_metric_keys(cfg.strategy, cfg.method, cfg.as_dict()) if declared else None
+    strategy.vector_metrics = vector_metric_keys(cfg.strategy, cfg.method, cfg.as_dict()) if declared else None
     # which nodes train (strategies/participation.py): a secret draw where it is part of server-side DP
     strategy.participation, strategy.sampling_seed = cfg.participation, cfg.seed
     strategy.secret_sampling = cfg.differential_privacy in ("server-fixed", "server-adaptive")

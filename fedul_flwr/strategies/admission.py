@@ -24,7 +24,10 @@ A reply is admitted when:
   the ``Array`` claims;
 - a side record that mirrors the model (``"cv-delta"``) holds arrays of the global shapes;
 - each weight the aggregation reads (the strategy's ``weighted_by_key`` and a method's
-  per-model weight keys) is a finite number > 0 (not a bool, not a list).
+  per-model weight keys) is a finite number > 0 (not a bool, not a list);
+- each declared metric is of its declared kind: a list where the contract declares one
+  (``Field.vector``, e.g. K floats), else one number (Flower's metric averaging raises on a
+  mix, and a method's aggregation reads some, e.g. RSCFed's ``num-labeled``).
 
 Metric keys. Flower averages metrics only over replies with equal key sets, so the round's
 trained replies must agree; which one is wrong is decided by the declaration, never by a vote
@@ -188,6 +191,18 @@ def _metric_keys(reply: Message) -> frozenset[str]:
     return frozenset(next(iter(reply.content.metric_records.values())).keys())
 
 
+def _wrong_kind(metrics: MetricRecord, vectors: frozenset[str] | None) -> str | None:
+    """Why a declared metric's value is of the wrong kind (a list where the contract declares one
+    number, or a number where it declares a list); ``None`` if none is, or without a declaration."""
+    if vectors is None:
+        return None
+    for key, value in metrics.items():
+        if isinstance(value, list) != (key in vectors):
+            want = "a list of numbers" if key in vectors else "one number"
+            return f"its metric {key!r} is {type(value).__name__} {value!r:.60}, the run's contract declares {want}"
+    return None
+
+
 def _undeclared(keys: frozenset[str], declared: tuple[frozenset[str], frozenset[str]] | None) -> str | None:
     if declared is None:
         return None
@@ -205,6 +220,7 @@ def admit(
     expected: ArrayRecord,
     instructions: Collection[Message] = (),
     declared_metrics: tuple[frozenset[str], frozenset[str]] | None = None,
+    vector_metrics: frozenset[str] | None = None,
     **checks: object,
 ) -> list[Message]:
     """``replies`` with every malformed one (:func:`malformed`, given ``checks``, and a metric
@@ -217,13 +233,18 @@ def admit(
     declared_metrics : tuple[frozenset[str], frozenset[str]] | None
         (keys the run's contract declares, keys every reply carries):
         :func:`fedul_flwr.strategies.contract.train_metric_keys`; ``None``: not checked.
+    vector_metrics : frozenset[str] | None
+        The declared keys whose value is a list
+        (:func:`fedul_flwr.strategies.contract.vector_metric_keys`); a reply whose declared
+        metric is of the other kind is malformed. ``None``: not checked.
     """
     by_id = {m.metadata.message_id: m for m in instructions}
     replies = list(replies)
     whys = [malformed(reply, expected, **checks) for reply in replies]  # type: ignore[arg-type]
     trained = [why is None and not r.has_error() and len(r.content[wire.ARRAYS]) > 0
                for r, why in zip(replies, whys, strict=True)]  # fmt: skip
-    whys = [_undeclared(_metric_keys(r), declared_metrics) if ok else why
+    whys = [(_undeclared(_metric_keys(r), declared_metrics) or _wrong_kind(next(iter(r.content.metric_records.values())),
+                                                                          vector_metrics)) if ok else why
             for r, why, ok in zip(replies, whys, trained, strict=True)]  # fmt: skip
     kept = [r for r, why, ok in zip(replies, whys, trained, strict=True) if ok and why is None]
     common = frozenset.intersection(*(_metric_keys(r) for r in kept)) if kept else frozenset()

@@ -41,6 +41,7 @@ __all__ = [
     "fields_table",
     "reply_fields",
     "train_metric_keys",
+    "vector_metric_keys",
     "Combining",
     "Contract",
     "MISSING_CONTRACT",
@@ -298,6 +299,10 @@ class Field:
         Whether every trained reply of the run carries it (``False``: only some nodes send it,
         e.g. a diagnostic that needs the true classes); the reply door refuses a trained reply
         that lacks a field sent always (:func:`train_metric_keys`).
+    vector : bool
+        Whether a metric's value is a list of numbers (e.g. K floats, one per class); else one
+        number. The reply door refuses a reply whose value is of the other kind
+        (:func:`vector_metric_keys`): Flower's metric averaging raises on a mix.
     """
 
     record: str
@@ -306,6 +311,7 @@ class Field:
     server: Treatment
     local: Treatment
     always: bool = True
+    vector: bool = False
 
     def treatment(self, mode: str) -> Treatment:
         """The treatment under ``mode`` (a DP mode other than ``none``)."""
@@ -324,8 +330,8 @@ _CLIENT_EVAL = Treatment(Exposure.OPT_IN, "dp-publish-unnoised-client-evaluation
 
 
 def _metric(key: str, what: str, server: Treatment = _TRAIN_METRICS, local: Treatment = _STATISTIC,
-            always: bool = True) -> Field:  # fmt: skip
-    return Field("train:metrics", key, what, server, local, always)
+            always: bool = True, vector: bool = False) -> Field:  # fmt: skip
+    return Field("train:metrics", key, what, server, local, always, vector)
 
 
 COMMON_FIELDS: tuple[Field, ...] = (
@@ -365,19 +371,20 @@ _POSITIVE = Treatment(Exposure.PUBLIC, "which classes each node labels, told to 
                       "outside the epsilon, and it shows the other clients which class sets take part")  # fmt: skip
 
 _DPL = _metric("app-u", "with dpl=true (FedDB's plug-in): the node's average prediction on its unlabeled images (K "
-                "floats)", always=False)  # fmt: skip
+                "floats)", always=False, vector=True)  # fmt: skip
 
 METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
     "fixmatch": _PSEUDO,
     "semifl": (*_PSEUDO, _DPL),
     "fedrgd": (*_PSEUDO, _DPL),
     "uda": _PSEUDO,
-    "fixmatch-dpl": (*_PSEUDO, _metric("app-u", "the node's average prediction on its unlabeled images (K floats)")),
+    "fixmatch-dpl": (*_PSEUDO, _metric("app-u", "the node's average prediction on its unlabeled images (K floats)",
+                                       vector=True)),
     "feddb": (*_PSEUDO, _metric(
         "app-u", "the node's average prediction on its unlabeled images (K floats); DMA weighs the clients by it",
         Treatment(Exposure.REFUSED, "DMA reweighs the clients by it"),
         Treatment(Exposure.REFUSED, "DMA's weights depend on it unnoised, so the released model is no "
-                  "post-processing of noised replies"))),
+                  "post-processing of noised replies"), vector=True)),
     "rscfed": (
         _metric("num-labeled", "the node's labeled examples (a client with labels weighs more in its sub-set)",
                 local=_SIZE),
@@ -395,7 +402,8 @@ METHOD_FIELDS: dict[str, tuple[Field, ...]] = {
     ),
     "hassle": (
         *_PSEUDO,
-        _metric("pseudo-label-classes", "per class, the share of the node's unlabeled images kept with it (K floats)"),
+        _metric("pseudo-label-classes", "per class, the share of the node's unlabeled images kept with it (K floats)",
+                vector=True),
         _metric("num-labeled", "the node's labeled examples (model weight)", local=_SIZE),
         _metric("num-unlabeled", "the node's unlabeled examples (model weight)", local=_SIZE),
     ),
@@ -469,6 +477,13 @@ def train_metric_keys(
     """
     fields = [f for f in reply_fields(strategy, method, options) if f.record == "train:metrics"]
     return frozenset(f.key for f in fields), frozenset(f.key for f in fields if f.always)
+
+
+def vector_metric_keys(strategy: str, method: str, options: Mapping[str, object] | None = None) -> frozenset[str]:
+    """The declared train metric keys (:func:`train_metric_keys`) whose value is a list of
+    numbers (``Field.vector``); every other declared key carries one number. The reply door
+    refuses a reply whose value is of the other kind."""
+    return frozenset(f.key for f in reply_fields(strategy, method, options) if f.record == "train:metrics" and f.vector)
 
 
 def recorded_field(strategy: str, method: str, key: str, options: Mapping[str, object] | None = None) -> Field | None:

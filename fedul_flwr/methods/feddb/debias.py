@@ -131,14 +131,27 @@ class DebiasedPseudoLabels:
         The round; the weak views draw from ``ctx.generator``.
     forward : Callable[[nn.ModuleDict], nn.Module]
         The classifier whose predictions are debiased, from the models (default ``models["f"]``).
+    probs : torch.Tensor | None
+        ``[n_U, K]``: the received model's predictions on the weak views of all of D_u that the
+        method already made to pseudo-label (SemiFL labels once per round): APP-U is their mean,
+        the mean of the very predictions it debiases (Eq. 8), with no second pass and no draw of
+        its own. ``None``: the plug-in makes that pass.
+    per_epoch : bool
+        Whether APP-U's moving average runs before every local epoch (a method whose pseudo-labels
+        are made once per round sets ``False``: the updates would change only the upload).
     """
 
     def __init__(self, method: Method, client: ClientData, models: nn.ModuleDict, ctx: RoundContext,
-                 forward: Callable[[nn.ModuleDict], nn.Module] = lambda models: models["f"]) -> None:  # fmt: skip
+                 forward: Callable[[nn.ModuleDict], nn.Module] = lambda models: models["f"],
+                 probs: torch.Tensor | None = None, per_epoch: bool = True) -> None:  # fmt: skip
         self.active = bool(method.option("dpl")) and client.unlabeled is not None and len(client.unlabeled) > 0
         self.gamma = float(method.option("dpl-ema"))
         self.forward = forward
+        self.per_epoch = per_epoch
         if not self.active:
+            return
+        if probs is not None:
+            self.app_u = probs.mean(dim=0)  # Eq. 8, of the method's own pass
             return
         weak = Augmentation("weak", client.image_shape[1], client.flip)
         images = client.unlabeled
@@ -161,7 +174,7 @@ class DebiasedPseudoLabels:
 
     def chained(self, task: LocalTask) -> LocalTask:
         """``task`` with APP-U's update added before each local epoch (after the task's own)."""
-        if not self.active:
+        if not self.active or not self.per_epoch:
             return task
         own = task.before_epoch
 
@@ -197,9 +210,11 @@ class FedDPL:
         """The classifier whose pseudo-labels are debiased (default ``models["f"]``)."""
         return models["f"]
 
-    def begin_dpl(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> None:
-        """Start the round's plug-in: APP-U of the received models (with ``dpl``)."""
-        self.dpl = DebiasedPseudoLabels(self, client, models, ctx, self.dpl_forward)  # type: ignore[arg-type]
+    def begin_dpl(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext,
+                  probs: torch.Tensor | None = None, per_epoch: bool = True) -> None:  # fmt: skip
+        """Start the round's plug-in: APP-U of the received models (with ``dpl``), from the
+        method's own predictions ``probs`` where given (:class:`DebiasedPseudoLabels`)."""
+        self.dpl = DebiasedPseudoLabels(self, client, models, ctx, self.dpl_forward, probs, per_epoch)  # type: ignore[arg-type]
 
     def with_dpl(self, task: LocalTask) -> LocalTask:
         """``task`` with APP-U's update before each local epoch (with ``dpl``)."""

@@ -62,6 +62,13 @@ Choices (the paper is the default; the code's choices where it is silent):
   0.5 on the clients' mean) is ``strategy=fedavgm server-momentum=0.5`` (the
   ``semifl-server`` preset), the server's fine-tuning uses the run's local optimiser
   (the code's SGD 0.03, Nesterov momentum 0.9, weight decay 5e-4, gradient clipping 1).
+- **SemiFL-FedDPL** (``dpl = true``, FedDB's plug-in,
+  :class:`~fedul_flwr.methods.feddb.debias.DebiasedPseudoLabels`): APP-U is the mean of the
+  round's one pseudo-labelling pass (the received model's predictions on the weak views of all
+  of D_u, Eq. 8), the very predictions it debiases; no second pass, so SemiFL and SemiFL-FedDPL
+  see the same weak views for one seed. The pseudo-labels are fixed for the round, so APP-U is
+  not updated per epoch (the update would change only the uploaded ``app-u``, which no server
+  reads for SemiFL).
 - **Aggregation weight**: ``fixmatch-weight`` (``epoch``: |D_fix| without labels, n_L with
   them); the code averages the active clients with equal weights (``aggregation-weights=
   uniform``).
@@ -144,25 +151,27 @@ class SemiFL(ThresholdedPseudoLabels, FixMatch):
         NothingToTrain
             For a client without labels none of whose pseudo-labels passes tau.
         """
-        self.begin_dpl(client, models, ctx)  # FedDB's plug-in (dpl): APP-U of the received model
         weak, strong = self.views(client)
         streams: dict[str, Stream] = {}
         if "labeled" in client.parts():
             streams["labeled"] = self.labeled_stream(client)
         self.kept_share, self.correct_share = 0.0, None
-        if "unlabeled" in client.parts():
-            assert client.unlabeled is not None
-            probs = predict_weak(models["f"], models["f"], client.unlabeled, weak, ctx.generator, client.to_input,
-                                 ctx.device, self.cfg.eval_batch_size)  # fmt: skip
+        unlabeled = client.unlabeled if "unlabeled" in client.parts() else None
+        probs = None if unlabeled is None else predict_weak(
+            models["f"], models["f"], unlabeled, weak, ctx.generator, client.to_input, ctx.device, self.cfg.eval_batch_size)
+        # FedDB's plug-in (dpl): APP-U is the mean of these very predictions (Eq. 8); the
+        # pseudo-labels are fixed for the round, so no per-epoch update
+        self.begin_dpl(client, models, ctx, probs=probs, per_epoch=False)
+        if unlabeled is not None and probs is not None:
             targets, mask = (t.cpu() for t in self.pseudo_labels_from(probs))
             self.kept_share = float(mask.float().mean())
             if client.unlabeled_classes is not None:  # diagnostics only: true classes in simulation
                 self.correct_share = float((mask & (targets == client.unlabeled_classes)).float().mean())
             if bool(mask.any()):
                 size = self.cfg.batch_size * (self.option("fixmatch-mu") if streams else 1)
-                streams["fix"] = Stream({"x": client.unlabeled[mask], "y": targets[mask]}, size, images=(),
+                streams["fix"] = Stream({"x": unlabeled[mask], "y": targets[mask]}, size, images=(),
                                         views={"weak": ("x", weak), "strong": ("x", strong)})  # fmt: skip
-                streams["mix"] = Stream({"x": client.unlabeled, "y": targets}, size, images=(), views={"weak": ("x", weak)},
+                streams["mix"] = Stream({"x": unlabeled, "y": targets}, size, images=(), views={"weak": ("x", weak)},
                                         batches=with_replacement(len(targets), size))  # fmt: skip
         if not streams:
             n_u = 0 if client.unlabeled is None else len(client.unlabeled)
