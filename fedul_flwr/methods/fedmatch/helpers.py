@@ -178,7 +178,9 @@ class FedMatchAggregation(PerModelAggregation):
             if cfg is None:
                 raise RuntimeError("FedMatchAggregation needs its run_config (FedMatch.aggregation sets it)")
             info = run_dataset_info(cfg.as_dict())
-            module = build_model(cfg.model, info.channels, len(info.class_names), info.image_size).double().eval()
+            # its weights are replaced by each reply's before use; seeded, so torch's global generator is untouched
+            module = build_model(cfg.model, info.channels, len(info.class_names), info.image_size,
+                                 seed=cfg.seed).double().eval()
             probe = probe_image(cfg.seed, info.channels, info.image_size, info.mean, info.std).double()
             built = self._built = (module, {k for k, _ in module.named_parameters()}, probe)
         return built
