@@ -25,7 +25,8 @@ def test_named_layouts_kinds_and_fractions() -> None:
         ("ALL", 20, 0.05, r"stated for labeled shares \[0.1, 0.2\], not 0.05"),
         ("ALL", 10, 0.1, "20 clients in the layout for 10 clients"),
         ("1,2", 2, 0.1, r"fractions \[2.0\] outside \[0, 1\]"),
-        ("L,Q", 2, 0.1, "label-layout='L,Q'"),
+        ("L,Q", 2, 0.1, "label-layout='L,Q': 'Q' is no kind"),
+        ("LLUU", 4, 0.1, r"^label-layout='LLUU': 'LLUU' is no kind \(L, P, U\), layout name or fraction \(names: "),
     ],
 )
 def test_bad_layouts_name_the_key_and_value(text: str, clients: int, share: float, message: str) -> None:

@@ -76,6 +76,9 @@ def parse_layout(text: str, num_clients: int | None, share: float, key: str = "l
             if all(i in ("L", "P", "U") for i in items):
                 values = list(items)
             else:
+                unknown = [i for i in items if i not in ("L", "P", "U") and not _is_number(i)]
+                if unknown:
+                    raise ValueError(f"{unknown[0]!r} is no kind (L, P, U), layout name or fraction")
                 values = [float(i) for i in items]
                 bad = [v for v in values if not 0.0 <= v <= 1.0]
                 if bad:
@@ -86,6 +89,14 @@ def parse_layout(text: str, num_clients: int | None, share: float, key: str = "l
     except ValueError as exc:
         raise ValueError(f"{key}={text!r}: {exc} (names: {sorted(LAYOUTS)}; comma-separated kinds L, P, U "
                          "such as 'L,P*2,U'; or comma-separated fractions)") from None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def label_fractions(layout: Sequence[str | float], sizes: Sequence[int], share: float) -> list[float]:
