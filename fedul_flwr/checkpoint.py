@@ -105,6 +105,10 @@ class Checkpoint:
         ``"rng-streams"``: the rounds drew their nodes from the streams of (seed, round)
         (:data:`NODE_DRAWS`); None in older checkpoints, whose rounds drew from Python's
         ``random`` (continued now, they would not train the cohorts of an uninterrupted run).
+    server_data : str | None
+        The SHA-256 of the server's labeled images the run trained on (the labels-at-server
+        setting, :func:`fedul_flwr.resume.server_data_digest`); None without them, or in older
+        checkpoints.
     """
 
     round: int
@@ -114,6 +118,7 @@ class Checkpoint:
     ema_state: dict[str, torch.Tensor] | None = None
     num_nodes: int | None = None
     node_draws: str | None = None
+    server_data: str | None = None
 
 
 def _tensors(value: Any) -> dict[str, Any]:
@@ -175,10 +180,12 @@ def save_checkpoint(
     strategy: object | None = None,
     ema_state: dict[str, torch.Tensor] | None = None,
     num_nodes: int | None = None,
+    server_data: str | None = None,
 ) -> Path:
     """Atomically write ``<run_dir>/checkpoint.pt`` for ``server_round`` (f's ``state_dict``,
-    the run ``config``, if given ``strategy``'s cross-round state and the EMA of the global
-    weights); returns its path."""
+    the run ``config``, if given ``strategy``'s cross-round state, the EMA of the global
+    weights and the digest of the server's labeled images, :attr:`Checkpoint.server_data`);
+    returns its path."""
     path = Path(run_dir) / CHECKPOINT_FILE
     payload = {
         "round": int(server_round),
@@ -188,6 +195,7 @@ def save_checkpoint(
         "ema_state": ema_state,
         "num_nodes": num_nodes,
         "node_draws": NODE_DRAWS,
+        "server_data": server_data,
     }
     return write_atomic(path, lambda fh: torch.save(payload, fh))
 
@@ -213,6 +221,7 @@ def load_checkpoint(run_dir: str | Path) -> Checkpoint:
         return Checkpoint(
             int(payload["round"]), dict(payload["state_dict"]), dict(payload["config"]), dict(payload.get("strategy_state", {})),
             payload.get("ema_state"), payload.get("num_nodes"), payload.get("node_draws"),  # an older "random_state": unused
+            payload.get("server_data"),
         )
     except DamagedFile as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint ({exc.reason})") from exc

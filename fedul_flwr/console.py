@@ -26,7 +26,7 @@ import warnings
 
 from flwr.common.logger import FLOWER_LOGGER, console_handler
 
-__all__ = ["PROGRESS", "RoundClock", "mark_reported", "print_in_one_line", "set_verbose"]
+__all__ = ["PROGRESS", "RoundClock", "mark_reported", "print_in_one_line", "reported", "set_verbose"]
 
 PROGRESS = logging.getLogger(f"{FLOWER_LOGGER.name}.fedul-flwr")
 """The progress lines of a run (one per round); shown whether or not ``verbose``."""
@@ -105,6 +105,11 @@ def mark_reported(exc: BaseException) -> None:
         setattr(exc, _REPORTED, True)
     except AttributeError:  # an exception type without a __dict__
         pass
+
+
+def reported(exc: BaseException) -> bool:
+    """Whether ``exc`` was told in one line by the app already (:func:`mark_reported`)."""
+    return bool(getattr(exc, _REPORTED, False))
 
 
 def print_in_one_line(*types: type[BaseException]) -> None:

@@ -37,6 +37,7 @@ import json
 import math
 import os
 import re
+import shutil
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -216,6 +217,9 @@ class RunOutputs:
             With ``resume=true``, if ``metrics.json`` cannot be read (names the file).
         ConfigError
             If ``run-name`` is not one folder name (:func:`run_folder`).
+        NoSpace
+            If the device is full (one line naming the file and the free space); a run folder
+            this call created is removed again.
         OSError
             If the folder cannot be created (the message names it).
         ImportError
@@ -228,6 +232,7 @@ class RunOutputs:
             lock = FolderLock.acquire(path)
         else:
             lock.check(path)
+        created = not cfg.resume and not path.exists()
         try:
             rows: dict[int, dict[str, Any]] = {}
             if cfg.resume:
@@ -247,6 +252,8 @@ class RunOutputs:
             if writer_class is not None:
                 outputs.writer = writer_class(log_dir=str(path / "tensorboard"))
         except BaseException:
+            if created:  # a refused start leaves no folder behind (e.g. config.json met a full device)
+                shutil.rmtree(path, ignore_errors=True)
             if owns_lock:
                 lock.release()
             raise

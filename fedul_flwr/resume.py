@@ -9,6 +9,7 @@ federation (:func:`check_resumed_federation`). Every function reads only.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from fedul_flwr import get_logger
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 from fedul_flwr.config import ConfigError, RunConfig, default_config
+from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods import METHODS
 
 __all__ = [
@@ -141,7 +143,21 @@ def check_resume(cfg: RunConfig, run_dir: Path) -> Checkpoint:
     return ckpt
 
 
-def check_resumed_federation(cfg: RunConfig, ckpt: Checkpoint, simulated: bool, num_nodes: int) -> None:
+def server_data_digest(server: ClientData | None) -> str | None:
+    """The SHA-256 (hex) of the server's labeled images and labels (``None`` without them): what
+    a resume checks the server still holds (:func:`check_resumed_federation`)."""
+    if server is None or server.labeled is None:
+        return None
+    digest = hashlib.sha256()
+    for tensor in (server.labeled.x, server.labeled.y):
+        array = tensor.detach().cpu().contiguous().numpy()
+        digest.update(f"{array.dtype}{array.shape}".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def check_resumed_federation(cfg: RunConfig, ckpt: Checkpoint, simulated: bool, num_nodes: int,
+                             server_data: str | None = None) -> None:  # fmt: skip
     """What a resume must share with the run it continues beyond the settings, once the
     federation's nodes are known. With ``local-optimizer-state = "kept"`` in simulation the
     clients' states are keyed by partition id, and another ``num-supernodes`` partitions the
@@ -149,12 +165,22 @@ def check_resumed_federation(cfg: RunConfig, ckpt: Checkpoint, simulated: bool, 
     refused (a deployment's node keys come from its nodes' folders and stay theirs). A
     schedule over ``num-rounds`` (``lr-schedule`` other than ``exponential``) that the resume
     stretches to more rounds is logged: rounds after the checkpoint follow the new length.
+    The server's labeled images (``server_data``, :func:`server_data_digest`) must be those
+    the run trained on, where its checkpoint names them: a folder whose images or labels
+    changed between a stop and a resume would go on training another run.
 
     Raises
     ------
     CheckpointError
-        Naming both node counts.
+        Naming both node counts, or the server's folder whose images changed.
     """
+    if ckpt.server_data is not None and server_data != ckpt.server_data:
+        where = f"server-data-dir={cfg.server_data_dir!r}" if cfg.server_data_dir else "the server's labeled pool"
+        raise CheckpointError(
+            f"resume=true: {where} holds other labeled images than the run trained on (SHA-256 "
+            f"{(server_data or 'none')[:12]}... against the checkpoint's {ckpt.server_data[:12]}...); resume with the "
+            "images it started with, or start a new run"
+        )
     if cfg.local_optimizer_state == "kept" and simulated and ckpt.num_nodes not in (None, num_nodes):
         raise CheckpointError(
             f"resume=true with local-optimizer-state='kept': the run had {ckpt.num_nodes} simulated nodes, this "

@@ -23,9 +23,9 @@ from torch import nn
 from fedul_flwr import wire
 from fedul_flwr.checkpoint import Checkpoint, CheckpointError, restore_strategy_state, save_checkpoint
 from fedul_flwr.preflight import check_before_round_one, check_labels_at_server, is_simulation, unread_options
-from fedul_flwr.resume import check_resume, check_resumed_federation
+from fedul_flwr.resume import check_resume, check_resumed_federation, server_data_digest
 from fedul_flwr.config import ConfigError, RunConfig, compose_config, config_from_values, describe_sources
-from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, set_verbose
+from fedul_flwr.console import PROGRESS, RoundClock, mark_reported, print_in_one_line, reported, set_verbose
 from fedul_flwr.acceleration import Acceleration
 from fedul_flwr.augment import build_augmentation
 from fedul_flwr.data.client_data import ClientData
@@ -37,7 +37,7 @@ from fedul_flwr.methods import Method, get_method
 from fedul_flwr.methods.base import ServerRoundContext
 from fedul_flwr.models import build_model
 from fedul_flwr.outputs import RunFolderInUse, RunOutputs, run_folder
-from fedul_flwr.store import FolderLock
+from fedul_flwr.store import FolderLock, NoSpace
 from fedul_flwr.privacy.accounting import privacy_spent
 from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
@@ -143,6 +143,7 @@ class RoundEnd:
     num_nodes: int
     start_round: int
     ema_state: dict[str, torch.Tensor] | None = None  # a resumed run's EMA (the checkpoint's)
+    server_data: str | None = None  # the server's labeled images' digest (resume.server_data_digest), in each checkpoint
 
     def __post_init__(self) -> None:
         self.predictors = self.method.predictors()
@@ -230,7 +231,8 @@ class RoundEnd:
             # round, the strategy state -- the global arrays as the strategy holds them, not the models'
             # float32 copy: FedOpt strategies compute in float64, and an exact resume must continue from those
             save_checkpoint(self.outputs.path, server_round, global_arrays, self.cfg.as_dict(), inner,
-                            self.ema.state_dict() if self.ema is not None else None, self.num_nodes)  # fmt: skip
+                            self.ema.state_dict() if self.ema is not None else None, self.num_nodes,
+                            self.server_data)  # fmt: skip
         return MetricRecord(metrics)
 
 
@@ -281,8 +283,9 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
     # uses labels -- the runner reports it separately from the last-round test error
     val_idx = torch.from_numpy(validation_indices(cfg)) if cfg.val_fraction > 0 else None
     num_nodes = len(list(grid.get_node_ids()))  # the nodes each round samples from (DP noise and accounting)
+    server_digest = server_data_digest(server)
     if ckpt is not None:
-        check_resumed_federation(cfg, ckpt, is_simulation(grid), num_nodes)
+        check_resumed_federation(cfg, ckpt, is_simulation(grid), num_nodes, server_digest)
     strategy = build_strategy(cfg, method.aggregation(), num_nodes)
     initial_arrays, start_round = resume_from(ckpt, models, strategy)
     if server is not None:  # labels at the server: it trains after every aggregation, and once before round 1
@@ -301,7 +304,7 @@ def run_federation(grid: Grid, cfg: RunConfig, lock: FolderLock | None = None) -
         if ckpt is not None:
             log(INFO, "fedul-flwr: resuming after round %d from %s", start_round, outputs.path / "checkpoint.pt")
         round_end = RoundEnd(cfg, method, data, models, device, acceleration, val_idx, strategy, outputs, num_nodes,
-                             start_round, ckpt.ema_state if ckpt is not None else None)  # fmt: skip
+                             start_round, ckpt.ema_state if ckpt is not None else None, server_digest)  # fmt: skip
         strategy.start(
             grid=grid, initial_arrays=initial_arrays, num_rounds=cfg.num_rounds - start_round, train_config=settings,
             evaluate_config=settings, evaluate_fn=round_end,
@@ -340,6 +343,11 @@ def main(grid: Grid, context: Context) -> None:
         outputs = run_federation(grid, cfg)
     except (ConfigError, CheckpointError, RunFolderInUse) as exc:
         log(ERROR, "fedul-flwr: run refused before round 1, nothing written: %s", exc)
+        raise
+    except NoSpace as exc:
+        if not reported(exc):  # a full device before the run folder was made (the lock, config.json)
+            log(ERROR, "fedul-flwr: run refused before round 1, nothing written: %s", exc)
+            mark_reported(exc)
         raise
     line = outputs.summary()
     print(line, flush=True)  # the run's one-line summary, shown by `flwr run --stream` / `flwr log`

@@ -63,6 +63,7 @@ modules would import each other.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -670,15 +671,19 @@ class FolderLock:
         ------
         RunFolderInUse
             If another process, or another :class:`FolderLock` of this one, holds it.
+        NoSpace
+            If the device is full; a lock file or lock folder this call created is removed
+            again, so a refused command leaves nothing behind.
         OSError
             If the lock file cannot be created (the message names it).
         """
         run_dir = Path(run_dir)
         path = lock_path(run_dir)
+        made_folder, made_file = not path.parent.exists(), not path.exists()
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise OSError(f"cannot create the lock folder {path.parent}: {exc}") from exc
+            raise no_space(exc, path.parent) or OSError(f"cannot create the lock folder {path.parent}: {exc}") from exc
 
         def write_holder(fd: int) -> None:
             os.ftruncate(fd, 0)
@@ -696,6 +701,18 @@ class FolderLock:
                 "it, before you resume it or write into its folder",
                 holder,
             ) from None
+        except OSError as exc:
+            full = no_space(exc, path)
+            if full is None:
+                raise
+            if lock.is_locked:
+                lock.release()
+            if made_file:
+                path.unlink(missing_ok=True)
+            if made_folder:
+                with contextlib.suppress(OSError):
+                    path.parent.rmdir()  # only if empty
+            raise full from None
         return cls(run_dir, lock)
 
     @property

@@ -97,3 +97,28 @@ def test_the_server_trains_in_a_round_where_every_client_is_idle(tmp_path: Path)
     summary = (out.path / "summary.txt").read_text().rstrip()  # says that the server trained alone
     assert " setting=labels-at-server clients=0 server-epochs=1 rounds=2 " in summary, summary
     assert " sets=" not in summary and summary.endswith(" status=ok warning=no-client-trained"), summary
+
+
+def test_a_resume_refuses_a_server_folder_whose_images_changed(tmp_path: Path) -> None:
+    """The checkpoint holds the digest of the server's labeled images: a resume after the
+    folder's labels changed is refused in one line, the run folder untouched; with the folder
+    as it was, the resume goes on."""
+    import hashlib
+
+    from fedul_flwr.checkpoint import CheckpointError
+
+    written = write_nodes(resolve_config(LAS), tmp_path / "nodes", 3, max_set_size=40)
+    labels = written[-1] / "labeled" / "labels.npy"
+    run = {"server-data-dir": str(written[-1]), "num-rounds": 1}
+    _run(tmp_path, "folder", **run)
+    folder = tmp_path / "folder"
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()}
+    original = np.load(labels)
+    np.save(labels, np.roll(original, 1))
+    with pytest.raises(CheckpointError, match=r"^resume=true: server-data-dir='.*server' holds other labeled images than "
+                                              r"the run trained on \(SHA-256 .*\); resume with the images it started"):
+        _run(tmp_path, "folder", **{**run, "num-rounds": 2, "resume": True})
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.iterdir() if p.is_file()} == before
+    np.save(labels, original)
+    resumed = _run(tmp_path, "folder", **{**run, "num-rounds": 2, "resume": True})
+    assert sorted(resumed.rows) == [0, 1, 2]

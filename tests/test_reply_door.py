@@ -116,6 +116,14 @@ def _extra_metric(c: RecordDict) -> None:
     c[wire.METRICS] = MetricRecord({**c[wire.METRICS], "secret": 1.0})
 
 
+def _nan(c: RecordDict) -> None:
+    c[wire.ARRAYS]["f.w"] = Array(np.full((3, 4), np.nan, np.float32))
+
+
+def _inf(c: RecordDict) -> None:
+    c[wire.ARRAYS]["f.b"] = Array(np.array([0, np.inf, 0, 0], np.float32))
+
+
 def _list_metric(c: RecordDict) -> None:  # Flower's metric averaging raised on a list beside numbers
     c[wire.METRICS] = MetricRecord({**c[wire.METRICS], wire.TRAIN_LOSS: [0.5, 0.5]})
 
@@ -127,7 +135,8 @@ def _missing_metric(c: RecordDict) -> None:
 MALFORMED = {"shape": {"shape": _shape}, "dtype": {"dtype": _dtype}, "missing-key": {"missing": _missing_key},
              "extra-key": {"extra": _extra_key}, "extra-record": {"record": _extra_record},
              "no-metrics": {"metrics": _no_metrics}, "extra-metric": {"metric": _extra_metric},
-             "missing-metric": {"metric": _missing_metric}, "list-metric": {"metric": _list_metric}, "negative-weight": {"weight": -2.999},
+             "missing-metric": {"metric": _missing_metric}, "list-metric": {"metric": _list_metric},
+             "nan-array": {"nan": _nan}, "inf-array": {"inf": _inf}, "negative-weight": {"weight": -2.999},
              "zero-weight": {"weight": 0}, "nan-weight": {"weight": float("nan")}, "inf-weight": {"weight": float("inf")},
              "list-weight": {"weight": [1.0, 2.0]}}  # fmt: skip
 MODES = [(s, "none") for s in STRATEGIES.names()] + [(s, m) for s in SERVER_DP_STRATEGIES

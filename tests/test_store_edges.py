@@ -277,3 +277,34 @@ def test_no_space_names_a_small_write_in_bytes_or_kb(tmp_path: Path) -> None:
     assert f"writing {tmp_path / 'summary.txt'} (needs about 312 bytes, " in line and "0.0 MB" not in line
     assert "needs more than 42.0 kB, " in str(NoSpace(tmp_path / "metrics.json", 42_000, at_least=True))
     assert "needs about 3.4 MB, " in str(NoSpace(tmp_path / "checkpoint.pt", 3_400_000))
+
+
+@pytest.mark.parametrize("small_disk", ["1m"], indirect=True)
+def test_a_run_that_meets_a_full_device_before_round_one_leaves_nothing(small_disk: Path) -> None:
+    """A device already full when a run starts: the lock's holder line and then the run's
+    config.json cannot be written. Before, the lock file's write raised a bare OSError (a
+    traceback) and left ``.locks/<run>.lock`` behind; now each is one NoSpace naming its file,
+    and neither the lock file, the lock folder nor the run folder is left."""
+    from fedul_flwr.client_app import app as client_app
+    from fedul_flwr.inprocess import InProcessGrid
+    from fedul_flwr.preflight import resolve_config
+    from fedul_flwr.server_app import run_federation
+
+    (small_disk / ".locks").mkdir()  # the lock folder of an earlier run: the lock file's own write meets the full device
+    filler = small_disk / "filler"
+    with open(filler, "wb") as fh, pytest.raises(OSError):
+        while True:
+            fh.write(b"\0" * 65536)
+            fh.flush()
+    with pytest.raises(NoSpace, match=rf"^no space left on device writing {re.escape(str(small_disk / '.locks'))}"):
+        FolderLock.acquire(small_disk / "run")
+    assert sorted(p.name for p in small_disk.iterdir()) == [".locks", "filler"] and not any((small_disk / ".locks").iterdir())
+    (small_disk / ".locks").rmdir()
+    with pytest.raises(NoSpace, match=rf"^no space left on device writing {re.escape(str(small_disk / '.locks'))}"):
+        FolderLock.acquire(small_disk / "run")  # the lock folder itself cannot be made
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+    rc = {"output-dir": str(small_disk), "run-name": "full", "num-rounds": 1, "samples-per-client": 60}
+    with pytest.raises(NoSpace):
+        run_federation(InProcessGrid(client_app, 2, rc), resolve_config(rc))
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+    filler.unlink()

@@ -20,8 +20,9 @@ A reply is admitted when:
   (``"<model>.<parameter>"`` keys; a method may send only some models, HASSLE does), in the
   global order, every model when the run needs whole-model replies (server-side DP);
 - each array decodes, has the global array's shape and a dtype of the same kind (floating
-  point where the global is, integer where it is): the numpy array is checked, not the shape
-  the ``Array`` claims;
+  point where the global is, integer where it is), and a floating-point array holds no NaN or
+  inf (one such reply made every later round's training raise, or the global model NaN): the
+  numpy array is checked, not the shape the ``Array`` claims;
 - a side record that mirrors the model (``"cv-delta"``) holds arrays of the global shapes;
 - each weight the aggregation reads (the strategy's ``weighted_by_key`` and a method's
   per-model weight keys) is a finite number > 0 (not a bool, not a list);
@@ -109,6 +110,9 @@ def _check_arrays(name: str, record: ArrayRecord, expected: ArrayRecord, whole: 
         kind, want_kind = _kind(got.dtype), _kind(np.dtype(want.dtype))
         if kind is None or kind != want_kind:
             return f"array {key!r} of '{name}' has dtype {got.dtype}, not {want_kind or want.dtype} like the global one"
+        if got.dtype.kind in "fc" and not np.isfinite(got).all():
+            bad = int(got.size - np.count_nonzero(np.isfinite(got)))
+            return f"array {key!r} of '{name}' holds {bad} non-finite value(s) (NaN or inf)"
     return None
 
 
