@@ -31,13 +31,13 @@ a run killed mid-write leaves the previous version, never a truncated one.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -51,7 +51,7 @@ from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, RunConfig, check_run_name
 from fedul_flwr.methods import get_method
 from fedul_flwr.privacy.accounting import neighbours
-from fedul_flwr.store import FolderLock, RunFolderInUse, read_json, sweep_temporary, utc_stamp, write_atomic
+from fedul_flwr.store import FolderLock, RunFolderInUse, read_json, remove_tree, sweep_temporary, utc_stamp, write_atomic
 
 if TYPE_CHECKING:
     from fedul_flwr.strategies import RoundReplies
@@ -253,7 +253,8 @@ class RunOutputs:
                 outputs.writer = writer_class(log_dir=str(path / "tensorboard"))
         except BaseException:
             if created:  # a refused start leaves no folder behind (e.g. config.json met a full device)
-                shutil.rmtree(path, ignore_errors=True)
+                with contextlib.suppress(OSError):
+                    remove_tree(path, lock)
             if owns_lock:
                 lock.release()
             raise
