@@ -142,6 +142,15 @@ def test_errors_name_the_key_and_value(override: dict, culprit: str) -> None:
         resolve_config(override)
 
 
+@pytest.mark.parametrize("key", ["data-dir", "server-data-dir"])
+def test_a_folder_path_that_cannot_be_resolved_names_the_key(tmp_path, key: str) -> None:
+    """A symlink loop is the key's one-line error, not the bare OS error of a later step."""
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(ConfigError, match=re.escape(f"{key}={str(tmp_path / 'a')!r}: the path cannot be resolved")):
+        resolve_config({key: str(tmp_path / "a")})
+
+
 def test_every_key_is_a_field() -> None:
     assert set(resolve_config({}).as_dict()) == set(default_config())
 

@@ -192,3 +192,17 @@ def test_apps_never_branch_on_a_method_name() -> None:
     for name in METHODS.names():
         for file, text in sources.items():
             assert not re.search(rf"""["']{re.escape(name)}["']""", text), (file, name)
+
+
+def test_a_node_data_dir_that_cannot_be_resolved_names_the_key(tmp_path: Path) -> None:
+    """A SuperNode's ``data-dir`` node config bypasses the run config's check: its symlink
+    loop is a NodeDataError naming the key, not a bare RuntimeError."""
+    from fedul_flwr.data.datasets import run_dataset_info
+    from fedul_flwr.data.node_folder.layout import NodeDataError
+
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    cfg = resolve_config({})
+    with pytest.raises(NodeDataError, match=re.escape(f"data-dir={str(tmp_path / 'a')!r}: the path cannot be resolved")):
+        client_from_node_config(cfg, {"data-dir": str(tmp_path / "a")}, method="fedul", parts=["usets"],
+                                facts=run_dataset_info(cfg))

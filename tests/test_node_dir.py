@@ -666,3 +666,16 @@ def test_a_decompression_bomb_on_a_node_is_named_in_one_line(tmp_path: Path, cap
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and re.search(message, err[0]), err
     assert "2 bad image files: " in err[0] and f"{stray}: not an image file" in err[0]  # both in one pass
+
+
+@pytest.mark.parametrize("part", ["images.npy", "labels.npy"])
+@pytest.mark.parametrize("content", [b"hello\n", b"PK\x03\x04 a zip archive", b""])
+def test_file_that_is_no_npy_is_named_as_such(tmp_path: Path, part: str, content: bytes) -> None:
+    """Any other kind of file under a .npy name is 'not a .npy file' (numpy would call it
+    pickled data), naming the file; a valid header with a cut body stays 'unreadable'."""
+    root = tmp_path / "n"
+    _add_labeled(root)
+    (root / "labeled" / part).write_bytes(content)
+    _expect(root, str(root / "labeled" / part), "not a .npy file")
+    (root / "labeled" / part).write_bytes(b"\x93NUMPY")
+    _expect(root, str(root / "labeled" / part), "unreadable .npy file")

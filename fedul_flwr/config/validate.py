@@ -11,6 +11,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from fedul_flwr.config.keys import CHOICES
@@ -156,6 +157,11 @@ def check_values(cfg: RunConfig) -> None:
             f"{key}={d[key]!r} must be absolute: Flower runs the app from its own copy, "
             "so relative paths do not point where you expect",
         )
+        if d[key]:
+            try:  # a symlink loop or an unreadable parent: named here, not as a bare OS error later
+                Path(d[key]).expanduser().resolve()
+            except (OSError, RuntimeError) as exc:
+                raise ConfigError(f"{key}={d[key]!r}: the path cannot be resolved ({exc})") from None
 
 
 def check_run_name(name: str) -> None:

@@ -29,6 +29,7 @@ from fedul_flwr.config import RunConfig
 from fedul_flwr.data.client_data import ClientData, LabeledImages, MissingPartError
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.image_dataset import DatasetInfo
+from fedul_flwr.data.node_folder.layout import NodeDataError
 from fedul_flwr.data.node_folder.reader import load_node_dir
 from fedul_flwr.data.simulated import SETTING_PARTS, load_client, load_run_dataset, server_labeled_rows
 
@@ -98,7 +99,10 @@ def client_from_node_config(
         if facts is None:
             raise ValueError("a node folder is read against the run's dataset facts, and the message carries none: "
                              "the fedul-flwr ServerApp sends them with every message")  # fmt: skip
-        path = str(Path(data_dir).expanduser().resolve())
+        try:  # a symlink loop or an unreadable parent, named with the node's key
+            path = str(Path(data_dir).expanduser().resolve())
+        except (OSError, RuntimeError) as exc:
+            raise NodeDataError(f"data-dir={data_dir!r}: the path cannot be resolved ({exc})") from None
         client = _load_node(facts, cfg.image_size > 0, path, _dir_fingerprint(path))
     elif "partition-id" in node_config and "num-partitions" in node_config:
         client = load_client(cfg, int(node_config["partition-id"]), int(node_config["num-partitions"]), wanted)

@@ -171,12 +171,27 @@ def _images(call: Any, *args: Any) -> np.ndarray:
         raise NodeDataError(str(exc)) from None
 
 
-def _read_npy(path: Path, spec: ImageSpec) -> np.ndarray:
+def _load_npy(path: Path) -> np.ndarray:
+    """The array in the ``.npy`` file ``path``, never unpickled.
+
+    Raises
+    ------
+    NodeDataError
+        If the file does not start with NumPy's ``.npy`` magic bytes (another kind of file
+        under a ``.npy`` name), or is truncated or unreadable; naming the file.
+    """
     try:
-        arr = np.load(path, allow_pickle=False)
+        with open(path, "rb") as handle:
+            npy = handle.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX
+        if npy:
+            return np.load(path, allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise NodeDataError(f"{path}: unreadable .npy file ({exc})") from exc
-    arr = _images(decode_array, arr, str(path), spec)
+    raise NodeDataError(f"{path}: not a .npy file (it does not begin with NumPy's .npy header; write it with numpy.save)")
+
+
+def _read_npy(path: Path, spec: ImageSpec) -> np.ndarray:
+    arr = _images(decode_array, _load_npy(path), str(path), spec)
     if len(arr) == 0:
         raise NodeDataError(f"{path}: holds no images")
     return arr
@@ -278,10 +293,7 @@ def _read_labeled(folder: Path, num_classes: int, spec: ImageSpec, what: str) ->
         if have.exists() and not missing.exists():
             raise NodeDataError(f"{missing}: missing; {what} needs both {ARRAY_FILE} and {LABELS_FILE}")
     x = _read_npy(images, spec)
-    try:
-        y = np.load(labels, allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise NodeDataError(f"{labels}: unreadable .npy file ({exc})") from exc
+    y = _load_npy(labels)
     if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
         raise NodeDataError(f"{labels}: expected integer labels [n], got dtype {y.dtype} shape {y.shape}")
     if len(y) != len(x):
