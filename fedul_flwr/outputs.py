@@ -391,7 +391,8 @@ class RunOutputs:
         """One line: method, preset, dataset, partition, client setting, clients (the distinct
         clients that trained, by their stable ``node-key``; by node id in a run recorded before
         the key was), sets (methods on U sets), ``dpl=true`` (FedDB's debiased pseudo-labels as
-        a plug-in), ``server-epochs`` (where the server trained on its labeled images), rounds,
+        a plug-in), ``server-epochs`` and ``server-labeled`` (where the server trained on its labeled
+        images: the epochs, and how many images it held), rounds,
         the training replies (failed ones: their count and, per failed node, its id and error
         types; idle ones: their count), final and best test accuracy (and the final accuracy of
         every other predictor), wall time, run folder, and ``status=ok``, or ``status=failed
@@ -412,12 +413,14 @@ class RunOutputs:
         total = {key: sum(int(row.get(key, 0)) for row in self.rows.values()) for key in ("failed-replies", "idle-replies")}
         method = _method_class(self.cfg.method)
         server_trained = any("server-train-loss" in row for row in self.rows.values())
+        server_labeled = [row["server-labeled-images"] for _, row in sorted(self.rows.items()) if "server-labeled-images" in row]
         line = (
             f"fedul-flwr: method={self.cfg.method} preset={self.cfg.preset or 'none'} dataset={self.cfg.dataset} partition={self.cfg.partition} "
             f"setting={self.cfg.client_setting} clients={len(clients)} "
             + (f"sets={','.join(map(str, self.cfg.num_sets))} " if method is None or "usets" in method.requires else "")
             + ("dpl=true " if dict(self.cfg.extra).get("dpl") is True else "")
             + (f"server-epochs={self.cfg.server_epochs} " if server_trained else "")
+            + (f"server-labeled={int(server_labeled[-1])} " if server_labeled else "")
             + f"rounds={last} "
             f"failed-replies={total['failed-replies']} "
             + (f"failed-nodes={failed} " if failed else "")

@@ -41,7 +41,7 @@ from fedul_flwr.store import FolderLock, NoSpace
 from fedul_flwr.privacy.accounting import privacy_spent
 from fedul_flwr.execution import configure_threads, loop_acceleration, model_seed, pick_device
 from fedul_flwr.strategies import build_strategy, inner_strategy
-from fedul_flwr.strategies.server_training import SERVER_TRAIN_LOSS, ServerStep
+from fedul_flwr.strategies.server_training import SERVER_LABELED_IMAGES, SERVER_TRAIN_LOSS, ServerStep
 from fedul_flwr.training import LocalLoop
 from fedul_flwr.evaluation import EvaluationCache, evaluate_predictors
 
@@ -118,7 +118,7 @@ def server_step(cfg: RunConfig, method: Method, models: nn.ModuleDict, server: C
             return arrays, {}
         trained = {k: v.detach().cpu().numpy() for k, v in models.state_dict().items()}
         out = ArrayRecord({k: Array(trained[k].astype(arrays[k].numpy().dtype, copy=False)) for k in arrays.keys()})
-        return out, {SERVER_TRAIN_LOSS: result.loss}
+        return out, {SERVER_TRAIN_LOSS: result.loss, SERVER_LABELED_IMAGES: float(len(server.labeled))}
 
     return step
 
@@ -214,7 +214,7 @@ class RoundEnd:
         inner = inner_strategy(self.strategy)
         train = inner.last_train_metrics  # this round's aggregate (evaluation comes last)
         if train is not None:  # recorded as the run goes (not at the end), so a stopped run keeps them
-            keys = (wire.TRAIN_LOSS, SERVER_TRAIN_LOSS, *self.method.recorded_metrics)
+            keys = (wire.TRAIN_LOSS, SERVER_TRAIN_LOSS, SERVER_LABELED_IMAGES, *self.method.recorded_metrics)
             self.outputs.record(server_round, **{k: train[k] for k in keys if k in train})
             inner.last_train_metrics = None
         self.record_replies()

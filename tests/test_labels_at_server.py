@@ -54,7 +54,8 @@ def test_the_server_trains_before_round_one_and_after_every_aggregation_and_repe
 
     assert [learned(again.rows[r]) for r in sorted(again.rows)] == [learned(r) for r in rows]  # seeded server draws
     summary, other = ((run.path / "summary.txt").read_text().rstrip() for run in (first, plain))
-    assert " setting=labels-at-server clients=3 server-epochs=1 " in summary and summary.endswith("status=ok"), summary
+    assert " setting=labels-at-server clients=3 server-epochs=1 server-labeled=100 " in summary, summary
+    assert summary.endswith("status=ok") and all(r["server-labeled-images"] == 100 for r in rows[1:]), summary
     assert " setting=labels-at-clients clients=3 rounds=2 " in other and "server-epochs" not in other, other
 
 
@@ -95,7 +96,7 @@ def test_the_server_trains_in_a_round_where_every_client_is_idle(tmp_path: Path)
     assert all(np.isfinite(r["server-train-loss"]) for r in rows[1:])
     assert len({r["test-loss"] for r in rows}) == len(rows)  # the global model moved every round
     summary = (out.path / "summary.txt").read_text().rstrip()  # says that the server trained alone
-    assert " setting=labels-at-server clients=0 server-epochs=1 rounds=2 " in summary, summary
+    assert " setting=labels-at-server clients=0 server-epochs=1 server-labeled=100 rounds=2 " in summary, summary
     assert " sets=" not in summary and summary.endswith(" status=ok warning=no-client-trained"), summary
 
 
@@ -122,3 +123,6 @@ def test_a_resume_refuses_a_server_folder_whose_images_changed(tmp_path: Path) -
     np.save(labels, original)
     resumed = _run(tmp_path, "folder", **{**run, "num-rounds": 2, "resume": True})
     assert sorted(resumed.rows) == [0, 1, 2]
+    # the run folder says how many images the server's folder held (num-labeled, 100, did not size it)
+    assert [resumed.rows[r]["server-labeled-images"] for r in (1, 2)] == [40, 40]
+    assert " server-labeled=40 " in (folder / "summary.txt").read_text()

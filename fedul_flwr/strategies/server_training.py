@@ -32,10 +32,14 @@ from typing import Any
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-__all__ = ["SERVER_TRAIN_LOSS", "ServerTraining"]
+__all__ = ["SERVER_LABELED_IMAGES", "SERVER_TRAIN_LOSS", "ServerTraining"]
 
 SERVER_TRAIN_LOSS = "server-train-loss"
 """Train metric: the mean loss of the server's training after the round's aggregation."""
+
+SERVER_LABELED_IMAGES = "server-labeled-images"
+"""Train metric: how many labeled images the server trained on (its folder's, in deployment or
+with ``server-data-dir``, where ``num-labeled`` does not size it)."""
 
 ServerStep = Callable[[ArrayRecord, int], tuple[ArrayRecord, dict[str, float]]]
 """``step(aggregated arrays, round) -> (server-trained arrays, metrics)``."""
