@@ -87,10 +87,12 @@ def test_refusals_name_the_key_before_anything_is_written(tmp_path: Path, capsys
     assert not (tmp_path / "refused").exists()
 
 
-def test_the_server_trains_in_a_round_where_every_client_is_idle(tmp_path: Path) -> None:
-    """No pseudo-label reaches tau = 1 and FixMatch's ``used`` weight makes every client idle:
-    the server still trains the global model it sent, every round (the run does not stall)."""
-    out = _run(tmp_path, "idle", **{"fixmatch-threshold": 1.0, "fixmatch-weight": "used"})
+@pytest.mark.parametrize("method", ["fixmatch", "fedrgd"])
+def test_the_server_trains_in_a_round_where_every_client_is_idle(tmp_path: Path, method: str) -> None:
+    """No pseudo-label reaches tau = 1 and FixMatch's ``used`` weight (FedRGD's too) makes every
+    client idle: the server still trains the global model it sent, every round (the run does
+    not stall)."""
+    out = _run(tmp_path, "idle", **{"method": method, "fixmatch-threshold": 1.0, "fixmatch-weight": "used"})
     rows = [out.rows[r] for r in sorted(out.rows)]
     assert all(r["idle-replies"] == 3 for r in rows[1:]), rows
     assert all(np.isfinite(r["server-train-loss"]) for r in rows[1:])
