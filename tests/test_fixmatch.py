@@ -302,7 +302,7 @@ def test_app_u_average_takes_each_epochs_prediction_before_its_update() -> None:
     p_dpl, p1 = mean(w0), mean(w0)
     state = generator.get_state()
     p2 = mean(w1)
-    torch.testing.assert_close(method.app_u, 0.25 * p_dpl + 0.25 * p1 + 0.5 * p2)
+    torch.testing.assert_close(method.dpl.app_u, 0.25 * p_dpl + 0.25 * p1 + 0.5 * p2)
     generator.set_state(state)
     after = mean(w2)  # the order before: the weights after the epoch
-    assert not torch.allclose(method.app_u, 0.25 * p_dpl + 0.25 * p1 + 0.5 * after, atol=1e-4)
+    assert not torch.allclose(method.dpl.app_u, 0.25 * p_dpl + 0.25 * p1 + 0.5 * after, atol=1e-4)

@@ -139,25 +139,28 @@ class DebiasedPseudoLabels:
     per_epoch : bool
         Whether APP-U's moving average runs before every local epoch (a method whose pseudo-labels
         are made once per round sets ``False``: the updates would change only the upload).
+    always : bool
+        On whatever the ``dpl`` option (FixMatch-DPL and FedDB, whose DPL is the method itself).
     """
 
     def __init__(self, method: Method, client: ClientData, models: nn.ModuleDict, ctx: RoundContext,
                  forward: Callable[[nn.ModuleDict], nn.Module] = lambda models: models["f"],
-                 probs: torch.Tensor | None = None, per_epoch: bool = True) -> None:  # fmt: skip
-        self.active = bool(method.option("dpl")) and client.unlabeled is not None and len(client.unlabeled) > 0
+                 probs: torch.Tensor | None = None, per_epoch: bool = True, always: bool = False) -> None:  # fmt: skip
+        switched = always or bool(method.option("dpl"))
+        self.active = switched and client.unlabeled is not None and len(client.unlabeled) > 0
         self.gamma = float(method.option("dpl-ema"))
         self.forward = forward
         self.per_epoch = per_epoch
         if not self.active:
-            return
-        if probs is not None:
-            self.app_u = probs.mean(dim=0)  # Eq. 8, of the method's own pass
             return
         weak = Augmentation("weak", client.image_shape[1], client.flip)
         images = client.unlabeled
         self._predict = lambda f, module: predict_weak(
             f, module, images, weak, ctx.generator, client.to_input, ctx.device, method.cfg.eval_batch_size
         )
+        if probs is not None:
+            self.app_u = probs.mean(dim=0)  # Eq. 8, of the method's own pass
+            return
         f = forward(models)
         self.app_u = self._predict(f, f).mean(dim=0)  # Eq. 8, the received model
 
@@ -169,8 +172,11 @@ class DebiasedPseudoLabels:
         """APP-U's moving average before a local epoch, with the weights it starts from."""
         if self.active:
             f = self.forward(forwards)
-            fresh = self._predict(f, f).mean(dim=0)
-            self.app_u = self.gamma * self.app_u + (1 - self.gamma) * fresh
+            self.update(self._predict(f, f).mean(dim=0))
+
+    def update(self, fresh: torch.Tensor) -> None:
+        """``pbar <- gamma pbar + (1 - gamma) fresh`` for a ``[K]`` mean prediction ``fresh``."""
+        self.app_u = self.gamma * self.app_u + (1 - self.gamma) * fresh
 
     def chained(self, task: LocalTask) -> LocalTask:
         """``task`` with APP-U's update added before each local epoch (after the task's own)."""

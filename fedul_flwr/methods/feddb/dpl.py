@@ -35,11 +35,13 @@ Choices the paper leaves open:
   weights before the update they precede; neither uses the weights after an update.
 - Predictions for pseudo-labels and for APP-U are made in eval mode (batch norm's running
   statistics), as in the authors' code.
+
+APP-U and its updates are kept by :class:`~fedul_flwr.methods.feddb.debias.DebiasedPseudoLabels`,
+the same object that adds DPL to other methods as a plug-in (``dpl = true``); here it is always on
+and starts from the round's pseudo-labelling pass.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +54,7 @@ from fedul_flwr.methods.feddb.settings import DPL_OPTIONS
 from fedul_flwr.methods.fixmatch.fixmatch import FixMatch
 
 __all__ = ["APP_U", "DebiasedPseudoLabels", "FixMatchDPL", "debias", "debiased_pseudo_labels", "predict_weak"]
+
 
 @register_method
 class FixMatchDPL(FixMatch):
@@ -67,20 +70,20 @@ class FixMatchDPL(FixMatch):
     def unlabeled_stream(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> Stream:
         """The unlabeled images with this round's debiased pseudo-labels (``pseudo``) and mask
         (``mask``) from the received global model, and their strong views (plus the weak ones
-        under ``dpl-app-u-update = "step"``). Sets the round's starting APP-U."""
+        under ``dpl-app-u-update = "step"``). Starts the round's APP-U
+        (:class:`~fedul_flwr.methods.feddb.debias.DebiasedPseudoLabels`, from this very pass)."""
         assert client.unlabeled is not None  # ``requires``
         weak, strong = self.views(client)
-        self._predict = lambda f, module: predict_weak(
-            f, module, client.unlabeled, weak, ctx.generator, client.to_input, ctx.device, self.cfg.eval_batch_size
-        )
-        probs = self._predict(models["f"], models["f"])
-        self.app_u = probs.mean(dim=0)  # Eq. 8
-        targets, mask = debiased_pseudo_labels(probs, self.app_u, self.option("fixmatch-threshold"))
+        probs = predict_weak(models["f"], models["f"], client.unlabeled, weak, ctx.generator, client.to_input,
+                             ctx.device, self.cfg.eval_batch_size)  # fmt: skip
+        per_epoch = self.option("dpl-app-u-update") == "epoch"
+        self.dpl = DebiasedPseudoLabels(self, client, models, ctx, probs=probs, per_epoch=per_epoch, always=True)
+        targets, mask = debiased_pseudo_labels(probs, self.dpl.app_u, self.option("fixmatch-threshold"))
         self.kept_share = float(mask.float().mean())
         classes = self.known_classes(client).get("classes")  # diagnostics only: true classes in simulation
         self.correct_share = None if classes is None else float((mask.cpu() & (targets.cpu() == classes)).float().mean())
         views = {"strong": ("x", strong)}
-        if self.option("dpl-app-u-update") == "step":
+        if not per_epoch:
             views["weak"] = ("x", weak)
         size = self.option("fixmatch-mu") * self.cfg.batch_size
         return Stream({"x": client.unlabeled, "pseudo": targets.cpu(), "mask": mask.cpu()}, size, images=(), views=views)
@@ -90,29 +93,20 @@ class FixMatchDPL(FixMatch):
         update from the weak views of the confident images."""
         mask = batch["mask"]
         if weak_logits is not None and bool(mask.any()):
-            gamma = float(self.option("dpl-ema"))
-            batch_mean = F.softmax(weak_logits.detach().float()[mask], dim=1).mean(dim=0)
-            self.app_u = gamma * self.app_u + (1 - gamma) * batch_mean
+            self.dpl.update(F.softmax(weak_logits.detach().float()[mask], dim=1).mean(dim=0))
         return batch["pseudo"], mask
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """FixMatch's task on the debiased pseudo-labels; under ``"epoch"`` APP-U is updated
         before every local epoch, with the weights the epoch starts from (Alg. 3, line 12)."""
         task = super().local_task(client, models, ctx)
-        if self.option("dpl-app-u-update") != "epoch":
-            return task
-        gamma = float(self.option("dpl-ema"))
-
-        def before_epoch(forwards: nn.ModuleDict) -> None:
-            self.app_u = gamma * self.app_u + (1 - gamma) * self._predict(forwards["f"], forwards["f"]).mean(dim=0)
-
-        return dataclasses.replace(task, before_epoch=before_epoch)
+        return self.dpl.chained(task)
 
     def uploads(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> dict[str, float | list[float]]:
         """``app-u``: the client's final APP-U (K floats) and ``pseudo-label-share``, the
         share of its unlabeled images kept at the start of the round; in simulation also
         ``pseudo-label-correct-share``, the share kept with their true class (a diagnostic)."""
-        out: dict[str, float | list[float]] = {APP_U: [float(v) for v in self.app_u.cpu()], "pseudo-label-share": self.kept_share}
+        out: dict[str, float | list[float]] = {**self.dpl.uploads(), "pseudo-label-share": self.kept_share}
         if self.correct_share is not None:
             out["pseudo-label-correct-share"] = self.correct_share
         return out
