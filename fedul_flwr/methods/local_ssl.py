@@ -41,6 +41,7 @@ from torch import nn
 from fedul_flwr.augment import Augmentation
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, Method, ServerRoundContext, Stream
+from fedul_flwr.methods.pseudo_label_counts import PseudoLabelCounts
 
 __all__ = ["SSL_SETTINGS", "LocalSSL", "UnlabeledTerm", "mixup"]
 
@@ -74,7 +75,7 @@ def mixup(a: torch.Tensor, b: torch.Tensor, lam: torch.Tensor | float) -> torch.
     return lam * a + (1.0 - lam) * b
 
 
-class LocalSSL(Method):
+class LocalSSL(PseudoLabelCounts, Method):
     """A semi-supervised recipe run on every client's own images (module docstring); a
     subclass supplies ``local_task`` (e.g. through :meth:`consistency_task`)."""
 
@@ -134,21 +135,6 @@ class LocalSSL(Method):
         return LocalTask({"labeled": self.labeled_stream(server)}, loss)
 
     # ---------------------------------------------------------------- the consistency step
-    def reset_counts(self) -> None:
-        """Zero the round's counts: labeled rows, unlabeled rows seen, kept and kept-and-right."""
-        self._kept: torch.Tensor | int = 0
-        self._correct: torch.Tensor | int = 0
-        self._seen = self._labeled_rows = 0
-
-    def count(self, targets: torch.Tensor, mask: torch.Tensor, unlabeled: dict[str, torch.Tensor]) -> None:
-        """Add one unlabeled batch's kept targets (bool ``mask`` ``[n]``) and, where the batch
-        carries the true ``classes``, the kept ones of the true class (int64 ``targets``
-        ``[n]``). Kept as tensors: no device synchronisation per step."""
-        self._kept = self._kept + mask.sum()
-        self._seen += len(mask)
-        if "classes" in unlabeled:
-            self._correct = self._correct + (mask & (targets == unlabeled["classes"])).sum()
-
     def consistency_task(self, streams: dict[str, Stream], lam: float, term: UnlabeledTerm) -> LocalTask:
         """The FixMatch-shaped step: the labeled batch's weak views (``[B, C, H, W]``), the
         unlabeled batch's ``weak`` views (where its stream has them) and ``strong`` views
@@ -181,13 +167,3 @@ class LocalSSL(Method):
 
         self.reset_counts()
         return LocalTask(streams, loss)
-
-    def pseudo_label_uploads(self, client: ClientData) -> dict[str, float | list[float]]:
-        """``pseudo-label-share``: the share of the round's unlabeled images (over all steps)
-        whose target passed the mask (0 without unlabeled images); where the run knows the
-        unlabeled images' true classes (simulation), ``pseudo-label-correct-share``: the share
-        that passed and whose hard target is the true class (a diagnostic)."""
-        out: dict[str, float | list[float]] = {"pseudo-label-share": float(self._kept) / max(self._seen, 1)}
-        if client.unlabeled_classes is not None:
-            out["pseudo-label-correct-share"] = float(self._correct) / max(self._seen, 1)
-        return out

@@ -77,6 +77,7 @@ from fedul_flwr.methods.fedmatch.losses import (
     Decomposed, agreement_pseudo_labels, consistency, masked_mean, sparsify, sparsity_and_distance, theta_state,
 )  # fmt: skip
 from fedul_flwr.methods.fedmatch.settings import OPTIONS
+from fedul_flwr.methods.pseudo_label_counts import PseudoLabelCounts
 
 if TYPE_CHECKING:  # pragma: no cover
     from fedul_flwr.training import LocalLoop, TrainResult
@@ -88,7 +89,7 @@ DECOMPOSED = "decomposed"
 
 
 @register_method
-class FedMatch(FedDPL, Method):
+class FedMatch(PseudoLabelCounts, FedDPL, Method):
     """FedMatch (module docstring)."""
 
     name = "fedmatch"
@@ -205,13 +206,10 @@ class FedMatch(FedDPL, Method):
                 if helper_probs is not None:
                     phi = phi + consistency(log_p, helper_probs)
                 total = total + lam_c * masked_mean(phi, mask) + sparsity_and_distance(own._parts[0], own._parts[1], lam_l1, lam_l2)
-                self._kept = self._kept + mask.sum()  # tensors: no device sync per step
-                self._seen += n
-                if "classes" in ub:
-                    self._correct = self._correct + (mask & (targets == ub["classes"])).sum()
+                self.count(targets, mask, ub)
             return total
 
-        self._kept = self._seen = self._correct = 0
+        self.reset_counts()
         return self.with_dpl(LocalTask(streams, loss))
 
     def local_update(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext, loop: LocalLoop) -> TrainResult:
@@ -249,12 +247,10 @@ class FedMatch(FedDPL, Method):
         out: dict[str, float | list[float]] = {
             NUM_LABELED: float(len(client.labeled)) if self._has(client, "labeled") else 0.0,  # type: ignore[arg-type]
             NUM_UNLABELED: float(len(client.unlabeled)) if self._has(client, "unlabeled") else 0.0,  # type: ignore[arg-type]
-            "pseudo-label-share": float(self._kept) / max(self._seen, 1),
+            **self.pseudo_label_uploads(client),
             "psi-nonzero-share": float(self._density),
             **self.dpl_uploads(),
         }
-        if client.unlabeled_classes is not None:
-            out["pseudo-label-correct-share"] = float(self._correct) / max(self._seen, 1)
         return out
 
     # ------------------------------------------------------------------ labels at the server

@@ -101,6 +101,7 @@ from fedul_flwr.methods.base import Batch, LocalTask, Method, ModelSpec, RoundCo
 from fedul_flwr.methods.rscfed.consensus import ConsensusAggregation
 from fedul_flwr.methods.rscfed.settings import OPTIONS
 from fedul_flwr.methods.mixmatch import sharpen
+from fedul_flwr.methods.pseudo_label_counts import PseudoLabelCounts
 from fedul_flwr.methods.rscfed.teacher import TEACHER_UPDATES, TeacherUpdateCounts, consistency_loss, ema_update, teacher_decay
 from fedul_flwr.models import build_model
 from fedul_flwr.rng import model_seed
@@ -114,7 +115,7 @@ TEACHER = "teacher"
 
 
 @register_method
-class RSCFed(Method):
+class RSCFed(PseudoLabelCounts, Method):
     """RSCFed's clients (module docstring) and its consensus aggregation."""
 
     name = "rscfed"
@@ -189,15 +190,12 @@ class RSCFed(Method):
                     targets = sharpen(F.softmax(forwards[TEACHER](ub["teacher"]).float(), dim=1), temperature)
                     confidence, guess = targets.max(dim=1)
                     mask = confidence >= tau
-                self._kept = self._kept + mask.sum()  # tensors: no device sync per step
-                self._seen += len(mask)
-                if "classes" in ub:
-                    self._correct = self._correct + (mask & (guess == ub["classes"])).sum()
+                self.count(guess, mask, ub)
                 total = total + lam * consistency_loss(logits[n_l:], targets, mask)
             return total
 
-        self._kept = self._correct = 0
-        self._seen = self._steps = 0
+        self.reset_counts()
+        self._steps = 0
         self._earlier, self._training = 0, False
         return LocalTask(streams, loss)
 
@@ -231,10 +229,8 @@ class RSCFed(Method):
         ``pseudo-label-correct-share`` (module docstring; 0 without unlabeled images)."""
         out: dict[str, float | list[float]] = {
             "num-labeled": float(0 if client.labeled is None else len(client.labeled)),
-            "pseudo-label-share": float(self._kept) / max(self._seen, 1),
+            **self.pseudo_label_uploads(client),
         }
-        if client.unlabeled_classes is not None:
-            out["pseudo-label-correct-share"] = float(self._correct) / max(self._seen, 1)
         return out
 
     def aggregation(self) -> type | None:
