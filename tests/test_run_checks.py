@@ -212,6 +212,21 @@ def test_fedul_check_names_a_mistyped_key_and_the_closest_valid_one(capsys: pyte
     assert capsys.readouterr().out.startswith("ok: run configuration:")
 
 
+def test_fedul_check_names_a_key_given_twice_and_an_unquoted_string(capsys: pytest.CaptureFixture[str]) -> None:
+    """Flower's parser refuses both with one generic message ("invalid format"); ``fedul
+    check`` names the key and values, in one line. Two ``--run-config`` occurrences override as
+    in ``flwr run`` (the later wins)."""
+    assert fedul(["check", "--run-config", "lr=0.1 num-rounds=2 lr=0.2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --run-config: lr is given twice (lr=0.1 and lr=0.2); give it once", err
+    assert fedul(["check", "--run-config", "num-rounds=2 method=fedul"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --run-config: method=fedul: the value must be a bool, int, float or quoted string")
+    assert 'method="fedul"' in err and "\n" not in err
+    assert fedul(["check", "--run-config", "lr=0.1", "--run-config", "lr=0.3"]) == 0
+    assert "typed by the user: lr=0.3" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("participation", ["fixed-size", "poisson"])
 def test_fedul_check_refuses_more_available_nodes_than_simulated_in_one_line(
     participation: str, capsys: pytest.CaptureFixture[str]
