@@ -9,18 +9,15 @@ with ``resume=true``); it writes nothing.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
-import tomllib
 from collections.abc import Sequence
-from typing import Any
 
-import click
 from flwr.common.config import parse_config_args
 
 from fedul_flwr.checkpoint import CheckpointError
 from fedul_flwr.config import ConfigError, compose_config, config_from_values, describe_sources
+from fedul_flwr.config.command_line import parse_run_config
 from fedul_flwr.outputs import check_unused, run_folder
 from fedul_flwr.preflight import (
     check_clients,
@@ -60,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """Resolve and check the settings; print the resolved run in one line (exit 0) or the
     first problem in one line (exit 1)."""
     try:
-        values = parse_run_config(args.run_config) if args.run_config else {}
+        values = parse_run_config(args.run_config)
         composed, sources = compose_config(values)
         cfg = validate_config(config_from_values(composed))
         note, num_nodes = "", None
@@ -98,37 +95,6 @@ def run(args: argparse.Namespace) -> int:
     for line in unread_options(composed, sources):
         print(f"warning: {line}", file=sys.stderr)
     return 0
-
-
-_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
-"""One ``key=value`` pair of a ``--run-config`` string, as Flower's parser finds them."""
-
-
-def parse_run_config(lines: Sequence[str]) -> dict[str, Any]:
-    """The settings of ``--run-config`` (each occurrence one string of pairs, or one ``.toml``
-    file), by Flower's own parser, after naming what Flower's one generic message would not: a
-    key given twice, or the pair whose value is not a TOML bool, int, float or quoted string.
-
-    Raises
-    ------
-    ConfigError
-        Naming the key (and both values) or the pair.
-    """
-    for line in [] if len(lines) == 1 and lines[0].endswith(".toml") else lines:
-        seen: dict[str, str] = {}  # a later --run-config overrides an earlier one, as in flwr run
-        for key, value in _PAIR.findall(line):
-            if key in seen:
-                raise ConfigError(f"--run-config: {key} is given twice ({key}={seen[key]} and {key}={value}); give it once")
-            seen[key] = value
-            try:
-                tomllib.loads(f"{key} = {value}")
-            except tomllib.TOMLDecodeError:
-                raise ConfigError(f"--run-config: {key}={value}: the value must be a bool, int, float or quoted string "
-                                  f"(e.g. {key}=\"{value.strip(chr(39) + chr(34))}\")") from None  # fmt: skip
-    try:
-        return parse_config_args(list(lines))
-    except click.ClickException as exc:  # what the pairs above did not explain
-        raise ConfigError(f"--run-config {' '.join(lines)!r}: {exc.format_message()}") from None
 
 
 def _num_supernodes(federation_config: str) -> int | None:

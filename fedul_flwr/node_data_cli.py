@@ -42,18 +42,16 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import click
 import numpy as np
 import torch
-from flwr.common.config import parse_config_args
 
 from fedul_flwr.config import ConfigError, RunConfig, check_keys, default_config
+from fedul_flwr.config.command_line import parse_run_config
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.node_folder.layout import NodeDataError
 from fedul_flwr.data.node_folder.reader import validate_node_dir
@@ -188,31 +186,6 @@ def _write_labeled_unlabeled_nodes(cfg: RunConfig, out: Path, num_nodes: int, ma
             )
         )  # fmt: skip
     return paths
-
-
-def parse_run_config(texts: list[str] | None) -> dict[str, Any]:
-    """``--run-config`` values parsed as ``flwr run`` parses them (Flower's parser).
-
-    Raises
-    ------
-    ConfigError
-        Naming the first ``key=value`` pair Flower's parser refuses (a string value needs
-        quotes: ``partition="noniid"``).
-    """
-    try:
-        return parse_config_args(texts) if texts else {}
-    except click.ClickException:
-        for text in texts or []:
-            for pair in shlex.split(text, posix=False):
-                try:
-                    parse_config_args([pair])
-                except click.ClickException:
-                    key, _, value = pair.partition("=")
-                    raise ConfigError(
-                        f"--run-config {pair!r}: not key=value with a bool, int, float or quoted string value "
-                        f"(a string needs quotes: {key}=\"{value.strip(chr(39) + chr(34))}\")"
-                    ) from None
-        raise
 
 
 def _run_config(text: list[str] | None, dataset: str | None) -> RunConfig:

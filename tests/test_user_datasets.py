@@ -368,7 +368,8 @@ def test_the_datasets_page_commands_run_as_printed(tmp_path: Path) -> None:
     import shlex
 
     from fedul_flwr.preflight import check_setting
-    from fedul_flwr.node_data_cli import main, parse_run_config
+    from fedul_flwr.config.command_line import parse_run_config
+    from fedul_flwr.node_data_cli import main
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "datasets.md").read_text()
     section = page.split("## Your own images", 1)[1]

@@ -32,7 +32,8 @@ both; :func:`fedul_flwr.preflight.resolve_config` composes and checks a configur
 
 Modules: :mod:`~fedul_flwr.config.record` (the record and the value parsers),
 :mod:`~fedul_flwr.config.keys` (the declarations), :mod:`~fedul_flwr.config.presets`
-(defaults, presets, composition), :mod:`~fedul_flwr.config.validate` (parse and check).
+(defaults, presets, composition), :mod:`~fedul_flwr.config.validate` (parse and check),
+:mod:`~fedul_flwr.config.command_line` (the ``--run-config`` text of the command line).
 """
 
 from __future__ import annotations

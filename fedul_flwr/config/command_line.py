@@ -1,0 +1,49 @@
+"""The ``--run-config`` text of the command line (``fedul check``, ``fedul node-data``), parsed
+as ``flwr run`` parses it, with one-line errors that name the key or pair."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from flwr.common.config import parse_config_args
+
+from fedul_flwr.config.record import ConfigError
+
+__all__ = ["parse_run_config"]
+
+_PAIR = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+"""One ``key=value`` pair of a ``--run-config`` string, as Flower's parser finds them."""
+
+
+def parse_run_config(lines: Sequence[str] | None) -> dict[str, Any]:
+    """The settings of ``--run-config`` (each occurrence one string of pairs, or one ``.toml``
+    file), by Flower's own parser, after naming what Flower's one generic message would not: a
+    key given twice, or the pair whose value is not a TOML bool, int, float or quoted string.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key (and both values) or the pair.
+    """
+    lines = list(lines or [])
+    if not lines:
+        return {}
+    for line in [] if len(lines) == 1 and lines[0].endswith(".toml") else lines:
+        seen: dict[str, str] = {}  # a later --run-config overrides an earlier one, as in flwr run
+        for key, value in _PAIR.findall(line):
+            if key in seen:
+                raise ConfigError(f"--run-config: {key} is given twice ({key}={seen[key]} and {key}={value}); give it once")
+            seen[key] = value
+            try:
+                tomllib.loads(f"{key} = {value}")
+            except tomllib.TOMLDecodeError:
+                raise ConfigError(f"--run-config: {key}={value}: the value must be a bool, int, float or quoted string "
+                                  f"(e.g. {key}=\"{value.strip(chr(39) + chr(34))}\")") from None  # fmt: skip
+    try:
+        return parse_config_args(lines)
+    except click.ClickException as exc:  # what the pairs above did not explain
+        raise ConfigError(f"--run-config {' '.join(lines)!r}: {exc.format_message()}") from None
