@@ -173,7 +173,9 @@ the clients ([the method interface](methods.md#configuration-what-you-type-wins)
 fail before round 1 and before the run folder exists, naming the key
 ([checks before round 1](deployment.md#3-run-and-monitor)); `fedul check --run-config '...'`
 runs the same checks before `flwr run` and names a mistyped key with the closest valid one,
-which Flower's own refusal (`Invalid run configuration`) does not.
+which Flower's own refusal (`Invalid run configuration`) does not; it also names a key given
+twice in one `--run-config` string and an unquoted string value (`method=fedul` for
+`method="fedul"`), which Flower refuses with one generic "invalid format" message.
 
 *Allowed* comes from the code: the registries for the keys chosen by name, and each method's
 declared options (a method validates its own options, only when it runs). The number of
