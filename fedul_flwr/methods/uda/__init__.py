@@ -32,9 +32,11 @@ Choices:
 - **Strong view** (``uda-strong-augment``): as FixMatch's, RandAugment with N = 2 at a fixed
   magnitude (``strong``) or at a random one per image and operation with Cutout
   (``strong-random``, closer to UDA's code, which samples the magnitude).
-- **Not here**: training signal annealing (TSA, UDA's Sec. 3.2 / App.), domain-relevance
-  data filtering, and the authors' per-dataset unlabeled batch ratios (their CIFAR-10 GPU
-  script uses 5; the default 7 is FixMatch's mu, at which FixMatch's comparison ran UDA).
+- **Not here**: training signal annealing (TSA, UDA's Sec. 3.2 / App.; off by default in the
+  authors' image code, whose CIFAR-10 and SVHN scripts leave its ``tsa`` flag empty),
+  domain-relevance data filtering, and the authors' per-dataset unlabeled batch ratios (their
+  CIFAR-10 GPU script uses 5; the default 7 is FixMatch's mu, at which FixMatch's comparison
+  ran UDA).
 - **A client with one part only** (annotation-heterogeneity) trains the term of what it
   holds: the CE alone on labeled images, lambda times the consistency term alone on
   unlabeled ones (the unlabeled stream, mu B images a step, then drives the epoch); one with
