@@ -43,6 +43,7 @@ from fedul_flwr.checkpoint import RESUMABLE_STRATEGIES
 from fedul_flwr.config import (
     ConfigError,
     RunConfig,
+    check_robust_replies,
     compose_config,
     config_from_values,
     default_config,
@@ -155,6 +156,7 @@ def validate_config(cfg: RunConfig) -> RunConfig:
             f"dataset={cfg.dataset!r}), got {len(cfg.test_prior)}",
         )
     check_aggregation_contract(cfg)
+    check_robust_replies(cfg)
 
     try:
         check_numbers(cfg)

@@ -340,6 +340,10 @@ def test_server_dp_noise_cannot_be_regenerated_from_the_seed() -> None:
     [
         ({"strategy": "bulyan", "min-train-nodes": 2}, r"needs at least 3 replies .* min-train-nodes=2 must be >= 3"),
         ({"strategy": "krum", "num-malicious-nodes": 1, **CHEAP}, r"needs at least 5 replies"),
+        # a strategy the method's aggregation refuses is named before the replies it would need
+        ({"strategy": "krum", "method": "fedrgd", "min-train-nodes": 2}, r"^strategy='krum' with method='fedrgd': "),
+        ({"strategy": "bulyan", "participation": "poisson", "min-train-nodes": 3, "min-available-nodes": 3},
+         r"participation='poisson' with strategy='bulyan'"),
         ({"strategy": "scaffold", "differential-privacy": "server-fixed"}, r"use differential-privacy='none'"),
         ({"differential-privacy": "central"}, r"differential-privacy='central' is not one of"),
         ({"dp-delta": 1.0}, r"dp-delta=1.0 must be in \(0, 1\)"),

@@ -26,7 +26,7 @@ from fedul_flwr.config.record import (
 )
 from fedul_flwr.registry import closest
 
-__all__ = ["check_run_name", "check_values", "config_from_json", "config_from_values"]
+__all__ = ["check_robust_replies", "check_run_name", "check_values", "config_from_json", "config_from_values"]
 
 _FIELD_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
@@ -188,10 +188,17 @@ def check_run_name(name: str) -> None:
     _check(not why, f"run-name={name!r} {why}; it must be one folder name inside output-dir, such as 'mnist-fedul-s0'")
 
 
-def _validate_robustness(cfg: RunConfig) -> None:
-    """The keys of the Byzantine-robust strategies and of differential privacy."""
-    _check(cfg.num_malicious_nodes >= 0, f"num-malicious-nodes={cfg.num_malicious_nodes} must be >= 0")
-    _check(cfg.num_nodes_to_select >= 1, f"num-nodes-to-select={cfg.num_nodes_to_select} must be >= 1")
+def check_robust_replies(cfg: RunConfig) -> None:
+    """The replies a Byzantine-robust strategy needs a round (Bulyan: 4f + 3, Krum and
+    Multi-Krum: 2f + 3, f = ``num-malicious-nodes``): ``min-train-nodes`` at least that, and a
+    fixed-size cohort. Run by :func:`fedul_flwr.preflight.validate_config` after the
+    strategy-against-method check, so a strategy the method refuses is named first.
+
+    Raises
+    ------
+    ConfigError
+        Naming the strategy, ``min-train-nodes`` or ``participation``.
+    """
     needed = {"bulyan": 4 * cfg.num_malicious_nodes + 3, "krum": 2 * cfg.num_malicious_nodes + 3,
               "multikrum": 2 * cfg.num_malicious_nodes + 3}.get(cfg.strategy, 0)  # fmt: skip
     _check(
@@ -204,6 +211,13 @@ def _validate_robustness(cfg: RunConfig) -> None:
         f"participation='poisson' with strategy={cfg.strategy!r}: a Poisson round may draw fewer nodes than the "
         f"{needed} replies it needs (min-train-nodes is no floor under Poisson sampling); use participation='fixed-size'",
     )
+
+
+def _validate_robustness(cfg: RunConfig) -> None:
+    """The keys of the Byzantine-robust strategies and of differential privacy (the replies a
+    robust strategy needs: :func:`check_robust_replies`)."""
+    _check(cfg.num_malicious_nodes >= 0, f"num-malicious-nodes={cfg.num_malicious_nodes} must be >= 0")
+    _check(cfg.num_nodes_to_select >= 1, f"num-nodes-to-select={cfg.num_nodes_to_select} must be >= 1")
     d = cfg.as_dict()
     for key in ("dp-noise-multiplier", "dp-clipped-count-stddev"):
         _check(0 <= d[key] < math.inf, f"{key}={d[key]} must be a finite number >= 0")
