@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+import click
 from flwr.common.config import parse_config_args
 
 from fedul_flwr.checkpoint import CheckpointError
@@ -109,8 +110,9 @@ def _num_supernodes(federation_config: str) -> int | None:
         return None
     try:
         value = parse_config_args([federation_config]).get("num-supernodes")
-    except ValueError as exc:
-        raise ConfigError(f"--federation-config {federation_config!r}: {exc}") from None
+    except (ValueError, click.ClickException) as exc:  # Flower's parser raises the latter
+        why = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        raise ConfigError(f"--federation-config {federation_config!r}: {why}") from None
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:

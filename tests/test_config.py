@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
+from pathlib import Path
 
 import pytest
 
@@ -142,11 +144,15 @@ def test_errors_name_the_key_and_value(override: dict, culprit: str) -> None:
         resolve_config(override)
 
 
+@pytest.mark.parametrize("resolve", ["this-python", "python-3.13"])
 @pytest.mark.parametrize("key", ["data-dir", "server-data-dir"])
-def test_a_folder_path_that_cannot_be_resolved_names_the_key(tmp_path, key: str) -> None:
-    """A symlink loop is the key's one-line error, not the bare OS error of a later step."""
+def test_a_folder_path_that_cannot_be_resolved_names_the_key(tmp_path, monkeypatch, key: str, resolve: str) -> None:
+    """A symlink loop is the key's one-line error, not the bare OS error of a later step; also
+    where ``Path.resolve`` returns on a loop without raising (Python 3.13 and later)."""
     (tmp_path / "a").symlink_to(tmp_path / "b")
     (tmp_path / "b").symlink_to(tmp_path / "a")
+    if resolve == "python-3.13":
+        monkeypatch.setattr(Path, "resolve", lambda self, strict=False: Path(os.path.abspath(self)))
     with pytest.raises(ConfigError, match=re.escape(f"{key}={str(tmp_path / 'a')!r}: the path cannot be resolved")):
         resolve_config({key: str(tmp_path / "a")})
 

@@ -62,11 +62,18 @@ from fedul_flwr.config.presets import (
     preset_files,
     server_dp_weights,
 )
-from fedul_flwr.config.validate import check_robust_replies, check_run_name, check_values, config_from_json, config_from_values
+from fedul_flwr.config.validate import (
+    check_robust_replies,
+    check_run_name,
+    check_values,
+    config_from_json,
+    config_from_values,
+    resolve_path,
+)
 
 __all__ = [
     "CHOICES", "CONF_DIR", "CORE_KEYS", "CORE_OPTIONS", "METHODS_DIR", "PROJECT_DIR", "PYPROJECT", "SERVER_DP",
-    "ConfigError", "Option", "RunConfig", "check_keys", "check_robust_replies", "check_run_name", "check_values", "coerce_value",
+    "ConfigError", "Option", "RunConfig", "check_keys", "check_robust_replies", "check_run_name", "check_values", "coerce_value", "resolve_path",
     "compose_config", "config_from_json", "config_from_values", "default_config", "describe_sources", "load_preset",
     "parse_positive_ints", "parse_test_prior", "preset_files", "server_dp_weights", "test_prior_values",
 ]  # fmt: skip

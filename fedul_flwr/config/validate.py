@@ -6,6 +6,7 @@ name). The checks that need the registries are :mod:`fedul_flwr.preflight`'s."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import functools
 import json
 import math
@@ -26,7 +27,7 @@ from fedul_flwr.config.record import (
 )
 from fedul_flwr.registry import closest
 
-__all__ = ["check_robust_replies", "check_run_name", "check_values", "config_from_json", "config_from_values"]
+__all__ = ["check_robust_replies", "check_run_name", "resolve_path", "check_values", "config_from_json", "config_from_values"]
 
 _FIELD_TYPES = {"bool": bool, "int": int, "float": float, "str": str}
 
@@ -158,10 +159,33 @@ def check_values(cfg: RunConfig) -> None:
             "so relative paths do not point where you expect",
         )
         if d[key]:
-            try:  # a symlink loop or an unreadable parent: named here, not as a bare OS error later
-                Path(d[key]).expanduser().resolve()
-            except (OSError, RuntimeError) as exc:
-                raise ConfigError(f"{key}={d[key]!r}: the path cannot be resolved ({exc})") from None
+            try:  # a symlink loop: named here, not as a bare OS error later
+                resolve_path(d[key])
+            except ValueError as exc:
+                raise ConfigError(f"{key}={d[key]!r}: {exc}") from None
+
+
+def resolve_path(text: str) -> Path:
+    """``text`` as an absolute path with every symbolic link resolved (``~`` expanded); a path
+    that does not exist (yet) is fine.
+
+    Raises
+    ------
+    ValueError
+        "the path cannot be resolved (...)" where a symbolic link loops (Python 3.11-3.12's
+        ``resolve`` raises on a loop; from 3.13 it returns, and the loop shows in ``stat``).
+    """
+    try:
+        path = Path(text).expanduser().resolve()
+        os.stat(path)
+    except FileNotFoundError:
+        return path
+    except RuntimeError as exc:  # Python < 3.13: "Symlink loop from ..."
+        raise ValueError(f"the path cannot be resolved ({exc})") from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError(f"the path cannot be resolved (symlink loop: {exc.strerror})") from None
+    return path
 
 
 def check_run_name(name: str) -> None:

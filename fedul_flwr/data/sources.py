@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from fedul_flwr import get_logger
-from fedul_flwr.config import RunConfig
+from fedul_flwr.config import RunConfig, resolve_path
 from fedul_flwr.data.client_data import ClientData, LabeledImages, MissingPartError
 from fedul_flwr.data.datasets import run_dataset_info
 from fedul_flwr.data.image_dataset import DatasetInfo
@@ -99,10 +99,10 @@ def client_from_node_config(
         if facts is None:
             raise ValueError("a node folder is read against the run's dataset facts, and the message carries none: "
                              "the fedul-flwr ServerApp sends them with every message")  # fmt: skip
-        try:  # a symlink loop or an unreadable parent, named with the node's key
-            path = str(Path(data_dir).expanduser().resolve())
-        except (OSError, RuntimeError) as exc:
-            raise NodeDataError(f"data-dir={data_dir!r}: the path cannot be resolved ({exc})") from None
+        try:  # a symlink loop, named with the node's key
+            path = str(resolve_path(data_dir))
+        except ValueError as exc:
+            raise NodeDataError(f"data-dir={data_dir!r}: {exc}") from None
         client = _load_node(facts, cfg.image_size > 0, path, _dir_fingerprint(path))
     elif "partition-id" in node_config and "num-partitions" in node_config:
         client = load_client(cfg, int(node_config["partition-id"]), int(node_config["num-partitions"]), wanted)

@@ -1,8 +1,11 @@
-"""The pseudo-label counts every pseudo-labelling method uploads: ``pseudo-label-share`` (the
-share of the round's unlabeled rows whose pseudo-label passed the method's mask) and, where the
-run knows the unlabeled images' true classes (simulation), ``pseudo-label-correct-share`` (the
-share that passed and is of its true class, a diagnostic). One counter for FixMatch and the
-local SSL methods, FedMatch and RSCFed."""
+"""The pseudo-label counts of the methods that pseudo-label at every step: ``pseudo-label-share``
+(the share of the round's unlabeled rows whose pseudo-label passed the method's mask, over all
+steps) and, where the run knows the unlabeled images' true classes (simulation),
+``pseudo-label-correct-share`` (the share that passed and is of its true class, a diagnostic).
+One counter for FixMatch and the local SSL methods, FedMatch and RSCFed. The methods that
+pseudo-label once a round (SemiFL, FixMatch-DPL, FedDB) upload the shares of that one pass
+instead; FixMatch-DPL and FedDB still count here the rows that ``fixmatch-weight = "used"``
+weighs."""
 
 from __future__ import annotations
 

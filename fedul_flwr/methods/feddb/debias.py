@@ -117,7 +117,7 @@ class DebiasedPseudoLabels:
     that epoch starts from (``dpl-ema`` = gamma). The method hands every probability vector it
     would threshold to :meth:`__call__`, which returns Eq. 14's debiased posterior (the
     threshold then applies to it, as in FedDB); the client uploads the final pbar (``app-u``).
-    Without ``dpl`` the plug-in is the identity and uploads nothing.
+    Without ``dpl`` (and without ``always``) the plug-in is the identity and uploads nothing.
 
     Parameters
     ----------
@@ -137,8 +137,10 @@ class DebiasedPseudoLabels:
         the mean of the very predictions it debiases (Eq. 8), with no second pass and no draw of
         its own. ``None``: the plug-in makes that pass.
     per_epoch : bool
-        Whether APP-U's moving average runs before every local epoch (a method whose pseudo-labels
-        are made once per round sets ``False``: the updates would change only the upload).
+        Whether APP-U's moving average runs before every local epoch. With pseudo-labels made once
+        per round the updates change only the uploaded APP-U: SemiFL's plug-in sets ``False``;
+        FixMatch-DPL and FedDB keep them under ``dpl-app-u-update = "epoch"`` (Alg. 3), since
+        FedDB's DMA reads the uploaded APP-U.
     always : bool
         On whatever the ``dpl`` option (FixMatch-DPL and FedDB, whose DPL is the method itself).
     """
