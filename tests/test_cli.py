@@ -41,7 +41,7 @@ def test_node_data_write_with_an_unquoted_string_names_the_pair(tmp_path: Path, 
     out = tmp_path / "nodes"
     assert cli.main(["node-data", "write", "--out", str(out), "--num-nodes", "3", "--run-config", "num-sets=10 partition=noniid"]) == 1
     line = _one_error_line(capsys)
-    assert "'partition=noniid'" in line and 'partition="noniid"' in line
+    assert '--run-config: partition=noniid: a string value needs quotes (partition="noniid")' in line, line
     assert not out.exists()
 
 
