@@ -110,9 +110,12 @@ class DebiasedModelAggregation:
     dma_steps: ClassVar[int] = 100
     dma_lr: ClassVar[float] = 1.0
     contract: ClassVar[Contract] = Contract(
-        Combining.REWEIGHTED, "feddb's debiased model aggregation replaces each client's weight by its beta_m"
+        Combining.REWEIGHTED, "feddb's debiased model aggregation replaces each client's weight by its beta_m",
+        refuses=(Combining.ROBUST_SELECTION,),
     )
-    """Reweighted (:mod:`fedul_flwr.strategies.contract`): beta_m depends on every client's APP-U."""
+    """Reweighted (:mod:`fedul_flwr.strategies.contract`): beta_m depends on every client's APP-U.
+    The robust strategies, which ignore the replies' weights and would drop DMA silently, are
+    refused."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
