@@ -342,6 +342,8 @@ def test_server_dp_noise_cannot_be_regenerated_from_the_seed() -> None:
         ({"strategy": "krum", "num-malicious-nodes": 1, **CHEAP}, r"needs at least 5 replies"),
         # a strategy the method's aggregation refuses is named before the replies it would need
         ({"strategy": "krum", "method": "fedrgd", "min-train-nodes": 2}, r"^strategy='krum' with method='fedrgd': "),
+        ({"strategy": "bulyan", "method": "feddb", "min-train-nodes": 5, "min-available-nodes": 5},
+         r"^strategy='bulyan' with method='feddb': .*debiased model aggregation"),
         ({"strategy": "bulyan", "participation": "poisson", "min-train-nodes": 3, "min-available-nodes": 3},
          r"participation='poisson' with strategy='bulyan'"),
         ({"strategy": "scaffold", "differential-privacy": "server-fixed"}, r"use differential-privacy='none'"),

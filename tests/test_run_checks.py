@@ -234,6 +234,8 @@ def test_fedul_check_names_a_key_given_twice_and_an_unquoted_string(capsys: pyte
     assert fedul(["node-data", "write", "--out", "/nonexistent-never-written", "--num-nodes", "2",
                   "--run-config", "partition=noniid"]) == 1  # fmt: skip
     assert 'partition=noniid: a string value needs quotes (partition="noniid")' in capsys.readouterr().err
+    assert fedul(["check", "--run-config", "/tmp/settings.toml", "--run-config", "seed=2"]) == 1
+    assert "a .toml file cannot come with other --run-config values" in capsys.readouterr().err
     assert fedul(["check", "--federation-config", "num-supernodes=abc"]) == 1
     assert capsys.readouterr().err.startswith("error: --federation-config 'num-supernodes=abc': ")
 

@@ -33,6 +33,10 @@ def parse_run_config(lines: Sequence[str] | None) -> dict[str, Any]:
     lines = list(lines or [])
     if not lines:
         return {}
+    files = [line for line in lines if line.endswith(".toml")]
+    if files and len(lines) > 1:
+        raise ConfigError(f"--run-config {files[0]!r}: a .toml file cannot come with other --run-config values "
+                          "(as in flwr run); put them in the file")  # fmt: skip
     for line in [] if len(lines) == 1 and lines[0].endswith(".toml") else lines:
         seen: dict[str, str] = {}  # a later --run-config overrides an earlier one, as in flwr run
         for key, value in _PAIR.findall(line):
