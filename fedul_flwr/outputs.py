@@ -52,6 +52,7 @@ from fedul_flwr.config import ConfigError, RunConfig, check_run_name
 from fedul_flwr.methods import get_method
 from fedul_flwr.privacy.accounting import neighbours
 from fedul_flwr.store import FolderLock, RunFolderInUse, read_json, remove_tree, sweep_temporary, utc_stamp, write_atomic
+from fedul_flwr.strategies.server_training import SERVER_LABELED_IMAGES, SERVER_TRAIN_LOSS
 
 if TYPE_CHECKING:
     from fedul_flwr.strategies import RoundReplies
@@ -412,8 +413,8 @@ class RunOutputs:
         clients = {int(n) for row in self.rows.values() for n in row.get("trained-clients" if keyed else "trained-nodes", [])}
         total = {key: sum(int(row.get(key, 0)) for row in self.rows.values()) for key in ("failed-replies", "idle-replies")}
         method = _method_class(self.cfg.method)
-        server_trained = any("server-train-loss" in row for row in self.rows.values())
-        server_labeled = [row["server-labeled-images"] for _, row in sorted(self.rows.items()) if "server-labeled-images" in row]
+        server_trained = any(SERVER_TRAIN_LOSS in row for row in self.rows.values())
+        server_labeled = [row[SERVER_LABELED_IMAGES] for _, row in sorted(self.rows.items()) if SERVER_LABELED_IMAGES in row]
         line = (
             f"fedul-flwr: method={self.cfg.method} preset={self.cfg.preset or 'none'} dataset={self.cfg.dataset} partition={self.cfg.partition} "
             f"setting={self.cfg.client_setting} clients={len(clients)} "

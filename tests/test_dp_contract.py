@@ -340,7 +340,8 @@ def test_a_zero_clip_norm_step_is_refused_as_flower_would() -> None:
     ("values", "message"),
     [
         ({"differential-privacy": "server-adaptive", "dp-noise-multiplier": 1e200}, r"^dp-noise-multiplier=1e\+200 x dp-clipping-norm=1: noise .* overflows"),
-        ({"differential-privacy": "server-fixed", "dp-noise-multiplier": float("inf")}, r"^dp-noise-multiplier=inf must be a finite number >= 0$"),
+        ({"differential-privacy": "server-fixed", "dp-noise-multiplier": float("inf")}, r"^dp-noise-multiplier=inf is not a finite number$"),
+        ({"lr": float("nan")}, r"^lr=nan is not a finite number$"),
         ({"differential-privacy": "server-fixed", "dp-noise-multiplier": 1e50}, r"^dp-noise-multiplier=1e\+50 x dp-clipping-norm=1"),
         ({"differential-privacy": "server-fixed", "dp-noise-multiplier": 1e-300}, r"^dp-noise-multiplier=1e-300: the accountant cannot compute"),
         ({"differential-privacy": "client-local", "dp-epsilon": 1e-300}, r"^dp-epsilon=1e-300: the accountant cannot compute"),

@@ -242,6 +242,16 @@ def test_one_part_clients_train_what_they_hold(method: str) -> None:
         assert algo.sits_out(dataclasses.replace(client, labeled=None, unlabeled=None, unlabeled_classes=None))
 
 
+def test_mixmatch_sit_out_idles_only_the_clients_without_labels() -> None:
+    """``mixmatch-unlabeled-clients = sit-out``: the unlabeled-only client is idle, the labeled
+    one still trains; ``train`` (the default) trains both."""
+    over = {"method": "mixmatch", "client-setting": "annotation-heterogeneity", "label-layout": "L,U"}
+    for choice, idle in (("train", (False, False)), ("sit-out", (False, True))):
+        for partition in (0, 1):
+            cfg, client = _client({**over, "mixmatch-unlabeled-clients": choice}, partition, 2)
+            assert method_class("mixmatch")(cfg).sits_out(client) is idle[partition]
+
+
 def test_fedul_check_accepts_each_method_in_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
     for method in ("mixmatch", "uda"):
         assert fedul(["check", "--run-config", f"method='{method}' client-setting='labels-at-clients'"]) == 0

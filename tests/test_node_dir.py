@@ -587,14 +587,14 @@ def test_class_prior_must_be_finite_and_not_all_zero(tmp_path: Path, row: str, f
 
 def test_validate_refuses_an_unknown_run_config_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """A mistyped key would leave the folder checked against the default dataset: refused,
-    naming the key, the closest valid one and the valid keys; a known key still passes."""
+    naming the key, the closest valid one and where the valid keys are; a known key still passes."""
     out = tmp_path / "nodes"
     assert node_data_main(["write", "--out", str(out), "--num-nodes", "1", "--max-set-size", "2",
                            "--run-config", "num-sets=10"]) == 0  # fmt: skip
     capsys.readouterr()
     assert node_data_main(["validate", str(out / "node-0"), "--run-config", 'datset="cifar10"']) == 1
     err = capsys.readouterr().err
-    assert "'datset' (did you mean 'dataset'?)" in err and "valid keys" in err and "\n" not in err.strip()
+    assert "'datset' (did you mean 'dataset'?)" in err and "docs/configuration.md" in err and "\n" not in err.strip()
     assert node_data_main(["validate", str(out / "node-0"), "--run-config", 'seed=3 dataset="mnist-sample"']) == 0
     assert node_data_main(["write", "--out", str(tmp_path / "other"), "--num-nodes", "1",
                            "--run-config", "num-set=10"]) == 1  # fmt: skip

@@ -195,13 +195,14 @@ def check_keys(keys: Iterable[str]) -> None:
     Raises
     ------
     ConfigError
-        Naming each unknown key with the closest valid key, then every valid key.
+        Naming each unknown key with the closest valid key, and where every valid key is listed.
     """
     defaults = default_config()
     unknown = sorted(set(keys) - set(defaults))
     if unknown:
         named = ", ".join(f"{k!r}{closest(k, defaults)}" for k in unknown)
-        raise ConfigError(f"unknown run-config key(s) {named}; valid keys: {sorted(defaults)}")
+        raise ConfigError(f"unknown run-config key(s) {named}; the {len(defaults)} valid keys are the table "
+                          "[tool.flwr.app.config] of pyproject.toml, each explained in docs/configuration.md")
 
 
 def describe_sources(values: Mapping[str, Any], sources: Mapping[str, str]) -> str:

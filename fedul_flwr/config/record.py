@@ -210,7 +210,8 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
     Raises
     ------
     ConfigError
-        Naming ``key`` and ``value`` when it is not a valid ``kind``.
+        Naming ``key`` and ``value`` when it is not a valid ``kind``, or is a float that is
+        not finite (NaN or infinite: no key means anything by them).
     """
     try:
         if kind is bool:
@@ -224,10 +225,14 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
                 raise ValueError
             return int(value)
         if kind is float:
-            return float(value)
-        return str(value)
+            number = float(value)
+        else:
+            return str(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise ConfigError(f"{key}={value!r} is not a valid {kind.__name__}") from exc
+    if not math.isfinite(number):
+        raise ConfigError(f"{key}={value!r} is not a finite number")
+    return number
 
 
 def parse_test_prior(spec: str | float | Sequence[float] | np.ndarray, num_classes: int) -> np.ndarray:

@@ -21,4 +21,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("mixmatch-ramp-up", 0.015625, "MixMatch: share of the run's rounds over which lambda_U ramps up linearly "
            "from 0 (the paper's and the code's first 16,384 of 1,048,576 steps: 1/64); 0 = none",
            check=lambda v: 0.0 <= v <= 1.0, rule="in [0, 1]"),
+    Option("mixmatch-unlabeled-clients", "train", "MixMatch: what a client without labeled images does: `train` "
+           "(lambda_U L_U on its own guesses alone) or `sit-out` (idle; only clients with labels run MixMatch)",
+           choices=("train", "sit-out")),
 )  # fmt: skip
