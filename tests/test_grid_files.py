@@ -43,9 +43,9 @@ def _digest(specs: list[reproduce.RunSpec]) -> str:
 
 
 ADDED_SINCE = {"feddb-baselines", "feddb-baselines-cifar10", "hassle-baselines", "hassle-baselines-cifar10", "fedpu-table5",
-               "fedpu-table5-cifar10", "mixmatch-collapse"}  # fmt: skip
+               "fedpu-table5-cifar10", "mixmatch-collapse", "mixmatch-terms"}  # fmt: skip
 """Named grids added after the fixture was taken (the every-row grids of the compared methods,
-MixMatch's diagnosis)."""
+MixMatch's diagnoses)."""
 
 
 def test_the_named_grids_are_the_grids_of_the_python_tables() -> None:
