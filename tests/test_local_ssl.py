@@ -252,6 +252,13 @@ def test_mixmatch_sit_out_idles_only_the_clients_without_labels() -> None:
             assert method_class("mixmatch")(cfg).sits_out(client) is idle[partition]
 
 
+def test_mixmatch_sit_out_is_refused_where_no_client_holds_labels(capsys: pytest.CaptureFixture[str]) -> None:
+    values = "method='mixmatch' client-setting='labels-at-server' mixmatch-unlabeled-clients='sit-out'"
+    assert fedul(["check", "--run-config", values]) == 1
+    assert "every one would sit out" in capsys.readouterr().err
+    assert fedul(["check", "--run-config", values.replace("sit-out", "train")]) == 0
+
+
 def test_fedul_check_accepts_each_method_in_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
     for method in ("mixmatch", "uda"):
         assert fedul(["check", "--run-config", f"method='{method}' client-setting='labels-at-clients'"]) == 0

@@ -82,6 +82,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.data.client_data import ClientData
 from fedul_flwr.methods.base import Batch, LocalTask, RoundContext, ServerRoundContext, Stream, register_method
 from fedul_flwr.methods.local_ssl import LocalSSL, mixup
@@ -197,6 +198,21 @@ class MixMatch(LocalSSL):
 
     name = "mixmatch"
     options = OPTIONS
+
+    @classmethod
+    def check_options(cls, cfg: RunConfig) -> None:
+        """The options' rules, and ``mixmatch-unlabeled-clients = sit-out`` refused under
+        ``labels-at-server``, where no client holds labels and every one would sit out.
+
+        Raises
+        ------
+        ConfigError
+            Naming the key, the value and the rule, or the two keys that exclude each other.
+        """
+        super().check_options(cfg)
+        if cfg.option("mixmatch-unlabeled-clients") == "sit-out" and cfg.client_setting == "labels-at-server":
+            raise ConfigError("mixmatch-unlabeled-clients='sit-out' with client-setting='labels-at-server': no client "
+                              "holds labels there, so every one would sit out (use 'train')")  # fmt: skip
 
     def sits_out(self, client: ClientData) -> bool:
         """A client with neither part, or (``mixmatch-unlabeled-clients = sit-out``) one without
