@@ -19,7 +19,7 @@ from fedul_flwr.cli import main as fedul
 from fedul_flwr.client_app import app as client_app
 from fedul_flwr.data import simulated
 from fedul_flwr.inprocess import InProcessGrid
-from fedul_flwr.methods.base import RoundContext, method_class
+from fedul_flwr.methods.base import NothingToTrain, RoundContext, method_class
 from fedul_flwr.methods.local_ssl import mixup
 from fedul_flwr.methods.mixmatch import draw_mixup, guess_labels, mixmatch_loss, ramp_weight, sharpen
 from fedul_flwr.methods.uda import masked_kl, sharpened_targets
@@ -252,6 +252,21 @@ def test_mixmatch_sit_out_idles_only_the_clients_without_labels() -> None:
             assert method_class("mixmatch")(cfg).sits_out(client) is idle[partition]
 
 
+def test_mixmatch_client_without_labels_is_idle_where_lambda_u_is_zero() -> None:
+    """Round 1 of the ramp (lambda_U = 0): the unlabeled-only client has nothing to train
+    (NothingToTrain: an idle reply, not the received model back as a trained one); round 2
+    trains it, and the labeled client trains in round 1."""
+    over = {"method": "mixmatch", "client-setting": "annotation-heterogeneity", "label-layout": "L,U", "num-rounds": 4,
+            "mixmatch-ramp-up": 0.5}  # fmt: skip
+    cfg, client = _client(over, 1, 2)
+    algo = method_class("mixmatch")(cfg)
+    with pytest.raises(NothingToTrain, match="lambda_U is 0 in round 1"):
+        algo.local_task(client, _models(client), RoundContext(seed=0, server_round=1, node_key=1))
+    assert algo.local_task(client, _models(client), RoundContext(seed=0, server_round=2, node_key=1)).streams
+    cfg, labeled = _client(over, 0, 2)
+    assert method_class("mixmatch")(cfg).local_task(labeled, _models(labeled), RoundContext(seed=0, server_round=1, node_key=0)).streams
+
+
 def test_mixmatch_sit_out_is_refused_where_no_client_holds_labels(capsys: pytest.CaptureFixture[str]) -> None:
     values = "method='mixmatch' client-setting='labels-at-server' mixmatch-unlabeled-clients='sit-out'"
     assert fedul(["check", "--run-config", values]) == 1
@@ -308,4 +323,7 @@ def test_labels_at_server_the_server_trains_and_the_clients_train_their_unlabele
     out = server_app.run_federation(InProcessGrid(client_app, 2, rc), cfg)
     rows = [out.rows[r] for r in sorted(out.rows)]
     assert rows[0]["test-accuracy"] > 0.2 and all(math.isfinite(r["server-train-loss"]) for r in rows[1:])
-    assert all(math.isfinite(r["train-loss"]) for r in rows[1:])
+    trained = rows[2:] if method == "mixmatch" else rows[1:]  # MixMatch's round 1: lambda_U = 0, the clients idle
+    assert all(math.isfinite(r["train-loss"]) for r in trained) and all(r["idle-replies"] == 0 for r in trained)
+    if method == "mixmatch":
+        assert rows[1]["idle-replies"] == 2 and "train-loss" not in rows[1]

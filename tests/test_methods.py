@@ -558,6 +558,8 @@ def test_fedul_command_shares_flag_conventions_and_shows_defaults(capsys) -> Non
     for bad in ("no-such-key=1", "num-rounds=two", "lr"):
         with pytest.raises(SystemExit, match="--set"):
             runner.parse_overrides([bad])
+    with pytest.raises(SystemExit, match=r"--set 'lrr=0.1': unknown run-config key\(s\) 'lrr' \(did you mean 'lr'\?\)"):
+        runner.parse_overrides(["lrr=0.1"])
 
 
 def test_reproduce_runs_selects_runs_in_pattern_order(capsys) -> None:

@@ -124,7 +124,7 @@ def test_weight_decay_and_nesterov_reach_the_optimizer_and_momentum_is_checked()
         resolve_config({"weight-decay": -1.0})
     with pytest.raises(ConfigError, match="ema-decay=1"):
         resolve_config({"ema-decay": 1.0})
-    with pytest.raises(ConfigError, match="grad-clip-norm=inf must be a finite number"):
+    with pytest.raises(ConfigError, match="grad-clip-norm=inf is not a finite number"):
         resolve_config({"grad-clip-norm": float("inf")})
 
 

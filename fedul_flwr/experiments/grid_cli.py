@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fedul_flwr.config import ConfigError, coerce_value, default_config
+from fedul_flwr.config import ConfigError, check_keys, coerce_value, default_config
 from fedul_flwr.store import remove_tree, set_aside_folders
 
 __all__ = ["add_common_arguments", "clean", "parse_overrides", "parse_seeds"]
@@ -106,9 +106,10 @@ def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, dic
     for item in items:
         target, _, assignment = item.rpartition(":") if ":" in item.split("=", 1)[0] else ("", "", item)
         key, sep, text = assignment.partition("=")
-        if not sep or key not in defaults:
+        if not sep:
             raise SystemExit(f"--set {item!r}: expected [column:]key=value with a key of [tool.flwr.app.config]")
         try:
+            check_keys([key])  # an unknown key: named with the closest valid one
             value = coerce_value(key, text, type(defaults[key]))
         except ConfigError as exc:
             raise SystemExit(f"--set {item!r}: {exc}") from None

@@ -56,9 +56,10 @@ Choices, and where the paper and the authors' code (google-research/mixmatch) di
   L_X alone; an unlabeled-only client guesses, mixes its K B unlabeled rows among themselves
   and trains lambda_U L_U alone (its unlabeled stream, B images a step, then drives the local
   epoch); one with neither sits out. The reply's weight is n_L where the client has labels,
-  else n_U. Alg. 1 assumes labels in every batch; without them, and without a confidence
+  else n_U. In a round where lambda_U is 0 (round 1 of the ramp) a client without labels has
+  nothing to train and is idle. Alg. 1 assumes labels in every batch; without them, and without a confidence
   threshold, L_U's fixed point is one sharpened class for every image: on HASSLE's ``ALL``
-  layout (10 of 20 clients without labels) the averaged model is at one class in 12 of its
+  layout (10 of 20 clients without labels) the averaged model is at one class in 8 of its
   first 20 rounds (14 with every reply weighted alike), and in none when those clients sit out (the ``mixmatch-collapse`` grid, docs/baselines/mixmatch.md).
   ``mixmatch-unlabeled-clients = sit-out`` makes such a client idle; ``train`` (the default,
   the behaviour of the records made before the switch) keeps Alg. 1 with X empty, as above.
@@ -84,7 +85,7 @@ from torch import nn
 
 from fedul_flwr.config import ConfigError, RunConfig
 from fedul_flwr.data.client_data import ClientData
-from fedul_flwr.methods.base import Batch, LocalTask, RoundContext, ServerRoundContext, Stream, register_method
+from fedul_flwr.methods.base import Batch, LocalTask, NothingToTrain, RoundContext, ServerRoundContext, Stream, register_method
 from fedul_flwr.methods.local_ssl import LocalSSL, mixup
 from fedul_flwr.methods.mixmatch.settings import OPTIONS
 
@@ -229,11 +230,20 @@ class MixMatch(LocalSSL):
 
     def local_task(self, client: ClientData, models: nn.ModuleDict, ctx: RoundContext) -> LocalTask:
         """Streams ``labeled`` (weak view, y) and ``unlabeled`` (K weak views), those the client
-        holds; loss of Eqs. 2-5 on the MixMatch batch (module docstring)."""
+        holds; loss of Eqs. 2-5 on the MixMatch batch (module docstring).
+
+        Raises
+        ------
+        NothingToTrain
+            For a client without labels in a round where lambda_U is 0 (round 1 of a ramp, or
+            ``mixmatch-lambda-u = 0``): its loss would be 0 and its reply the received model,
+            so it is idle instead."""
         k, temperature = int(self.option("mixmatch-k")), float(self.option("mixmatch-temperature"))
         alpha, classes = float(self.option("mixmatch-alpha")), client.num_classes
         lambda_u = ramp_weight(float(self.option("mixmatch-lambda-u")), ctx.server_round, self.cfg.num_rounds,
                                float(self.option("mixmatch-ramp-up")))  # fmt: skip
+        if lambda_u == 0 and "labeled" not in client.parts():  # its whole loss would be 0 * L_U
+            raise NothingToTrain(f"lambda_U is 0 in round {ctx.server_round} and the client holds no labels")
 
         def loss(models: nn.ModuleDict, batch: Batch) -> torch.Tensor:
             f, lb, ub = models["f"], batch.get("labeled", {}), batch.get("unlabeled", {})
