@@ -18,9 +18,9 @@ Subcommands:
     ``flwr run`` (:mod:`fedul_flwr.check_cli`).
 
 The grid commands share one runner (:mod:`fedul_flwr.experiments.runner`) and its flags:
-``--seeds 0,1`` (comma list), ``--data-dir``, ``--out``, ``--set [COLUMN:]KEY=VALUE``,
-``--jobs``, ``--threads`` (0: cores // jobs), ``--stop-after MINUTES``; a run with a record is
-never run again (delete the record to redo it); each run's Flower log goes to ``flower.log``
+``--seeds 0,1`` (comma list), ``--data-dir``, ``--out``, ``--set KEY=VALUE`` (``compare``: also
+``COLUMN:KEY=VALUE``), ``--jobs``, ``--threads`` (0: cores // jobs), ``--stop-after MINUTES``; a
+run with a record is never run again (delete the record to redo it); each run's Flower log goes to ``flower.log``
 in its run folder and the terminal shows a progress bar and one line per finished run. A run
 that fails is one failed cell: the others finish, the tables are rendered, the last lines
 name each failed run and the exit code is 1; ``--stop-after`` stops in time with every

@@ -67,6 +67,18 @@ def test_help_texts_are_plain(command: list[str], capsys: pytest.CaptureFixture[
         assert role not in text, (command, role)
 
 
+@pytest.mark.parametrize(("command", "metavar"), [("reproduce", "--set KEY=VALUE"), ("compare", "--set [COLUMN:]KEY=VALUE")])
+def test_help_offers_a_column_scoped_set_only_where_the_command_accepts_it(
+    command: str, metavar: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``reproduce`` refuses ``--set COLUMN:KEY=VALUE``; its help must not offer it."""
+    with pytest.raises(SystemExit):
+        cli.main([command, "--help"])
+    text = capsys.readouterr().out
+    assert metavar in text
+    assert ("COLUMN" in text) is (command == "compare")
+
+
 def test_roles_become_plain_text_or_optional_crossrefs() -> None:
     from fedul_flwr.markup import ROLE, crossrefs, plain
 

@@ -274,6 +274,13 @@ def test_mixmatch_sit_out_is_refused_where_no_client_holds_labels(capsys: pytest
     assert fedul(["check", "--run-config", values.replace("sit-out", "train")]) == 0
 
 
+def test_a_choice_typed_as_a_toml_bool_is_echoed_as_typed(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--run-config`` parses ``key=true`` as TOML's bool: the refusal of a text key shows
+    ``'true'``, what the user typed, not Python's ``'True'``."""
+    assert fedul(["check", "--run-config", "method='mixmatch' mixmatch-unlabeled-clients=true"]) == 1
+    assert "mixmatch-unlabeled-clients='true' must be one of ('train', 'sit-out')" in capsys.readouterr().err
+
+
 def test_fedul_check_accepts_each_method_in_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
     for method in ("mixmatch", "uda"):
         assert fedul(["check", "--run-config", f"method='{method}' client-setting='labels-at-clients'"]) == 0

@@ -205,7 +205,8 @@ def parse_positive_ints(key: str, value: Any, allow_empty: bool = False) -> tupl
 
 
 def coerce_value(key: str, value: Any, kind: type) -> Any:
-    """``value`` as ``kind`` (bool / int / float / str; ``"true"`` / ``"false"`` for bool).
+    """``value`` as ``kind`` (bool / int / float / str; ``"true"`` / ``"false"`` for bool, and a
+    bool given to a str key becomes that text: ``--run-config`` parses ``key=true`` as TOML).
 
     Raises
     ------
@@ -226,6 +227,8 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
             return int(value)
         if kind is float:
             number = float(value)
+        elif isinstance(value, bool):  # TOML's true / false, as the user typed it (not 'True')
+            return "true" if value else "false"
         else:
             return str(value)
     except (TypeError, ValueError, OverflowError) as exc:

@@ -118,7 +118,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", default=BASE_SETTINGS["dataset"], choices=DATASETS.names())
     p.add_argument("--rounds", type=int, default=20, help="rounds per run")
     p.add_argument("--clients", type=int, default=5, help="simulated clients per run")
-    add_common_arguments(p, out="outputs/strategies", seeds_help="comma list of seeds")
+    add_common_arguments(p, out="outputs/strategies", seeds_help="comma list of seeds", column_set=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -19,16 +19,21 @@ from fedul_flwr.store import remove_tree, set_aside_folders
 __all__ = ["add_common_arguments", "clean", "parse_overrides", "parse_seeds"]
 
 
-def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str = "comma list of seeds") -> None:
+def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str = "comma list of seeds",
+                         column_set: bool = False) -> None:  # fmt: skip
     """The flags every grid command shares: ``--seeds 0,1``, ``--data-dir``, ``--out``,
-    ``--set KEY=VALUE`` (repeatable), ``--jobs``, ``--threads`` (0: cores // jobs),
+    ``--set KEY=VALUE`` (repeatable; ``COLUMN:KEY=VALUE`` too where ``column_set``, the
+    commands that accept it), ``--jobs``, ``--threads`` (0: cores // jobs),
     ``--clean [--yes]`` (:func:`clean`), ``--stop-after MINUTES`` (:func:`~fedul_flwr.experiments.runner.run_cells`' ``stop_after``)."""
     p.add_argument("--seeds", default="", help=seeds_help)
     p.add_argument("--data-dir", default="", type=_data_dir,
                    help="torchvision root of the non-embedded datasets (made absolute)")  # fmt: skip
     p.add_argument("--out", default=out, help="results folder: records/, runs/ (each with its flower.log), tables")
-    p.add_argument("--set", action="append", default=[], metavar="[COLUMN:]KEY=VALUE",
-                   help="run-config value for every run (or only a column's runs, where the command has columns)")  # fmt: skip
+    if column_set:
+        p.add_argument("--set", action="append", default=[], metavar="[COLUMN:]KEY=VALUE",
+                       help="run-config value for every run, or with COLUMN: for that column's runs only")  # fmt: skip
+    else:
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config value for every run")
     p.add_argument("--jobs", type=int, default=1, help="runs at once (worker processes)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run; 0: the machine's cores // jobs")
     p.add_argument("--clean", action="store_true",
