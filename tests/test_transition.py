@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedul_flwr.cli import main as fedul
 from fedul_flwr.config import parse_test_prior
 from fedul_flwr.methods.fedul.transition import LOSSES, TransitionLayer, surrogate_loss
 
@@ -185,3 +186,12 @@ def test_parse_test_prior() -> None:
         parse_test_prior("nan,0.5", 2)
     with pytest.raises(ValueError, match="expected 10 values"):
         parse_test_prior(0.1, 10)
+
+
+def test_a_bad_test_prior_is_refused_in_one_line_naming_it_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """Through ``fedul check`` (the settings' door): the key once, the value, and no class count
+    guessed from the tokens (K is the dataset's)."""
+    assert fedul(["check", "--run-config", "test-prior='0.5,abc'"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("test-prior '0.5,abc': 'abc' is not a number; use 'uniform' or one probability per class, comma-separated")
+    assert err.count("test-prior") == 1 and "\n" not in err

@@ -274,7 +274,7 @@ def parse_test_prior(spec: str | float | Sequence[float] | np.ndarray, num_class
             except ValueError:
                 raise ValueError(
                     f"test-prior {spec!r}: {tok!r} is not a number; "
-                    f"use 'uniform' or {num_classes} comma-separated probabilities"
+                    "use 'uniform' or one probability per class, comma-separated"
                 ) from None
     elif isinstance(spec, (int, float, np.floating, np.integer)):
         values = [float(spec)]
@@ -306,4 +306,4 @@ def test_prior_values(value: Any) -> tuple[float, ...]:
     try:
         return tuple(float(v) for v in parse_test_prior(value, count))
     except ValueError as exc:
-        raise ConfigError(f"test-prior: {exc}") from exc
+        raise ConfigError(str(exc)) from exc  # the message names test-prior and its value
