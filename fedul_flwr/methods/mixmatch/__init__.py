@@ -57,10 +57,11 @@ Choices, and where the paper and the authors' code (google-research/mixmatch) di
   and trains lambda_U L_U alone (its unlabeled stream, B images a step, then drives the local
   epoch); one with neither sits out. The reply's weight is n_L where the client has labels,
   else n_U. In a round where lambda_U is 0 (round 1 of the ramp) a client without labels has
-  nothing to train and is idle. Alg. 1 assumes labels in every batch; without them, and without a confidence
-  threshold, L_U's fixed point is one sharpened class for every image: on HASSLE's ``ALL``
-  layout (10 of 20 clients without labels) the averaged model is at one class in 8 of its
-  first 20 rounds (14 with every reply weighted alike), and in none when those clients sit out (the ``mixmatch-collapse`` grid, docs/baselines/mixmatch.md).
+  nothing to train and is idle. Alg. 1 assumes labels in every batch; without them, and
+  without a confidence threshold, L_U's fixed point is one sharpened class for every image:
+  on HASSLE's ``ALL`` layout (10 of 20 clients without labels) the averaged model is at one
+  class in 8 of its first 20 rounds (14 with every reply weighted alike), and in none when
+  those clients sit out (the ``mixmatch-collapse`` grid, docs/baselines/mixmatch.md).
   ``mixmatch-unlabeled-clients = sit-out`` makes such a client idle; ``train`` (the default,
   the behaviour of the records made before the switch) keeps Alg. 1 with X empty, as above.
 - **Labels at the server** (``client-setting=labels-at-server``): the clients hold unlabeled
