@@ -77,7 +77,8 @@ def test_a_named_grid_yields_the_runs_it_did_as_python(key: str) -> None:
 PAGES = [("cpu", "cpu", g) for g in ("augment-check", "feddb-ablation", "feddb-recipe", "fedpu-table1", "fedpu-table3",
                                      "fixmatch-central", "hassle-ablation", "hassle-recipe", "hassle-sweep",
                                      "hassle-table1", "hassle-table7", "table1", "table1-uniform", "table-e9",
-                                     "fashion", "loop-check", "feddb-baselines", "hassle-baselines")]  # fmt: skip
+                                     "fashion", "loop-check", "feddb-baselines", "hassle-baselines", "fedpu-table5",
+                                     "mixmatch-collapse", "mixmatch-terms")]  # fmt: skip
 PAGES += [("paper", "paper", g) for g in ("feddb-cifar100", "feddb-svhn", "hassle-cifar100", "feddb-baselines-cifar10",
                                           "hassle-baselines-cifar10", "fedpu-table5-cifar10")]  # fmt: skip
 PAGES += [("fast-loop/cpu", "cpu", "table1")]
