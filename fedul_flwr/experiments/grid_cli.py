@@ -29,11 +29,8 @@ def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str =
     p.add_argument("--data-dir", default="", type=_data_dir,
                    help="torchvision root of the non-embedded datasets (made absolute)")  # fmt: skip
     p.add_argument("--out", default=out, help="results folder: records/, runs/ (each with its flower.log), tables")
-    if column_set:
-        p.add_argument("--set", action="append", default=[], metavar="[COLUMN:]KEY=VALUE",
-                       help="run-config value for every run, or with COLUMN: for that column's runs only")  # fmt: skip
-    else:
-        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="run-config value for every run")
+    scoped = ("[COLUMN:]KEY=VALUE", ", or with COLUMN: for that column's runs only") if column_set else ("KEY=VALUE", "")
+    p.add_argument("--set", action="append", default=[], metavar=scoped[0], help="run-config value for every run" + scoped[1])
     p.add_argument("--jobs", type=int, default=1, help="runs at once (worker processes)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run; 0: the machine's cores // jobs")
     p.add_argument("--clean", action="store_true",
