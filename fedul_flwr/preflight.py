@@ -339,7 +339,9 @@ def check_setting(cfg: RunConfig) -> None:
     """What ``client-setting`` builds from the run's dataset, checked from the settings alone
     (simulated clients, ``fedul node-data write``): with ``usets`` every value of
     ``num-sets`` is >= K (Lu et al., ICLR 2022, Theorem 1: the [M_c, K] prior matrix needs
-    full column rank); with ``pu`` a ``class-prior`` given as numbers is finite and not all
+    full column rank); with ``pu`` ``positive-classes`` has one of its forms with classes of the
+    dataset (its count per client is checked against the federation by
+    :func:`check_federation_size`), and a ``class-prior`` given as numbers is finite and not all
     zero (a zero prior makes the PU risk of every class zero).
 
     Raises
@@ -355,6 +357,11 @@ def check_setting(cfg: RunConfig) -> None:
             f"num-sets={','.join(map(str, cfg.num_sets))}: every simulated client needs M_c >= K={num_classes} "
             f"U sets (dataset={cfg.dataset!r}; Lu et al. 2022, Theorem 1), got {short}",
         )
+    if cfg.client_setting == "pu":  # its form; against the federation's size: check_federation_size
+        try:
+            parse_positive_classes(cfg.positive_classes, None, num_classes, class_names=_dataset_facts(cfg).class_names)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     if cfg.client_setting == "pu" and cfg.class_prior not in ("global", "client"):
         try:
             prior = class_prior(cfg.class_prior, num_classes, np.zeros(0, np.int64), np.zeros(0, np.int64))

@@ -79,6 +79,29 @@ def test_help_offers_a_column_scoped_set_only_where_the_command_accepts_it(
     assert ("COLUMN" in text) is (command == "compare")
 
 
+@pytest.mark.parametrize(("command", "item", "says"), [
+    ("reproduce", "fedavg-10:lr=0.1", "this command takes key=value, without a column"),
+    ("reproduce", "lr", "expected key=value with a key of"),
+    ("compare", "fedprox:lr", "expected [column:]key=value with a key of"),
+    ("compare", "=1", "the key before '=' is empty"),
+    ("reproduce", "lrr=1", "unknown run-config key(s) 'lrr' (did you mean 'lr'?)"),
+])
+def test_a_bad_set_is_refused_by_the_parser_in_the_form_its_help_offers(
+    command: str, item: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One flag (``column_set``) decides both what ``--help`` offers and what ``--set`` takes;
+    a refusal is argparse's own line (``PROG: error: argument --set: 'ITEM': ...``, status 2)
+    and writes nothing."""
+    out = tmp_path / "out"
+    grid = ["--grid", "smoke"] if command == "reproduce" else ["--strategies", "fedavg"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, *grid, "--out", str(out), "--set", item])
+    assert exit_info.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"fedul {command}: error: argument --set: {item!r}: " + last.split(f"{item!r}: ", 1)[1]
+    assert says in last and not out.exists()
+
+
 def test_roles_become_plain_text_or_optional_crossrefs() -> None:
     from fedul_flwr.markup import ROLE, crossrefs, plain
 

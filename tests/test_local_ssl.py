@@ -281,6 +281,32 @@ def test_a_choice_typed_as_a_toml_bool_is_echoed_as_typed(capsys: pytest.Capture
     assert "mixmatch-unlabeled-clients='true' must be one of ('train', 'sit-out')" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("values", "echo"), [
+    ("method='fedpu' client-setting='pu' positive-classes=3", "positive-classes='3'"),
+    ("method='fedul' mixmatch-unlabeled-clients=true", "mixmatch-unlabeled-clients='true'"),
+    ("label-layout=1.5", "label-layout='1.5'"),
+])
+def test_a_number_or_bool_typed_for_a_text_key_is_echoed_as_the_text_the_run_reads(
+    values: str, echo: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """TOML types ``key=3`` and ``key=true``; a text key reads them as ``'3'`` and ``'true'``,
+    and the configuration line and the unread-option warning say so (not ``3`` or ``True``)."""
+    assert fedul(["check", "--run-config", values]) == 0
+    captured = capsys.readouterr()
+    assert echo in captured.out and "True" not in captured.out + captured.err
+    assert all(echo in line for line in captured.err.splitlines() if "does not read it" in line)
+
+
+@pytest.mark.parametrize("value", ["true", "'abc'", "'0'", "'2,x'"])
+def test_a_malformed_positive_classes_is_refused_without_a_federation_size(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its form and classes need no node count: ``fedul check`` refuses them as they are."""
+    assert fedul(["check", "--run-config", f"method='fedpu' client-setting='pu' positive-classes={value}"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: positive-classes='") and "\n" not in err
+
+
 def test_fedul_check_accepts_each_method_in_its_settings(capsys: pytest.CaptureFixture[str]) -> None:
     for method in ("mixmatch", "uda"):
         assert fedul(["check", "--run-config", f"method='{method}' client-setting='labels-at-clients'"]) == 0

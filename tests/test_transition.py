@@ -193,5 +193,5 @@ def test_a_bad_test_prior_is_refused_in_one_line_naming_it_once(capsys: pytest.C
     guessed from the tokens (K is the dataset's)."""
     assert fedul(["check", "--run-config", "test-prior='0.5,abc'"]) == 1
     err = capsys.readouterr().err.strip()
-    assert err.endswith("test-prior '0.5,abc': 'abc' is not a number; use 'uniform' or one probability per class, comma-separated")
+    assert err.endswith("test-prior='0.5,abc': 'abc' is not a number; use 'uniform' or one probability per class, comma-separated")
     assert err.count("test-prior") == 1 and "\n" not in err

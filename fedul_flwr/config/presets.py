@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedul_flwr.config.record import ConfigError
+from fedul_flwr.config.record import ConfigError, coerce_value
 from fedul_flwr.registry import closest
 
 __all__ = ["CONF_DIR", "METHODS_DIR", "PROJECT_DIR", "PYPROJECT", "SERVER_DP", "check_keys", "compose_config",
@@ -156,10 +156,17 @@ def compose_config(
     user = {k: run_config[k] for k in typed if k in run_config}
     preset_name = str(user.get("preset", run_config.get("preset", defaults["preset"])))
     preset = load_preset(preset_name)
-    values = {**defaults, **preset, **user}
+    values = {k: _as_text(k, v) if isinstance(defaults[k], str) else v for k, v in {**defaults, **preset, **user}.items()}
     sources = {k: "user" if k in user else "preset" if k in preset else "default" for k in values}
     server_dp_weights(values, sources)
     return values, sources
+
+
+def _as_text(key: str, value: Any) -> Any:
+    """A number or TOML bool given to a text key, as the text it stands for (``positive-classes=3``
+    is ``'3'``, ``mixmatch-unlabeled-clients=true`` is ``'true'``): every check, warning and
+    echo then sees what the run will read. A list (``test-prior=[...]``) is left as it is."""
+    return coerce_value(key, value, str) if isinstance(value, (bool, int, float)) else value
 
 
 def server_dp_weights(values: dict[str, Any], sources: dict[str, str]) -> bool:

@@ -273,7 +273,7 @@ def parse_test_prior(spec: str | float | Sequence[float] | np.ndarray, num_class
                 values.append(float(tok))
             except ValueError:
                 raise ValueError(
-                    f"test-prior {spec!r}: {tok!r} is not a number; "
+                    f"test-prior={spec!r}: {tok!r} is not a number; "
                     "use 'uniform' or one probability per class, comma-separated"
                 ) from None
     elif isinstance(spec, (int, float, np.floating, np.integer)):
@@ -283,15 +283,15 @@ def parse_test_prior(spec: str | float | Sequence[float] | np.ndarray, num_class
     arr = np.asarray(values, dtype=np.float64)
     if arr.size != num_classes:
         raise ValueError(
-            f"test-prior {spec!r}: expected {num_classes} values (one per class), got {arr.size}"
+            f"test-prior={spec!r}: expected {num_classes} values (one per class), got {arr.size}"
         )
     if not np.all(np.isfinite(arr)):
-        raise ValueError(f"test-prior {spec!r}: entries must be finite")
+        raise ValueError(f"test-prior={spec!r}: entries must be finite")
     if np.any(arr <= 0):
         k = int(np.flatnonzero(arr <= 0)[0])
-        raise ValueError(f"test-prior {spec!r}: entry {k} = {arr[k]:g} must be > 0")
+        raise ValueError(f"test-prior={spec!r}: entry {k} = {arr[k]:g} must be > 0")
     if abs(arr.sum() - 1.0) > 1e-6:
-        raise ValueError(f"test-prior {spec!r}: entries sum to {arr.sum():.8g}, not 1")
+        raise ValueError(f"test-prior={spec!r}: entries sum to {arr.sum():.8g}, not 1")
     return arr / arr.sum()
 
 

@@ -49,13 +49,14 @@ class PositiveSpec:
     explicit: tuple[tuple[int, ...], ...] | None = None
 
 
-def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: str = "positive-classes",
+def parse_positive_classes(text: str, num_clients: int | None, num_classes: int, key: str = "positive-classes",
                            class_names: Sequence[str] | None = None) -> PositiveSpec:  # fmt: skip
     """Parse the ``positive-classes`` setting.
 
     Forms: ``"2"`` (every client has 2 positive classes), ``"2,3,4,6,7,8"`` (the division:
     client k has d_k, one number per client), ``"0,1|2,3|4"`` (the explicit classes of each
-    client, ``|`` between clients).
+    client, ``|`` between clients). ``num_clients=None`` (a federation of unknown size, as
+    ``fedul check`` without ``num-supernodes``) checks the form and the classes alone.
 
     Raises
     ------
@@ -68,8 +69,8 @@ def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: s
     text = str(text).strip().strip("[]")
     try:
         if "|" in text:
-            sets = tuple(tuple(int(c) for c in part.split(",") if c.strip()) for part in text.split("|"))
-            if len(sets) != num_clients:
+            sets = tuple(_whole_numbers(part) for part in text.split("|"))
+            if num_clients is not None and len(sets) != num_clients:
                 raise ValueError(f"{len(sets)} sets for {num_clients} clients")
             for k, classes in enumerate(sets):
                 bad = [c for c in classes if not 0 <= c < num_classes]
@@ -79,19 +80,31 @@ def parse_positive_classes(text: str, num_clients: int, num_classes: int, key: s
             if missing:
                 raise ValueError(f"no client labels class(es) {named_classes(missing, class_names)}: the positive sets must cover every class")
             return PositiveSpec(explicit=sets)
-        counts = tuple(int(c) for c in text.split(",") if c.strip())
-        if len(counts) == 1:
+        counts = _whole_numbers(text)
+        if not counts:
+            raise ValueError("no count given")
+        if len(counts) == 1 and num_clients is not None:
             counts = counts * num_clients
-        if len(counts) != num_clients:
+        if num_clients is not None and len(counts) != num_clients:
             raise ValueError(f"a division of {len(counts)} numbers for {num_clients} clients")
         bad = sorted({c for c in counts if not 1 <= c <= num_classes})
         if bad:
             raise ValueError(f"counts {bad} outside [1, {num_classes}]")
-        if sum(counts) < num_classes:
+        if sum(counts) < num_classes and (num_clients is not None or len(counts) > 1):
             raise ValueError(f"the division sums to {sum(counts)} < {num_classes} classes: some class is never labeled")
         return PositiveSpec(division=counts)
     except ValueError as exc:
         raise ValueError(f"{key}={text!r}: {exc}") from None
+
+
+def _whole_numbers(text: str) -> tuple[int, ...]:
+    """``"2,3"`` -> ``(2, 3)``; a token that is not a whole number raises ``ValueError`` naming it."""
+    tokens = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [t for t in tokens if not t.lstrip("+-").isdigit()]
+    if bad:
+        raise ValueError(f"{bad[0]!r} is not a whole number; give a count ('2'), one count per client ('2,3,4') "
+                         "or each client's classes ('0,1|2,3')")
+    return tuple(int(t) for t in tokens)
 
 
 def assign_positive_classes(spec: PositiveSpec, class_counts: Sequence[np.ndarray],

@@ -3,7 +3,8 @@
 ``--seeds 0,1``, ``--data-dir``, ``--out``, ``--set [COLUMN:]KEY=VALUE`` (repeatable),
 ``--jobs``, ``--threads``, ``--clean [--yes]`` and ``--stop-after MINUTES``
 (:func:`add_common_arguments`), with their parsers (:func:`parse_seeds`,
-:func:`parse_overrides`); a bad value is refused in one line naming the flag and the value.
+:func:`parse_set_item`, :func:`parse_overrides`); a bad value is refused in one line naming the
+flag and the value (argparse's ``PROG: error: argument --set: ...``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from fedul_flwr.config import ConfigError, check_keys, coerce_value, default_config
 from fedul_flwr.store import remove_tree, set_aside_folders
 
-__all__ = ["add_common_arguments", "clean", "parse_overrides", "parse_seeds"]
+__all__ = ["SetItem", "add_common_arguments", "clean", "parse_overrides", "parse_seeds", "parse_set_item"]
 
 
 def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str = "comma list of seeds",
@@ -30,7 +31,8 @@ def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str =
                    help="torchvision root of the non-embedded datasets (made absolute)")  # fmt: skip
     p.add_argument("--out", default=out, help="results folder: records/, runs/ (each with its flower.log), tables")
     scoped = ("[COLUMN:]KEY=VALUE", ", or with COLUMN: for that column's runs only") if column_set else ("KEY=VALUE", "")
-    p.add_argument("--set", action="append", default=[], metavar=scoped[0], help="run-config value for every run" + scoped[1])
+    p.add_argument("--set", action="append", default=[], metavar=scoped[0], type=_SetParser(column_set),
+                   help="run-config value for every run" + scoped[1])  # fmt: skip
     p.add_argument("--jobs", type=int, default=1, help="runs at once (worker processes)")
     p.add_argument("--threads", type=int, default=0, help="torch threads per run; 0: the machine's cores // jobs")
     p.add_argument("--clean", action="store_true",
@@ -92,28 +94,73 @@ def parse_seeds(text: str) -> tuple[int, ...]:
         raise SystemExit(f"--seeds {text!r}: expected a comma list of integers, e.g. 0,1,2") from None
 
 
-def parse_overrides(items: Sequence[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """``--set`` values: ``key=value`` (every run) and ``column:key=value`` (one column's
-    runs), typed like the key's default.
+class SetItem(NamedTuple):
+    """One ``--set`` value: ``column`` ("" for every run), the run-config ``key``, and its
+    ``value`` typed like the key's default."""
+
+    column: str
+    key: str
+    value: Any
+
+
+class _SetParser:
+    """The ``type=`` of ``--set``: :func:`parse_set_item` with the command's ``column_set``,
+    its refusal raised as argparse's (``PROG: error: argument --set: ...``, exit status 2)."""
+
+    def __init__(self, column_set: bool) -> None:
+        self.column_set = column_set
+        self.__name__ = "--set"  # argparse names a failing type by it
+
+    def __call__(self, text: str) -> SetItem:
+        try:
+            return parse_set_item(text, self.column_set)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def parse_set_item(item: str, column_set: bool = True) -> SetItem:
+    """One ``--set`` value: ``key=value`` (every run) or, where ``column_set``,
+    ``column:key=value`` (one column's runs), typed like the key's default.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``item``: no ``=``, an empty key, a column where the command takes none, a key
+        that ``[tool.flwr.app.config]`` lacks (with the closest one) or a value the key refuses.
+    """
+    form = "[column:]key=value" if column_set else "key=value"
+    head, sep, text = item.partition("=")
+    column, _, key = head.rpartition(":")
+    if not sep:
+        raise ConfigError(f"{item!r}: expected {form} with a key of [tool.flwr.app.config]")
+    if not key.strip():
+        raise ConfigError(f"{item!r}: the key before '=' is empty; expected {form}")
+    if column and not column_set:
+        raise ConfigError(f"{item!r}: this command takes key=value, without a column")
+    try:
+        check_keys([key])  # an unknown key: named with the closest valid one
+        return SetItem(column, key, coerce_value(key, text, type(default_config()[key])))
+    except ConfigError as exc:
+        raise ConfigError(f"{item!r}: {exc}") from None
+
+
+def parse_overrides(items: Sequence[str | SetItem]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """``--set`` values as ``(every run's, {column: that column's})``; text items are parsed by
+    :func:`parse_set_item` (the parsed ones come from ``--set``'s own ``type=``).
 
     Raises
     ------
     SystemExit
-        On a malformed item or a key that ``[tool.flwr.app.config]`` lacks.
+        On a malformed text item (the message begins ``--set 'ITEM':``).
     """
 
-    defaults = default_config()
     common: dict[str, Any] = {}
     targeted: dict[str, dict[str, Any]] = {}
     for item in items:
-        target, _, assignment = item.rpartition(":") if ":" in item.split("=", 1)[0] else ("", "", item)
-        key, sep, text = assignment.partition("=")
-        if not sep:
-            raise SystemExit(f"--set {item!r}: expected [column:]key=value with a key of [tool.flwr.app.config]")
-        try:
-            check_keys([key])  # an unknown key: named with the closest valid one
-            value = coerce_value(key, text, type(defaults[key]))
-        except ConfigError as exc:
-            raise SystemExit(f"--set {item!r}: {exc}") from None
-        (targeted.setdefault(target, {}) if target else common)[key] = value
+        if isinstance(item, str):
+            try:
+                item = parse_set_item(item)
+            except ConfigError as exc:
+                raise SystemExit(f"--set {exc}") from None
+        (targeted.setdefault(item.column, {}) if item.column else common)[item.key] = item.value
     return common, targeted
