@@ -6,7 +6,7 @@ joined by `` / ``, % test error (or % accuracy, the grid's ``unit``), mean (std;
 ascending order) when there are several seeds; ``gap`` = headline - reference column where the
 grid's ``page: gap`` names two columns it shows. Plots: ``<out>/<profile>/plots/<grid>-<row>-<sub>.png``,
 test accuracy per round of every column (mean over seeds). Two errors are never mixed:
-``last`` (the final model; no labels used) and ``best-val`` (the round with the lowest error on
+``last`` (the final model: no round chosen by labels) and ``best-val`` (the round with the lowest error on
 the labeled validation split: that model selection uses labels).
 """
 
@@ -255,7 +255,7 @@ def render(grid: Grid | str, profile_name: str, specs: Sequence[RunSpec], record
     ]
     if grid.gpu and len(records) < len(specs):
         text += _section("plan", "Not run here: the command and the GPU time", gpu_plan(grid, profile_name, specs, records))
-    text += _section("last", f"Last-round test {unit}" + ("" if grid.accuracy else " (no labels used)"),
+    text += _section("last", f"Last-round test {unit}" + ("" if grid.accuracy else " (the final model: no round chosen by labels)"),
                      render_table(grid, specs, records, "last-test-error"))  # fmt: skip
     windowed = bool(grid.page.get("windows"))  # single rounds swing by points on non-IID splits
     if windowed:
