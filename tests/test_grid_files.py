@@ -307,3 +307,25 @@ def test_hassle_sweep_changes_one_factor_from_the_preset_at_ten_percent(tmp_path
     table = page[page.index("HASSLE's pseudo-labels (Eq. 11)"):page.index("<!-- --8<-- [end:diagnostics] -->")]
     assert ["warm-up 10 rounds", "HASSLE", "50.0", "50.0", "50.0"] in table_rows(table)  # accuracy at rounds 1, 5, 10
     assert ["preset", "HASSLE", "100.0", "100.0", "100.0"] in table_rows(table)  # two classes hold them all
+
+
+def test_a_page_lists_its_runs_without_a_record_with_their_cost_from_the_recorded_runs_rate() -> None:
+    """The "Not run yet" section: each column's missing cells, estimated from the median seconds
+    per round of that column's recorded runs; a column with none recorded has no estimate."""
+    from fedul_flwr.experiments.render import missing_plan, seconds_per_round
+
+    grid = grids.load_grid("hassle-baselines")
+    specs = reproduce.grid_runs(grid, _args("hassle-baselines", "cpu"), (0, 1))
+    records_dir = REPO / "docs" / "reproduce" / "cpu" / "records"
+    kept = [s for s in specs if s.column == "RSCFed" and s.seed == 0]
+    records = [json.loads((records_dir / f"{s.run_id}.json").read_text()) for s in kept]
+    text = missing_plan(grid, "cpu", specs, records)
+    rate = seconds_per_round(records[0])
+    rounds = int(records[0]["config"]["num-rounds"])
+    rscfed = next(line for line in text.splitlines() if line.startswith("| RSCFed "))
+    assert [c.strip() for c in rscfed.strip("|").split("|")] == ["RSCFed", "1", "Fashion-MNIST 10% s1", f"{rate:.1f}",
+                                                                 f"{rate * rounds / 3600:.1f}"]  # fmt: skip
+    fedmatch = next(line for line in text.splitlines() if line.startswith("| FedMatch "))
+    assert "Fashion-MNIST 10% s0,1" in fedmatch and "- (no run yet)" in fedmatch
+    assert f"{len(specs) - 1} runs, about {rate * rounds / 3600:.1f} hours" in text
+    assert "fedul reproduce --grid hassle-baselines --profile cpu" in text

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fedul_flwr.config import load_preset
+from fedul_flwr.config import default_config, load_preset
 from fedul_flwr.experiments.feddb_diagnostics import render_diagnostics
 from fedul_flwr.experiments.grids import Grid, GridError, load_grid
 from fedul_flwr.experiments.round_windows import format_seeds, missing_seeds, render_windows
@@ -26,7 +26,7 @@ from fedul_flwr.experiments.records import RunSpec
 from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.store import write_atomic
 
-__all__ = ["TAIL_ROUNDS", "as_grid", "gpu_plan", "plot_curves", "record_value", "render", "render_table",
+__all__ = ["TAIL_ROUNDS", "as_grid", "gpu_plan", "missing_plan", "plot_curves", "record_value", "render", "render_table",
            "seconds_per_round", "total_run_time"]  # fmt: skip
 
 TAIL_ROUNDS = 10
@@ -194,6 +194,48 @@ def gpu_plan(grid: Grid, profile: str, specs: Sequence[RunSpec], records: Sequen
             f"--out docs/reproduce\n```")  # fmt: skip
 
 
+def missing_plan(grid: Grid, profile: str, specs: Sequence[RunSpec], records: Sequence[Mapping[str, Any]]) -> str:
+    """The results page's note on a grid's runs without a record (not run yet, stopped, or
+    failed): per column, the cells and seeds missing and their cost at the median seconds per
+    round of the column's recorded runs on this page (:func:`seconds_per_round`; the threads
+    and device those runs had), and the command that runs them. A column with no recorded run
+    has no estimate."""
+    done = {r["run-id"] for r in records}
+    column_of = {spec.run_id: spec.column for spec in specs}
+    preset_rounds = int({**default_config(), **load_preset(grid.for_profile(profile)[0])}["num-rounds"])
+    by_column: dict[str, list[RunSpec]] = defaultdict(list)
+    for spec in specs:
+        if spec.run_id not in done:
+            by_column[spec.column].append(spec)
+    rows, total, unknown = [], 0.0, 0
+    for column in [c for c in dict.fromkeys(spec.column for spec in specs) if c in by_column]:  # the grid's order
+        missing = by_column[column]
+        rates = [rate for r in records if r["run-id"] in column_of and column_of[r["run-id"]] == column
+                 and (rate := seconds_per_round(r)) is not None]  # fmt: skip
+        cells = "; ".join(f"{row}{'' if sub == '*' else ' ' + sub} s"
+                          + ",".join(str(s.seed) for s in missing if (s.row, s.sub) == (row, sub))
+                          for row, sub in dict.fromkeys((s.row, s.sub) for s in missing))  # fmt: skip
+        rounds = [int(s.overrides.get("num-rounds", preset_rounds)) for s in missing]
+        if rates:
+            rate = statistics.median(rates)
+            hours = rate * sum(rounds) / 3600
+            total += hours
+            rows.append([column, len(missing), cells, f"{rate:.1f}", f"{hours:.1f}"])
+        else:
+            unknown += len(missing)
+            rows.append([column, len(missing), cells, "- (no run yet)", "-"])
+    head = ["column", "runs", "rows (sub-columns) and seeds", "s per round (median of its recorded runs)", "hours at that rate"]
+    seeds = ",".join(str(s) for s in dict.fromkeys(spec.seed for spec in specs))
+    cost = (f", about {total:.1f} hours at the rates above, one run after another, on the threads and device of the "
+            "recorded runs (Wall time per run)" if total else "")  # fmt: skip
+    if unknown:
+        cost += (f"; {unknown} of them are in columns with no recorded run and not counted" if total
+                 else ", in columns with no recorded run to estimate their cost from")  # fmt: skip
+    return (markdown_table(head, rows) + f"\n\n{sum(map(len, by_column.values()))} runs{cost}. Run them (seeds {seeds}; a "
+            f"stopped run continues from its last checkpoint) with:\n\n```bash\nfedul reproduce --grid {grid.name} "
+            f"--profile {profile} --data-dir /path/to/torchvision-root --out docs/reproduce\n```")  # fmt: skip
+
+
 def _section(name: str, title: str, body: str) -> list[str]:
     """A results-page section between snippet markers, so the docs include it by name
     (``--8<-- "<page>:<name>"``) instead of retyping it."""
@@ -234,7 +276,7 @@ def render(grid: Grid | str, profile_name: str, specs: Sequence[RunSpec], record
     """Write ``results-<grid>.md`` (the tables, settings, wall time) and the plots.
 
     Each table sits between named snippet markers (``plan``, ``last``, ``tail``, ``best``,
-    ``best-val``, ``windows``, ``diagnostics``, ``failed``, ``wall-time``), which the docs
+    ``best-val``, ``windows``, ``diagnostics``, ``failed``, ``missing``, ``wall-time``), which the docs
     include with ``--8<-- "docs/reproduce/<profile>/results-<grid>.md:<name>"``. ``failures``:
     the failure records of runs without a record
     (:func:`~fedul_flwr.experiments.records.load_failures`), listed with their error and the
@@ -284,6 +326,9 @@ def render(grid: Grid | str, profile_name: str, specs: Sequence[RunSpec], record
                 for f in failures]  # fmt: skip
         text += _section("failed", "Failed runs (no cell; the run folder keeps the log)",
                          markdown_table(["run", "last completed round", "error"], rows))  # fmt: skip
+    if not grid.gpu and len(records) < len(specs):
+        text += _section("missing", "Not run yet: the runs without a record, their cost and the command",
+                         missing_plan(grid, profile_name, specs, records))  # fmt: skip
     if records:
         text += _section("wall-time", "Wall time per run", _wall_times(records))
     plots = plot_curves(grid, records, out_dir / "plots") if records else []
