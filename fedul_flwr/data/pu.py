@@ -100,7 +100,7 @@ def parse_positive_classes(text: str, num_clients: int | None, num_classes: int,
 def _whole_numbers(text: str) -> tuple[int, ...]:
     """``"2,3"`` -> ``(2, 3)``; a token that is not a whole number raises ``ValueError`` naming it."""
     tokens = [t.strip() for t in text.split(",") if t.strip()]
-    bad = [t for t in tokens if not t.lstrip("+-").isdigit()]
+    bad = [t for t in tokens if not t.lstrip("+-").isdecimal()]
     if bad:
         raise ValueError(f"{bad[0]!r} is not a whole number; give a count ('2'), one count per client ('2,3,4') "
                          "or each client's classes ('0,1|2,3')")
