@@ -85,6 +85,8 @@ def test_help_offers_a_column_scoped_set_only_where_the_command_accepts_it(
     ("compare", "fedprox:lr", "expected [column:]key=value with a key of"),
     ("compare", "=1", "the key before '=' is empty"),
     ("reproduce", "lrr=1", "unknown run-config key(s) 'lrr' (did you mean 'lr'?)"),
+    ("compare", ":lr=0.1", "the column before ':' is empty"),
+    ("reproduce", "lr=true", "lr='true' is not a valid float"),
 ])
 def test_a_bad_set_is_refused_by_the_parser_in_the_form_its_help_offers(
     command: str, item: str, says: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -120,4 +122,17 @@ def test_stop_after_takes_a_positive_number_of_minutes(value: str, tmp_path: Pat
         cli.main(["reproduce", "--grid", "smoke", "--out", str(out), "--stop-after", value])
     assert exit_info.value.code == 2
     assert f"--stop-after: {value!r}: expected a positive number of minutes" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--jobs", "0"), ("--jobs", "-1"), ("--threads", "-1"), ("--jobs", "two")])
+def test_jobs_and_threads_below_their_least_are_flag_errors(flag: str, value: str, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """``--jobs`` >= 1 and ``--threads`` >= 0 (0: the machine's cores // jobs), refused by the
+    parser before any run folder or failure record exists."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["reproduce", "--grid", "smoke", "--out", str(out), flag, value])
+    assert exit_info.value.code == 2
+    assert f"argument {flag}: {value!r}: expected a whole number >= " in capsys.readouterr().err
     assert not out.exists()

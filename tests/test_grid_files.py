@@ -328,4 +328,4 @@ def test_a_page_lists_its_runs_without_a_record_with_their_cost_from_the_recorde
     fedmatch = next(line for line in text.splitlines() if line.startswith("| FedMatch "))
     assert "Fashion-MNIST 10% s0,1" in fedmatch and "- (no run yet)" in fedmatch
     assert f"{len(specs) - 1} runs, about {rate * rounds / 3600:.1f} hours" in text
-    assert "fedul reproduce --grid hassle-baselines --profile cpu" in text
+    assert "fedul reproduce --grid hassle-baselines --profile cpu --seeds 0,1 " in text

@@ -297,6 +297,16 @@ def test_a_number_or_bool_typed_for_a_text_key_is_echoed_as_the_text_the_run_rea
     assert all(echo in line for line in captured.err.splitlines() if "does not read it" in line)
 
 
+@pytest.mark.parametrize(("values", "says"), [("lr=true", "lr=true is not a valid float"),
+                                              ("lr=false", "lr=false is not a valid float"),
+                                              ("seed=true", "seed=true is not a valid int")])
+def test_a_toml_bool_is_no_number(values: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``float(True)`` is 1.0: without this refusal ``lr=true`` trained at lr 1.0 and ``lr=false``
+    was refused as ``lr=0.0``, a value nobody typed."""
+    assert fedul(["check", "--run-config", values]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {says}"
+
+
 @pytest.mark.parametrize("value", ["true", "'abc'", "'0'", "'2,x'"])
 def test_a_malformed_positive_classes_is_refused_without_a_federation_size(
     value: str, capsys: pytest.CaptureFixture[str]

@@ -156,17 +156,27 @@ def compose_config(
     user = {k: run_config[k] for k in typed if k in run_config}
     preset_name = str(user.get("preset", run_config.get("preset", defaults["preset"])))
     preset = load_preset(preset_name)
-    values = {k: _as_text(k, v) if isinstance(defaults[k], str) else v for k, v in {**defaults, **preset, **user}.items()}
+    values = {k: _typed(k, v, defaults[k]) for k, v in {**defaults, **preset, **user}.items()}
     sources = {k: "user" if k in user else "preset" if k in preset else "default" for k in values}
     server_dp_weights(values, sources)
     return values, sources
 
 
-def _as_text(key: str, value: Any) -> Any:
-    """A number or TOML bool given to a text key, as the text it stands for (``positive-classes=3``
-    is ``'3'``, ``mixmatch-unlabeled-clients=true`` is ``'true'``): every check, warning and
-    echo then sees what the run will read. A list (``test-prior=[...]``) is left as it is."""
-    return coerce_value(key, value, str) if isinstance(value, (bool, int, float)) else value
+def _typed(key: str, value: Any, default: Any) -> Any:
+    """``value`` typed like the key's default (:func:`~fedul_flwr.config.record.coerce_value`),
+    so every check, warning and echo sees what the run will read: ``positive-classes=3`` is
+    ``'3'``, ``mixmatch-unlabeled-clients=true`` is ``'true'``, ``lr=1`` is ``1.0``, and
+    ``lr=true`` is refused. A list for a text key (``test-prior=[...]``) and ``num-sets`` (a
+    number or a comma list) are left to their own parsers.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key and the value, as :func:`~fedul_flwr.config.record.coerce_value`.
+    """
+    if key == "num-sets" or (isinstance(default, str) and not isinstance(value, (bool, int, float))):
+        return value
+    return coerce_value(key, value, type(default))
 
 
 def server_dp_weights(values: dict[str, Any], sources: dict[str, str]) -> bool:

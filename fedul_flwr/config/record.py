@@ -206,15 +206,19 @@ def parse_positive_ints(key: str, value: Any, allow_empty: bool = False) -> tupl
 
 def coerce_value(key: str, value: Any, kind: type) -> Any:
     """``value`` as ``kind`` (bool / int / float / str; ``"true"`` / ``"false"`` for bool, and a
-    bool given to a str key becomes that text: ``--run-config`` parses ``key=true`` as TOML).
+    bool given to a str key becomes that text: ``--run-config`` parses ``key=true`` as TOML; a
+    bool is never an int or a float).
 
     Raises
     ------
     ConfigError
-        Naming ``key`` and ``value`` when it is not a valid ``kind``, or is a float that is
-        not finite (NaN or infinite: no key means anything by them).
+        Naming ``key`` and ``value`` (a bool as ``true`` / ``false``) when it is not a valid
+        ``kind`` (a bool for an int or float key among them), or is a float that is not finite (NaN or infinite: no key means anything by them).
     """
+    shown = ("true" if value else "false") if isinstance(value, bool) else repr(value)  # as TOML wrote it
     try:
+        if kind in (int, float) and isinstance(value, bool):  # float(True) is 1.0: never a number the user meant
+            raise ValueError
         if kind is bool:
             if isinstance(value, str):
                 if value.lower() not in ("true", "false"):
@@ -222,7 +226,7 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
                 return value.lower() == "true"
             return bool(value)
         if kind is int:
-            if isinstance(value, bool) or float(value) != int(value):
+            if float(value) != int(value):
                 raise ValueError
             return int(value)
         if kind is float:
@@ -232,7 +236,7 @@ def coerce_value(key: str, value: Any, kind: type) -> Any:
         else:
             return str(value)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise ConfigError(f"{key}={value!r} is not a valid {kind.__name__}") from exc
+        raise ConfigError(f"{key}={shown} is not a valid {kind.__name__}") from exc
     if not math.isfinite(number):
         raise ConfigError(f"{key}={value!r} is not a finite number")
     return number

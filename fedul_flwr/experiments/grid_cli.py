@@ -10,7 +10,7 @@ flag and the value (argparse's ``PROG: error: argument --set: ...``).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -33,8 +33,8 @@ def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str =
     scoped = ("[COLUMN:]KEY=VALUE", ", or with COLUMN: for that column's runs only") if column_set else ("KEY=VALUE", "")
     p.add_argument("--set", action="append", default=[], metavar=scoped[0], type=_SetParser(column_set),
                    help="run-config value for every run" + scoped[1])  # fmt: skip
-    p.add_argument("--jobs", type=int, default=1, help="runs at once (worker processes)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads per run; 0: the machine's cores // jobs")
+    p.add_argument("--jobs", type=_count(1), default=1, help="runs at once (worker processes)")
+    p.add_argument("--threads", type=_count(0), default=0, help="torch threads per run; 0: the machine's cores // jobs")
     p.add_argument("--clean", action="store_true",
                    help="list the set-aside run folders (earlier attempts that could not be continued) and exit")
     p.add_argument("--yes", action="store_true", help="with --clean: remove them")
@@ -67,6 +67,21 @@ def clean(runs_dir: Path, remove: bool) -> int:
     else:
         print(f"{len(folders)} set-aside run folder(s), {total / 2**20:.1f} MiB: add --yes to remove them")
     return 0
+
+
+def _count(least: int) -> Callable[[str], int]:
+    """The ``type=`` of a whole-number flag of at least ``least`` (``--jobs`` 1, ``--threads`` 0)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number >= {least}")
+        return value
+
+    return parse
 
 
 def _minutes(text: str) -> float:
@@ -125,7 +140,7 @@ def parse_set_item(item: str, column_set: bool = True) -> SetItem:
     Raises
     ------
     ConfigError
-        Naming ``item``: no ``=``, an empty key, a column where the command takes none, a key
+        Naming ``item``: no ``=``, an empty key or column, a column where the command takes none, a key
         that ``[tool.flwr.app.config]`` lacks (with the closest one) or a value the key refuses.
     """
     form = "[column:]key=value" if column_set else "key=value"
@@ -135,6 +150,8 @@ def parse_set_item(item: str, column_set: bool = True) -> SetItem:
         raise ConfigError(f"{item!r}: expected {form} with a key of [tool.flwr.app.config]")
     if not key.strip():
         raise ConfigError(f"{item!r}: the key before '=' is empty; expected {form}")
+    if ":" in head and not column.strip():
+        raise ConfigError(f"{item!r}: the column before ':' is empty; expected {form}")
     if column and not column_set:
         raise ConfigError(f"{item!r}: this command takes key=value, without a column")
     try:

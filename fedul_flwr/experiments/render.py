@@ -225,15 +225,19 @@ def missing_plan(grid: Grid, profile: str, specs: Sequence[RunSpec], records: Se
             unknown += len(missing)
             rows.append([column, len(missing), cells, "- (no run yet)", "-"])
     head = ["column", "runs", "rows (sub-columns) and seeds", "s per round (median of its recorded runs)", "hours at that rate"]
-    seeds = ",".join(str(s) for s in dict.fromkeys(spec.seed for spec in specs))
+    seeds = ",".join(str(seed) for seed in sorted({spec.seed for runs in by_column.values() for spec in runs}))
     cost = (f", about {total:.1f} hours at the rates above, one run after another, on the threads and device of the "
             "recorded runs (Wall time per run)" if total else "")  # fmt: skip
     if unknown:
         cost += (f"; {unknown} of them are in columns with no recorded run and not counted" if total
                  else ", in columns with no recorded run to estimate their cost from")  # fmt: skip
-    return (markdown_table(head, rows) + f"\n\n{sum(map(len, by_column.values()))} runs{cost}. Run them (seeds {seeds}; a "
-            f"stopped run continues from its last checkpoint) with:\n\n```bash\nfedul reproduce --grid {grid.name} "
-            f"--profile {profile} --data-dir /path/to/torchvision-root --out docs/reproduce\n```")  # fmt: skip
+    return (markdown_table(head, rows) + f"\n\n{sum(map(len, by_column.values()))} runs{cost}. Run them with the "
+            f"command below (OUT: the folder that holds this page's `{profile}/` folder; `--data-dir` only for datasets "
+            "that are not embedded). A stopped run continues from its checkpoint; the runner trains only the runs "
+            "without a record, and refuses, naming them, settings that differ from those the page's records were "
+            "made with (give those with `--set`):\n\n"
+            f"```bash\nfedul reproduce --grid {grid.name} --profile {profile} --seeds {seeds} "
+            "--data-dir /path/to/torchvision-root --out OUT\n```")  # fmt: skip
 
 
 def _section(name: str, title: str, body: str) -> list[str]:
