@@ -136,3 +136,16 @@ def test_jobs_and_threads_below_their_least_are_flag_errors(flag: str, value: st
     assert exit_info.value.code == 2
     assert f"argument {flag}: {value!r}: expected a whole number >= " in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_a_refused_set_value_is_blamed_on_the_set_and_listed_with_the_runs(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """``--set num-rounds=0`` is the user's value, not the grid file's: the refusal begins with
+    it; ``--list`` shows each run's settings with the ``--set`` values applied."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit, match=r"^--set num-rounds=0: row 'MNIST-sample IID', .*num-rounds=0 must be >= 1$"):
+        cli.main(["reproduce", "--grid", "smoke", "--out", str(out), "--set", "num-rounds=0"])
+    assert not out.exists()
+    assert cli.main(["reproduce", "--grid", "smoke", "--list", "--set", "num-rounds=1"]) == 0
+    listed = [line for line in capsys.readouterr().out.splitlines() if "clients {" in line]
+    assert listed and all('"num-rounds": 1' in line for line in listed)

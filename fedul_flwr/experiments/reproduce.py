@@ -32,8 +32,9 @@ import fnmatch
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from fedul_flwr.experiments.grid_cli import add_common_arguments, clean, parse_overrides, parse_seeds
 from fedul_flwr.experiments.grids import Grid, GridError, load_grid, named_grids
@@ -114,12 +115,13 @@ def grid_runs(grid: Grid, args: argparse.Namespace, seeds: Sequence[int]) -> lis
     return [spec for spec in specs if spec.sub in args.subs.split(",")] if args.subs else specs
 
 
-def _check_runs(grid: Grid, runs: Sequence[tuple[RunSpec, dict]]) -> None:
+def _check_runs(grid: Grid, runs: Sequence[tuple[RunSpec, dict]], typed: Mapping[str, Any] | None = None) -> None:
     """Refuse the grid before any run starts (nothing written) if a run's settings do not pass
     the checks ``fedul check --federation-config "num-supernodes=<clients>"`` makes
     (:func:`~fedul_flwr.preflight.resolve_config`, :func:`~fedul_flwr.preflight.check_simulation`,
     the node counts and the federation size): one line naming the grid's file, the run's row,
-    column and sub-column, and the key."""
+    column and sub-column, and the key; where the refused key was given by ``--set``
+    (``typed``), the line begins with that ``--set`` value, not the grid's file."""
     for spec, rc in runs:
         try:
             cfg = resolve_config(rc)
@@ -130,7 +132,10 @@ def _check_runs(grid: Grid, runs: Sequence[tuple[RunSpec, dict]]) -> None:
             check_federation_size(cfg, spec.clients)
         except ValueError as exc:
             where = f"row {spec.row!r}, column {spec.column!r}" + (f", sub {spec.sub!r}" if spec.sub != "*" else "")
-            raise SystemExit(f"{grid.path or grid.name}: {where}: {' '.join(str(exc).split())}") from None
+            message = " ".join(str(exc).split())
+            given = [f"--set {k}={v}" for k, v in (typed or {}).items() if message.startswith(f"{k}=")]
+            source = given[0] if given else str(grid.path or grid.name)
+            raise SystemExit(f"{source}: {where}: {message}") from None
 
 
 def _check_run_ids(grid: Grid, specs: Sequence[RunSpec]) -> None:
@@ -177,13 +182,13 @@ def run(args: argparse.Namespace) -> int:
         return clean(out_dir / "runs", args.yes)
     if args.list:
         for spec in selected:
-            print(spec.run_id, spec.clients, "clients", json.dumps(spec.overrides))
+            print(spec.run_id, spec.clients, "clients", json.dumps({**spec.overrides, **common}))  # --set wins
         print(f"{len(selected)} runs")
         return 0
     result = None
     if not args.render_only:
         runs = [(spec, run_config_of(spec, profile, args.data_dir, out_dir, common)) for spec in selected]
-        _check_runs(grid, runs)
+        _check_runs(grid, runs, common)
         result = run_cells(runs, out_dir / "records", jobs=args.jobs, threads=args.threads, name=grid.name,
                            stop_after=args.stop_after, started=getattr(args, "started", None))  # fmt: skip
     records = load_records(specs, out_dir / "records")
