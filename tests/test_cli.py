@@ -125,14 +125,19 @@ def test_stop_after_takes_a_positive_number_of_minutes(value: str, tmp_path: Pat
     assert not out.exists()
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--jobs", "0"), ("--jobs", "-1"), ("--threads", "-1"), ("--jobs", "two")])
-def test_jobs_and_threads_below_their_least_are_flag_errors(flag: str, value: str, tmp_path: Path,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
-    """``--jobs`` >= 1 and ``--threads`` >= 0 (0: the machine's cores // jobs), refused by the
-    parser before any run folder or failure record exists."""
+@pytest.mark.parametrize(("command", "flag", "value"), [
+    ("reproduce", "--jobs", "0"), ("reproduce", "--jobs", "-1"), ("reproduce", "--threads", "-1"),
+    ("reproduce", "--jobs", "two"), ("compare", "--rounds", "0"), ("compare", "--clients", "0"),
+])
+def test_counts_below_their_least_are_flag_errors(command: str, flag: str, value: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """``--jobs`` >= 1 and ``--threads`` >= 0 (0: the machine's cores // jobs), ``fedul compare``'s
+    ``--rounds`` and ``--clients`` >= 1: refused by the parser, naming the flag (not a run-config
+    key the user never typed), before any run folder or failure record exists."""
     out = tmp_path / "out"
+    grid = ["--grid", "smoke"] if command == "reproduce" else ["--strategies", "fedavg"]
     with pytest.raises(SystemExit) as exit_info:
-        cli.main(["reproduce", "--grid", "smoke", "--out", str(out), flag, value])
+        cli.main([command, *grid, "--out", str(out), flag, value])
     assert exit_info.value.code == 2
     assert f"argument {flag}: {value!r}: expected a whole number >= " in capsys.readouterr().err
     assert not out.exists()

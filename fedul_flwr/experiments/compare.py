@@ -48,6 +48,7 @@ from fedul_flwr.experiments.runner import (
     parse_seeds,
     run_cells,
 )
+from fedul_flwr.experiments.grid_cli import whole_number
 from fedul_flwr.experiments.tables import markdown_table
 from fedul_flwr.store import write_atomic
 from fedul_flwr.strategies import STRATEGIES
@@ -116,8 +117,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=STRATEGIES.names(),
                    metavar="STRATEGY", help=f"of {', '.join(STRATEGIES.names())}")  # fmt: skip
     p.add_argument("--dataset", default=BASE_SETTINGS["dataset"], choices=DATASETS.names())
-    p.add_argument("--rounds", type=int, default=20, help="rounds per run")
-    p.add_argument("--clients", type=int, default=5, help="simulated clients per run")
+    p.add_argument("--rounds", type=whole_number(1), default=20, help="rounds per run")
+    p.add_argument("--clients", type=whole_number(1), default=5, help="simulated clients per run")
     add_common_arguments(p, out="outputs/strategies", seeds_help="comma list of seeds", column_set=True)
 
 

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from fedul_flwr.config import ConfigError, check_keys, coerce_value, default_config
 from fedul_flwr.store import remove_tree, set_aside_folders
 
-__all__ = ["SetItem", "add_common_arguments", "clean", "parse_overrides", "parse_seeds", "parse_set_item"]
+__all__ = ["SetItem", "add_common_arguments", "clean", "parse_overrides", "parse_seeds", "parse_set_item", "whole_number"]
 
 
 def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str = "comma list of seeds",
@@ -33,8 +33,8 @@ def add_common_arguments(p: argparse.ArgumentParser, out: str, seeds_help: str =
     scoped = ("[COLUMN:]KEY=VALUE", ", or with COLUMN: for that column's runs only") if column_set else ("KEY=VALUE", "")
     p.add_argument("--set", action="append", default=[], metavar=scoped[0], type=_SetParser(column_set),
                    help="run-config value for every run" + scoped[1])  # fmt: skip
-    p.add_argument("--jobs", type=_count(1), default=1, help="runs at once (worker processes)")
-    p.add_argument("--threads", type=_count(0), default=0, help="torch threads per run; 0: the machine's cores // jobs")
+    p.add_argument("--jobs", type=whole_number(1), default=1, help="runs at once (worker processes)")
+    p.add_argument("--threads", type=whole_number(0), default=0, help="torch threads per run; 0: the machine's cores // jobs")
     p.add_argument("--clean", action="store_true",
                    help="list the set-aside run folders (earlier attempts that could not be continued) and exit")
     p.add_argument("--yes", action="store_true", help="with --clean: remove them")
@@ -69,8 +69,9 @@ def clean(runs_dir: Path, remove: bool) -> int:
     return 0
 
 
-def _count(least: int) -> Callable[[str], int]:
-    """The ``type=`` of a whole-number flag of at least ``least`` (``--jobs`` 1, ``--threads`` 0)."""
+def whole_number(least: int) -> Callable[[str], int]:
+    """The ``type=`` of a whole-number flag of at least ``least`` (``--jobs`` 1, ``--threads`` 0,
+    ``fedul compare``'s ``--rounds`` and ``--clients`` 1): a smaller value is a flag error."""
 
     def parse(text: str) -> int:
         try:
